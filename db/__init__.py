@@ -1,0 +1,27 @@
+"""Tuned configs in a database: one ``Record`` per (device, kernel, problem), kept by a ``Store``.
+
+The tuner writes records; at runtime the kernels read them (``Store.open_readonly``); ``io`` moves
+them between machines as JSON. Nothing here imports torch, triton, or the kernels.
+"""
+
+from __future__ import annotations
+
+from ._record import ImportSummary, Record
+from .io import (SCHEMA_VERSION, ImportValidationError, dump_document, export_records,
+                 import_records, load_document)
+from .store import ON_CONFLICT_CHOICES, Store, StoreError, default_url
+
+__all__ = [
+    "ON_CONFLICT_CHOICES",
+    "SCHEMA_VERSION",
+    "ImportSummary",
+    "ImportValidationError",
+    "Record",
+    "Store",
+    "StoreError",
+    "default_url",
+    "dump_document",
+    "export_records",
+    "import_records",
+    "load_document",
+]

@@ -1,0 +1,348 @@
+"""The tuned-config store: the one module that opens database sessions.
+
+Every touch goes through ``Store._session()``, which commits or rolls back and turns driver errors
+into ``StoreError`` naming the database, as Optuna's ``RDBStorage`` does. Writes are a read-then-write
+(is there a record already? is the new one faster?), so they must be atomic across processes:
+
+* SQLite: the transaction starts with ``BEGIN IMMEDIATE``, which takes the write lock before the
+  read, so two writers queue (for up to the 30 s busy timeout) instead of both reading "absent".
+  WAL journaling lets readers go on while a writer holds the lock.
+* Other backends (PostgreSQL): the row is read ``FOR UPDATE``; a concurrent insert of the same key
+  fails the unique constraint, and the whole transaction is retried, then finds the row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from ._record import ImportSummary, Record
+from .models import TABLE_NAME, Base, RecordModel
+
+_logger = logging.getLogger(__name__)
+
+ON_CONFLICT_CHOICES = ("faster", "replace", "keep", "error")
+
+# SQLite waits this long for another process's write lock before reporting "database is locked";
+# a put holds the lock for milliseconds, so 30 s only runs out when something is badly stuck.
+_SQLITE_BUSY_TIMEOUT_S = 30.0
+# Whole-transaction retries for lost races (locked SQLite, duplicate insert on PostgreSQL).
+_ATTEMPTS = 5
+_BACKOFF_S = 0.05  # doubled after each failed attempt: 0.05, 0.1, 0.2, 0.4 s
+
+# Execution option read by the SQLite "begin" listener: writers take the write lock up front.
+_BEGIN_OPTION = "tuner_sqlite_begin"
+
+T = TypeVar("T")
+Outcome = Literal["inserted", "replaced", "kept"]
+
+
+class StoreError(RuntimeError):
+    """The database could not be read or written, or a write conflicts; the message says what to do."""
+
+
+class _RetryableError(StoreError):
+    """A lost race: running the transaction again may well succeed."""
+
+
+def default_url() -> str:
+    """Where records live unless told otherwise: ``$TUNER_DB``, else a SQLite file in the user's cache.
+
+    The cache folder is ``$XDG_CACHE_HOME/triton-tuner`` (``~/.cache/triton-tuner`` by default);
+    it is created here, the database file only when something is written.
+    """
+    configured = os.environ.get("TUNER_DB", "").strip()
+    if configured:
+        return as_url(configured)
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip()
+    # The XDG spec says to ignore a relative XDG_CACHE_HOME.
+    root = Path(cache) if cache and os.path.isabs(cache) else Path.home() / ".cache"
+    folder = root / "triton-tuner"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only home still lets readers run; writers get a StoreError
+        _logger.debug("cannot create %s: %s", folder, exc)
+    return f"sqlite:///{folder / 'tuner.db'}"
+
+
+def as_url(url_or_path: str) -> str:
+    """``url_or_path`` as a database URL: a plain path (no ``://``) means a SQLite file."""
+    if "://" in url_or_path:
+        return url_or_path
+    return f"sqlite:///{Path(url_or_path).expanduser().absolute()}"
+
+
+class Store:
+    """Tuned records in a database, one per (device_name, kernel, problem_key).
+
+    ``create=False`` makes a reader that never creates anything: on a machine that has not tuned,
+    a missing SQLite file or a missing table reads as no records.
+    """
+
+    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+        self._url = as_url(url) if url is not None else default_url()
+        self._engine = _make_engine(self._url, wal=create)
+        self._sqlite_file = _sqlite_file(self._url)
+        self._writer = self._engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+        self._has_table = False
+        if create:
+            self._create_tables()
+
+    @classmethod
+    def open_readonly(cls, url: str | None = None) -> Store:
+        """A store for runtime lookups: creates no file and no table, reads [] where there are none."""
+        return cls(url, create=False)
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def __repr__(self) -> str:
+        return f"Store({_shown(self._url)!r})"
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the engine's pooled connections (the store opens new ones if used again)."""
+        self._engine.dispose()
+
+    # Writes -------------------------------------------------------------------------------------
+
+    def put(self, record: Record, on_conflict: str = "faster") -> Outcome:
+        """Store ``record``; returns "inserted", "replaced" or "kept" (the stored one stayed).
+
+        ``on_conflict`` decides between ``record`` and one already stored for its problem: "faster"
+        keeps the lower ``time_ms`` (the stored one on a tie), "replace" the new, "keep" the old,
+        and "error" raises ``StoreError``.
+        """
+        check_on_conflict(on_conflict)
+        self._require_table()
+        return self._transaction(lambda session: _put(session, record, on_conflict), write=True)
+
+    def put_many(self, records: Sequence[Record], on_conflict: str = "faster") -> ImportSummary:
+        """Store every record in one transaction: all are written or, on any error, none."""
+        check_on_conflict(on_conflict)
+        self._require_table()
+
+        def work(session: Session) -> ImportSummary:
+            outcomes = [_put(session, record, on_conflict) for record in records]
+            return ImportSummary(inserted=outcomes.count("inserted"),
+                                 replaced=outcomes.count("replaced"), kept=outcomes.count("kept"))
+
+        summary = self._transaction(work, write=True)
+        _logger.info("stored %d records in %s: %s", len(records), _shown(self._url), summary)
+        return summary
+
+    def delete(self, device: str | None = None, kernel: str | None = None) -> int:
+        """Delete the records of ``device`` (name or alias) and ``kernel``; None matches all."""
+        if not self._readable():
+            return 0
+        return self._transaction(
+            lambda session: RecordModel.delete_matching(session, device, kernel), write=True)
+
+    # Reads --------------------------------------------------------------------------------------
+
+    def get(self, device_name: str, kernel: str, problem_key: str) -> Record | None:
+        """The record for exactly this problem on this device (canonical name), or None."""
+        if not self._readable():
+            return None
+
+        def work(session: Session) -> Record | None:
+            model = RecordModel.find(session, device_name, kernel, problem_key)
+            return None if model is None else model.to_record()
+
+        return self._transaction(work, write=False)
+
+    def records(self, device: str | None = None, kernel: str | None = None) -> list[Record]:
+        """Records of ``device`` (name or alias) and ``kernel``, None matching all; ordered by
+        kernel, then problem_key."""
+        if not self._readable():
+            return []
+        return self._transaction(
+            lambda session: [m.to_record() for m in RecordModel.find_all(session, device, kernel)],
+            write=False)
+
+    def devices(self) -> list[tuple[str, str]]:
+        """Each (device_name, device_alias) with records, sorted."""
+        if not self._readable():
+            return []
+        return self._transaction(RecordModel.devices, write=False)
+
+    # Sessions -----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _session(self, write: bool = False) -> Iterator[Session]:
+        """A session that commits on success, rolls back on any error, and turns driver errors
+        into ``StoreError``; writers take SQLite's write lock when they begin."""
+        session = Session(self._writer if write else self._engine)
+        try:
+            yield session
+            session.commit()
+        except SQLAlchemyError as exc:
+            session.rollback()
+            raise self._error(exc) from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def _transaction(self, work: Callable[[Session], T], *, write: bool) -> T:
+        """Run ``work`` in one session, again from the start if it lost a race to another writer."""
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                with self._session(write) as session:
+                    return work(session)
+            except _RetryableError as exc:
+                if attempt == _ATTEMPTS:
+                    raise StoreError(f"{exc} (gave up after {_ATTEMPTS} attempts)") from exc.__cause__
+                _logger.debug("attempt %d on %s lost a race (%s); retrying", attempt,
+                              _shown(self._url), exc.__cause__)
+                time.sleep(_BACKOFF_S * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def _error(self, exc: SQLAlchemyError) -> StoreError:
+        """The ``StoreError`` for a driver error: names the database and what to try."""
+        detail = getattr(exc, "orig", None) or exc
+        where = f"database {_shown(self._url)}"
+        if _is_locked(exc):
+            return _RetryableError(f"{where} stayed locked by another process ({detail}); "
+                                   "wait for the other tuner or import to finish and try again")
+        if isinstance(exc, IntegrityError) and self._engine.dialect.name != "sqlite":
+            return _RetryableError(f"{where}: another process wrote the same problem at the same "
+                                   f"time ({detail}); try again")
+        return StoreError(f"{where} failed: {detail}; check that the URL (TUNER_DB or --db) names "
+                          "a reachable database this user may write, and that the file is a "
+                          "triton-tuner database")
+
+    # Tables -------------------------------------------------------------------------------------
+
+    def _create_tables(self) -> None:
+        """Create our table if it is missing (concurrent creators queue on the write lock)."""
+        if self._sqlite_file is not None:
+            try:
+                self._sqlite_file.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the folder of database {_shown(self._url)}: {exc}; "
+                                 "pass a URL (TUNER_DB or --db) in a writable place") from exc
+        self._transaction(lambda session: Base.metadata.create_all(session.connection()), write=True)
+        self._has_table = True
+
+    def _readable(self) -> bool:
+        """Whether our table exists; checked without creating a SQLite file that is not there."""
+        if self._has_table:
+            return True
+        if self._sqlite_file is not None and not self._sqlite_file.exists():
+            return False
+        self._has_table = self._transaction(
+            lambda session: inspect(session.connection()).has_table(TABLE_NAME), write=False)
+        return self._has_table
+
+    def _require_table(self) -> None:
+        if not self._readable():
+            raise StoreError(f"database {_shown(self._url)} has no {TABLE_NAME} table; it was "
+                             "opened read-only (create=False): open it with Store(url) to write")
+
+
+def check_on_conflict(on_conflict: str) -> None:
+    """Raise ValueError unless ``on_conflict`` is one of ``ON_CONFLICT_CHOICES``."""
+    if on_conflict not in ON_CONFLICT_CHOICES:
+        raise ValueError(f"on_conflict {on_conflict!r} is not one of {', '.join(ON_CONFLICT_CHOICES)}; "
+                         "pass --on-conflict faster (keep the lower time), replace, keep or error")
+
+
+def _put(session: Session, record: Record, on_conflict: str) -> Outcome:
+    """Insert ``record`` or settle its conflict with the stored one; returns what happened."""
+    stored = RecordModel.find(session, record.device_name, record.kernel, record.problem_key,
+                              for_update=True)
+    if stored is None:
+        session.add(RecordModel.from_record(record))
+        return "inserted"
+    if on_conflict == "error":
+        raise StoreError(
+            f"{record.device_alias} ({record.device_name}) {record.kernel} {_short(record.problem_key)} "
+            f"is already stored ({stored.time_ms:.4g} ms; new {record.time_ms:.4g} ms); pass "
+            "--on-conflict faster to keep the faster, replace to take the new, or keep to keep the old")
+    if on_conflict == "replace" or (on_conflict == "faster" and record.time_ms < stored.time_ms):
+        stored.overwrite(record)
+        return "replaced"
+    return "kept"
+
+
+def _make_engine(url: str, *, wal: bool) -> Engine:
+    """One engine per store; for SQLite, set up the busy timeout, BEGIN IMMEDIATE and, for
+    writers, WAL (a reader leaves the journal mode alone: switching it needs the write lock)."""
+    try:
+        if make_url(url).get_backend_name() != "sqlite":
+            return create_engine(url, pool_pre_ping=True)
+        engine = create_engine(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S})
+    except (SQLAlchemyError, ImportError) as exc:
+        raise StoreError(f"cannot open database URL {_shown(url)}: {exc}; pass a SQLAlchemy URL such "
+                         "as sqlite:////path/to/tuner.db or postgresql://host/db (with its "
+                         "driver installed), or a file path") from exc
+    event.listen(engine, "connect", _on_sqlite_connect)
+    if wal:
+        event.listen(engine, "connect", _enable_wal)
+    event.listen(engine, "begin", _on_sqlite_begin)
+    return engine
+
+
+def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, connection_record: Any) -> None:
+    # SQLAlchemy's documented pysqlite recipe: stop the driver from issuing BEGIN itself, so that
+    # _on_sqlite_begin decides how each transaction starts.
+    dbapi_connection.isolation_level = None
+
+
+def _enable_wal(dbapi_connection: sqlite3.Connection, connection_record: Any) -> None:
+    # WAL lets readers (runtime dispatch) go on while a tuner writes; it persists in the file.
+    try:
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:  # :memory:, read-only media, or a lock: WAL is only an optimization
+        _logger.debug("could not switch SQLite to WAL: %s", exc)
+
+
+def _on_sqlite_begin(connection: Any) -> None:
+    mode = connection.get_execution_options().get(_BEGIN_OPTION, "DEFERRED")
+    connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _is_locked(exc: SQLAlchemyError) -> bool:
+    return isinstance(exc, OperationalError) and "locked" in str(getattr(exc, "orig", exc)).lower()
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names; None for other backends, memory and ``file:`` URIs."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    database = parsed.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _shown(url: str) -> str:
+    """The URL fit for messages: any password masked."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except SQLAlchemyError:
+        return url
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

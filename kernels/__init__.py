@@ -1,0 +1,91 @@
+"""Tuned Triton kernels: call ``kernels.matmul(a, b)`` and get the config tuned for this GPU and shape.
+
+Importing this package never imports the tuner or Optuna; the tuned tables come from the user's
+database (``TUNER_DB`` or the default SQLite file, read only) and the tables shipped in the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ._device import current_device, interpreter_enabled, resolve_device
+from ._spec import BASELINE, Config, is_baseline, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, parse_shape
+from .dispatch import DISPATCHER, Choice
+from .grouped import GROUPED_MATMUL, grouped_matmul_with
+from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_with
+
+__all__ = [
+    "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
+    "clear_cache", "current_device", "explain", "get_kernel", "grouped_matmul", "grouped_matmul_with",
+    "is_baseline", "matmul", "matmul_with", "parse_shape", "resolve_device", "use_database", "validate_record",
+]
+
+KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (MATMUL, GROUPED_MATMUL)}
+
+# Read once: triton decides interpreter or compiler when it is imported, so this cannot change later.
+_INTERPRETED = interpreter_enabled()
+
+
+def get_kernel(name: str) -> KernelSpec:
+    """The kernel family called ``name``, or a ValueError that lists the known ones."""
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(KERNELS)}") from None
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B with the config tuned for this GPU and problem (nearest tuned, else a default)."""
+    check_operands(a, b)
+    if a.device.type == "cpu" and not _INTERPRETED:
+        return torch.matmul(a, b, out=out)  # no Triton on the CPU unless the interpreter is on
+    key = (a.device, a.dtype, a.shape[0], b.shape[1], a.shape[1], layout_letter(a), layout_letter(b))
+    config = DISPATCHER.cached(key)
+    if config is None:
+        config = DISPATCHER.resolve(key, MATMUL, MATMUL.problem_of(a, b), current_device(a.device))
+    return _run_checked(config, a, b, out)
+
+
+def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """[A_i @ B_i for each i] in one persistent launch, with the config tuned for this group."""
+    problem = GROUPED_MATMUL.problem_of(As, Bs)
+    device = As[0].device
+    if device.type == "cpu" and not _INTERPRETED:
+        return [torch.matmul(a, b) for a, b in zip(As, Bs)]
+    key = (device, problem)
+    config = DISPATCHER.cached(key)
+    if config is None:
+        config = DISPATCHER.resolve(key, GROUPED_MATMUL, problem, current_device(device))
+    return GROUPED_MATMUL.execute(config, (list(As), list(Bs)))
+
+
+def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None) -> Choice:
+    """Which config the dispatcher would use for ``problem`` and where it came from."""
+    return DISPATCHER.choose(get_kernel(kernel), problem, device or current_device())
+
+
+def validate_record(record: Any) -> None:
+    """Reject a stored record the runtime could not use: unknown kernel, bad key, config outside the space."""
+    spec = get_kernel(record.kernel)
+    problem = Problem.from_key(spec.name, record.problem_key)
+    if problem.dtype not in spec.dtypes:
+        raise ValueError(f"{spec.name} does not take dtype {problem.dtype}; it takes {', '.join(spec.dtypes)}")
+    for name, values in (("config", record.config), ("triton_config", record.triton_config)):
+        if values is None:
+            continue
+        reason = spec.outside(Config.from_dict(values))
+        if reason:
+            raise ValueError(f"{name} is outside the {spec.name} search space: {reason}")
+
+
+def clear_cache() -> None:
+    """Forget loaded tables, e.g. after tuning in this process; the next call reloads them."""
+    DISPATCHER.clear()
+
+
+def use_database(url: str | None = None, use_shipped: bool = True) -> None:
+    """Read tuned configs from ``url`` (None: ``TUNER_DB`` or the default file) from now on."""
+    DISPATCHER.configure(url, use_shipped)

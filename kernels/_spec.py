@@ -1,0 +1,322 @@
+"""The values every kernel family shares: Config, Problem, SearchSpace and KernelSpec.
+
+A kernel family (``matmul.py``, ``grouped.py``) declares one ``KernelSpec``: its search space, the
+constraints that rule a config out before compiling, a reference, how to make inputs for a problem,
+and how to run a config. The tuner and the runtime dispatch only ever talk to a ``KernelSpec``.
+Nothing here imports Optuna or the database.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+Value = Union[int, str, bool]
+
+# Launch options that Triton takes beside the kernel's own constexpr meta-parameters.
+LAUNCH_OPTIONS = ("num_warps", "num_stages")
+
+DTYPES = ("fp16", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Meta-parameters plus launch options; prints and parses like ``triton.Config``.
+
+    ``str(Config)`` is the one-line form people paste into issues:
+    ``BLOCK_M: 128, BLOCK_N: 64, BLOCK_K: 64, GROUP_SIZE_M: 8, num_warps: 4, num_stages: 3``.
+    """
+
+    kwargs: tuple[tuple[str, Value], ...]
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        # Lookups happen in every constraint check; a dict built once keeps enumeration fast.
+        values = {**dict(self.kwargs), "num_warps": self.num_warps, "num_stages": self.num_stages}
+        object.__setattr__(self, "_values", values)
+
+    @classmethod
+    def make(cls, num_warps: int = 4, num_stages: int = 3, **kwargs: Value) -> Config:
+        return cls(tuple(kwargs.items()), int(num_warps), int(num_stages))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Value]) -> Config:
+        """Inverse of ``as_dict``; missing launch options take Triton's defaults."""
+        kwargs = {k: v for k, v in values.items() if k not in LAUNCH_OPTIONS}
+        return cls.make(num_warps=int(values.get("num_warps", 4)),
+                        num_stages=int(values.get("num_stages", 3)), **kwargs)
+
+    def as_dict(self) -> dict[str, Value]:
+        return dict(self._values)
+
+    def get(self, name: str, default: Value | None = None) -> Value | None:
+        return self._values.get(name, default)
+
+    def __getitem__(self, name: str) -> Value:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise KeyError(f"config has no parameter {name!r}; it has {', '.join(self._values)}") from None
+
+    def replace(self, **changes: Value) -> Config:
+        return Config.from_dict({**self.as_dict(), **changes})
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}: {_format_value(v)}" for k, v in self.as_dict().items())
+
+    @classmethod
+    def parse(cls, text: str) -> Config:
+        """Parse the ``str(config)`` form (``"BLOCK_M: 64, num_warps: 4"``)."""
+        values: dict[str, Value] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, sep, raw = item.partition(":")
+            if not sep or not name.strip():
+                raise ValueError(f"cannot parse {item!r} in config {text!r}: expected 'NAME: VALUE'")
+            values[name.strip()] = _parse_value(raw.strip())
+        return cls.from_dict(values)
+
+
+def _format_value(value: Value) -> str:
+    return str(value)
+
+
+def _parse_value(raw: str) -> Value:
+    if raw in ("True", "False"):
+        return raw == "True"
+    if re.fullmatch(r"-?\d+", raw):
+        return int(raw)
+    return raw
+
+
+Shape = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a config is tuned for: kernel, dtype, operand layout and one (M, N, K) per GEMM.
+
+    ``layout`` has one letter per operand, A then B: ``n`` is row-major (last stride 1), ``t`` a
+    transposed view (first stride 1, e.g. ``w.t()`` of an ``nn.Linear`` weight). Dense matmul has
+    one shape; a grouped problem has one per member GEMM.
+    """
+
+    kernel: str
+    dtype: str
+    layout: str
+    shapes: tuple[Shape, ...]
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+        if len(self.layout) != 2 or any(c not in "nt" for c in self.layout):
+            raise ValueError(f"layout {self.layout!r} must be two letters of 'n'/'t' (A then B), e.g. 'nn' or 'nt'")
+        if not self.shapes or any(len(s) != 3 or min(s) < 0 for s in self.shapes):
+            raise ValueError(f"shapes {self.shapes!r} must be one or more (M, N, K) triples of integers >= 0")
+
+    @property
+    def key(self) -> str:
+        """The string the database stores this problem under: ``fp16:nt:16x4096x4096``."""
+        dims = "+".join("x".join(str(d) for d in shape) for shape in self.shapes)
+        return f"{self.dtype}:{self.layout}:{dims}"
+
+    @classmethod
+    def from_key(cls, kernel: str, key: str) -> Problem:
+        try:
+            dtype, layout, dims = key.split(":")
+            shapes = tuple(_parse_shape(part) for part in dims.split("+"))
+        except ValueError as exc:
+            raise ValueError(f"problem key {key!r} is not of the form DTYPE:LAYOUT:MxNxK[+MxNxK...]") from exc
+        return cls(kernel, dtype, layout, shapes)
+
+    @property
+    def shape(self) -> Shape:
+        """The single (M, N, K) of a dense problem."""
+        if len(self.shapes) != 1:
+            raise ValueError(f"problem {self.key} has {len(self.shapes)} GEMMs; use .shapes")
+        return self.shapes[0]
+
+    @property
+    def flops(self) -> float:
+        return float(sum(2 * m * n * k for m, n, k in self.shapes))
+
+    def bytes_moved(self, element_size: int) -> float:
+        """The fewest bytes a kernel must move: each input read once, each output written once."""
+        return float(sum((m * k + k * n + m * n) * element_size for m, n, k in self.shapes))
+
+    def __str__(self) -> str:
+        return f"{self.kernel}[{self.key}]"
+
+
+def parse_shape(text: str) -> Shape:
+    """``"4096x4096x512"`` → ``(4096, 4096, 512)``, with a message that says what form is wanted."""
+    try:
+        return _parse_shape(text)
+    except ValueError:
+        raise ValueError(f"shape {text!r} must be MxNxK with integers >= 0, e.g. 4096x4096x4096") from None
+
+
+def _parse_shape(text: str) -> Shape:
+    parts = text.lower().split("x")
+    if len(parts) != 3:
+        raise ValueError(text)
+    m, n, k = (int(p) for p in parts)
+    if min(m, n, k) < 0:
+        raise ValueError(text)
+    return (m, n, k)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The GPU (or the CPU interpreter) a result is measured on and stored under."""
+
+    name: str  # canonical, as the driver reports it: "NVIDIA H100 80GB HBM3"; "cpu" for the interpreter
+    alias: str  # short family name: "h100"; "cpu"
+    compute_capability: str  # "9.0"; "" for cpu
+    sm_count: int
+    shared_memory_bytes: int  # per-block opt-in limit, the budget a config's buffers must fit in
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.name == "cpu"
+
+
+# A constraint returns None when the config may run on this problem and device, else the reason it may not.
+Constraint = Callable[[Config, "Problem", DeviceInfo], Union[str, None]]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable: a name and the values it may take, smallest first where that means anything."""
+
+    name: str
+    values: tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """A search space as data: parameters, constraints, and the parameters each variant ignores.
+
+    ``ignored`` maps a switch parameter's value to the parameters that value makes meaningless and
+    the one value they are folded to (``{"VARIANT": {"tiled": {"SPLIT_K": 1}}}``: a split-K factor
+    means nothing to the tiled kernel). ``canonical`` applies that fold, so a search never pays twice
+    for one kernel and enumeration lists each kernel once.
+    """
+
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...] = ()
+    ignored: Mapping[str, Mapping[Value, Mapping[str, Value]]] = field(default_factory=dict)
+
+    def fixed_by(self, values: Mapping[str, Value]) -> dict[str, Value]:
+        """The folded values implied by the switch parameters in ``values``."""
+        fixed: dict[str, Value] = {}
+        for switch, by_value in self.ignored.items():
+            fixed.update(by_value.get(values.get(switch), {}))
+        return {k: v for k, v in fixed.items() if k in values}
+
+    def canonical(self, config: Config) -> Config:
+        fixed = self.fixed_by(config.as_dict())
+        if all(config.get(k) == v for k, v in fixed.items()):
+            return config
+        return config.replace(**fixed)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(f"no parameter {name!r}; the space has {', '.join(self.names)}")
+
+    def outside(self, config: Config) -> str | None:
+        """Why ``config`` is not a point of this space (unknown or missing name, value not allowed)."""
+        values = config.as_dict()
+        unknown = sorted(set(values) - set(self.names))
+        if unknown:
+            return f"unknown parameter(s) {', '.join(unknown)}; the space has {', '.join(self.names)}"
+        for p in self.params:
+            if p.name not in values:
+                return f"parameter {p.name} is missing"
+            if values[p.name] not in p.values:
+                allowed = ", ".join(str(v) for v in p.values)
+                return f"{p.name}={values[p.name]!r} is not one of {allowed}"
+        return None
+
+    def violation(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+        """Why ``config`` must not be compiled for this problem on this device, or None if it may."""
+        return self.outside(config) or self._first_violation(config, problem, device)
+
+    def enumerate(self, problem: Problem, device: DeviceInfo) -> Iterator[Config]:
+        """Every distinct valid config, each canonical form once."""
+        switches = [p for p in self.params if p.name in self.ignored]
+        for switch_values in itertools.product(*(p.values for p in switches)):
+            chosen = dict(zip((p.name for p in switches), switch_values))
+            fixed = self.fixed_by({**{p.name: None for p in self.params}, **chosen})
+            axes = [(chosen[p.name],) if p.name in chosen else (fixed[p.name],) if p.name in fixed else p.values
+                    for p in self.params]
+            for values in itertools.product(*axes):
+                config = Config.from_dict(dict(zip(self.names, values)))
+                if self._first_violation(config, problem, device) is None:
+                    yield config
+
+    def _first_violation(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+        for constraint in self.constraints:
+            reason = constraint(config, problem, device)
+            if reason:
+                return reason
+        return None
+
+    def size(self) -> int:
+        return math.prod(len(p.values) for p in self.params)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything the tuner and the dispatcher need to know about one kernel family."""
+
+    name: str
+    space: SearchSpace
+    dtypes: tuple[str, ...]
+    # The problem a call's arguments pose (raises ValueError/TypeError on bad arguments).
+    problem_of: Callable[..., Problem]
+    # Fresh random inputs for a problem on a torch device; the tuple is passed to run/reference.
+    make_inputs: Callable[[Problem, Any, int], tuple]
+    # The output in float32 (or a list of them), computed by torch.
+    reference: Callable[[tuple], Any]
+    # Run one config on the inputs; returns the output (a tensor or a list of tensors).
+    run: Callable[[Config, tuple], Any]
+    # What the user would call without us (torch.matmul, a loop of it); timed beside every winner.
+    baseline: Callable[[tuple], Any]
+    # A sound config for any problem, used when nothing is tuned near it.
+    default_config: Callable[[Problem, DeviceInfo], Config]
+    # Distance between problems of this kernel, for "nearest tuned problem" at dispatch.
+    distance: Callable[[Problem, Problem], float]
+
+    def execute(self, config: Config, inputs: tuple) -> Any:
+        """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""
+        if is_baseline(config):
+            return self.baseline(inputs)
+        return self.run(config, inputs)
+
+    def outside(self, config: Config) -> str | None:
+        """Why ``config`` can be neither run nor stored for this kernel, or None."""
+        return None if is_baseline(config) else self.space.outside(config)
+
+
+# The winner when no Triton config beats what the user already has (torch.matmul / cuBLAS).
+BASELINE = Config.make(VARIANT="cublas")
+
+
+def is_baseline(config: Config) -> bool:
+    return config.get("VARIANT") == "cublas"
+
+
+def log_distance(a: Sequence[float], b: Sequence[float]) -> float:
+    """Distance between two size vectors on a log scale: 2x off in one dimension costs 1."""
+    return math.sqrt(sum((math.log2(max(x, 1)) - math.log2(max(y, 1))) ** 2 for x, y in zip(a, b)))

@@ -1,0 +1,142 @@
+"""Runtime lookup: the tuned config for (this device, this kernel, this problem).
+
+Tables load once per process from the user's database (read only; ``TUNER_DB`` or the default
+SQLite file) and from the tables shipped inside the package; the user's database wins. A problem
+nobody tuned takes the config of the nearest tuned problem of the same kernel on the same device
+(where that config is valid for it), else the kernel's default. Each resolved problem is cached, so
+the hot path of a repeated call is one dict lookup.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from importlib import resources
+from typing import Hashable
+
+from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Problem, is_baseline
+
+log = logging.getLogger(__name__)
+
+SHIPPED_TABLES = "tables"  # package folder of exported JSON documents, one per GPU family
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the dispatcher picked for a problem, and why (for ``explain`` and the tests)."""
+
+    config: Config
+    source: str  # "database", "shipped", "nearest:<problem key>", "default"
+
+
+class Dispatcher:
+    """The process-wide cache of tuned tables. Explicit, thread-safe and clearable."""
+
+    def __init__(self, url: str | None = None, use_shipped: bool = True) -> None:
+        self._url = url
+        self._use_shipped = use_shipped
+        self._lock = threading.Lock()
+        self._tables: dict[tuple[str, str], dict[str, tuple[Config, str]]] = {}
+        self._resolved: dict[Hashable, Config] = {}
+
+    def configure(self, url: str | None = None, use_shipped: bool = True) -> None:
+        """Point at another database (None: ``TUNER_DB`` or the default file) and forget every table."""
+        with self._lock:
+            self._url = url
+            self._use_shipped = use_shipped
+            self._tables.clear()
+            self._resolved.clear()
+
+    def clear(self) -> None:
+        """Forget loaded tables and resolved problems; the next call reloads (after a new tuning run)."""
+        with self._lock:
+            self._tables.clear()
+            self._resolved.clear()
+
+    def cached(self, key: Hashable) -> Config | None:
+        """The hot path: a config already resolved for this call signature, or None."""
+        return self._resolved.get(key)
+
+    def resolve(self, key: Hashable, spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Config:
+        config = self.choose(spec, problem, device).config
+        self._resolved[key] = config
+        return config
+
+    def choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Choice:
+        table = self._table(device, spec.name)
+        exact = table.get(problem.key)
+        if exact is not None:
+            return Choice(exact[0], exact[1])
+        best: tuple[float, str, Config] | None = None
+        for key, (config, _) in table.items():
+            other = Problem.from_key(spec.name, key)
+            d = spec.distance(problem, other)
+            if math.isfinite(d) and (best is None or d < best[0]) and self._fits(spec, config, problem, device):
+                best = (d, key, config)
+        if best is not None:
+            return Choice(best[2], f"nearest:{best[1]}")
+        return Choice(spec.default_config(problem, device), "default")
+
+    @staticmethod
+    def _fits(spec: KernelSpec, config: Config, problem: Problem, device: DeviceInfo) -> bool:
+        return is_baseline(config) or spec.space.violation(config, problem, device) is None
+
+    def _table(self, device: DeviceInfo, kernel: str) -> dict[str, tuple[Config, str]]:
+        table = self._tables.get((device.name, kernel))
+        if table is None:
+            with self._lock:
+                table = self._tables.get((device.name, kernel))
+                if table is None:
+                    table = self._load(device, kernel)
+                    self._tables[(device.name, kernel)] = table
+        return table
+
+    def _load(self, device: DeviceInfo, kernel: str) -> dict[str, tuple[Config, str]]:
+        table: dict[str, tuple[Config, str]] = {}
+        if self._use_shipped:
+            for record in _shipped_records(device.name, kernel):
+                table[record["problem_key"]] = (_config_of(record["config"]), "shipped")
+        for record in _database_records(self._url, device.name, kernel):
+            table[record.problem_key] = (_config_of(record.config), "database")
+        log.debug("loaded %d tuned %s problems for %s", len(table), kernel, device.name)
+        return table
+
+
+def _config_of(values: dict) -> Config:
+    return BASELINE if values.get("VARIANT") == "cublas" else Config.from_dict(values)
+
+
+def _database_records(url: str | None, device_name: str, kernel: str) -> list:
+    """The user's records, read only; a missing or unreadable database means none (with a warning)."""
+    from db import Store, StoreError
+
+    try:
+        store = Store(url, create=False)
+        try:
+            return store.records(device=device_name, kernel=kernel)
+        finally:
+            store.close()
+    except StoreError as exc:
+        log.warning("tuned configs unavailable, using defaults: %s", exc)
+        return []
+
+
+def _shipped_records(device_name: str, kernel: str) -> list[dict]:
+    """Records of the JSON tables inside the package for this GPU (raw dicts: validated when shipped)."""
+    found: list[dict] = []
+    folder = resources.files(__package__).joinpath(SHIPPED_TABLES)
+    if not folder.is_dir():
+        return found
+    for entry in folder.iterdir():
+        if not entry.name.endswith(".json"):
+            continue
+        document = json.loads(entry.read_text())
+        found.extend(r for r in document.get("records", [])
+                     if r.get("device_name") == device_name and r.get("kernel") == kernel)
+    return found
+
+
+DISPATCHER = Dispatcher()

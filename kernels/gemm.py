@@ -1,0 +1,522 @@
+"""Dense GEMM, C = A @ B: the Triton kernels, their search space, reference and launcher.
+
+Three variants, chosen by the ``VARIANT`` parameter like any other tunable:
+
+- ``tiled``: one program per output tile, program order grouped by ``GROUP_SIZE_M`` so that
+  neighbouring programs share rows of A and columns of B in L2. Any strides, any sizes (masked
+  edges). The portable fallback: every GPU Triton supports, and the interpreter.
+- ``splitk``: ``tiled`` with the K loop cut into ``SPLIT_K`` slices run by separate programs; the
+  last program to finish a tile sums the slices and writes C, so it stays one launch with no zeroing
+  pass. For small M and large K, where one row of tiles would leave most SMs idle.
+- ``tma``: persistent (``NUM_SM`` programs loop over the tiles) with Hopper tensor descriptors (TMA)
+  for loads and stores; needs row-major A, 16-byte aligned rows, and compute capability >= 9.
+
+fp16 and bf16 accumulate in fp32; fp32 inputs use TF32 tensor cores (``input_precision="tf32"``),
+as ``torch.backends.cuda.matmul.allow_tf32 = True`` would.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, log_distance
+
+KERNEL = "matmul"
+
+TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+# Beyond 2**31 elements int32 offsets overflow; kernels then index in int64 (a constexpr switch).
+_INT32_LIMIT = 2**31 - 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton code
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    """Tile index → (pid_m, pid_n), walking GROUP_SIZE_M rows of tiles column by column (L2 reuse)."""
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+              pid_m, pid_n, k_begin, k_end,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """fp32 accumulator of one output tile over the K blocks [k_begin, k_end)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    # Wrapping rows/columns past the edge back into range keeps every load in bounds without a mask
+    # on M or N (the wrapped results are never stored), so loads stay wide.
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_k = k_begin * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(k_begin, k_end):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tiled_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_SIZE_M)
+    acc = _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K),
+                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION)
+    _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
+
+
+@triton.jit
+def _splitk_kernel(a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr, M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                   INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    tile_id = tl.program_id(0)
+    split = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_blocks, SPLIT_K)
+    k_begin = split * per_split
+    k_end = min(k_begin + per_split, k_blocks)
+    acc = _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    pid_m, pid_n, k_begin, k_end,
+                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION)
+    # Each tile owns SPLIT_K contiguous fp32 blocks of the workspace; full blocks need no mask.
+    local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_base = partial_ptr + tile_id.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(tile_base + split * (BLOCK_M * BLOCK_N) + local, acc)
+    # The barrier orders every thread's partial store before the release; the program that
+    # arrives last (acquire) sums the slices, writes C and re-arms the counter for the next call.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrivals_ptr + tile_id, 1, sem="acq_rel")
+    if arrived == SPLIT_K - 1:
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(tile_base + s * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+        _store_tile(c_ptr, total, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
+        tl.atomic_xchg(arrivals_ptr + tile_id, 0)
+
+
+@triton.jit
+def _tma_kernel(a_desc, b_desc, c_desc, M, N, K,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_SIZE_M: tl.constexpr, NUM_SM: tl.constexpr, B_KMAJOR: tl.constexpr,
+                FLATTEN: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SM, flatten=FLATTEN):
+        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(k_blocks):
+            off_k = kb * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_KMAJOR:
+                acc = tl.dot(a, b_desc.load([off_n, off_k]).T, acc, input_precision=DOT_PRECISION)
+            else:
+                acc = tl.dot(a, b_desc.load([off_k, off_n]), acc, input_precision=DOT_PRECISION)
+        if EPILOGUE_SUBTILE:
+            # Two half-width stores need half the shared memory for the epilogue.
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# Search space
+# ----------------------------------------------------------------------------------------------
+
+VARIANTS = ("tiled", "splitk", "tma")
+
+SPACE_PARAMS = (
+    Param("VARIANT", VARIANTS),
+    Param("BLOCK_M", (16, 32, 64, 128, 256)),
+    Param("BLOCK_N", (32, 64, 128, 256)),
+    Param("BLOCK_K", (32, 64, 128, 256)),
+    Param("GROUP_SIZE_M", (1, 4, 8, 16)),
+    Param("SPLIT_K", (1, 2, 3, 4, 6, 8, 16)),
+    Param("NUM_SM", (32, 66, 132, 264)),
+    Param("FLATTEN", (False, True)),
+    Param("EPILOGUE_SUBTILE", (False, True)),
+    Param("num_warps", (2, 4, 8)),
+    Param("num_stages", (2, 3, 4, 5, 6)),
+)
+
+# Values a variant ignores are folded to one representative, so the search never pays twice.
+_IGNORED_BY_VARIANT = {
+    "tiled": {"SPLIT_K": 1, "NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
+    "splitk": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
+    "tma": {"SPLIT_K": 1},
+}
+
+
+def _element_size(problem: Problem) -> int:
+    return 4 if problem.dtype == "fp32" else 2
+
+
+def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    size = _element_size(problem)
+    need = config.num_stages * (bm * bk + bk * bn) * size
+    if config["VARIANT"] == "tma":
+        half = 2 if config["EPILOGUE_SUBTILE"] else 1
+        need += bm * bn // half * size  # the epilogue's staging buffer for the TMA store
+    if need > device.shared_memory_bytes:
+        return (f"needs ~{need // 1024} KiB of shared memory, over the device's "
+                f"{device.shared_memory_bytes // 1024} KiB")
+    return None
+
+
+def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    # Measured on triton 3.6: above ~256 fp32 accumulators per thread the kernel spills.
+    per_thread = config["BLOCK_M"] * config["BLOCK_N"] // (32 * config.num_warps)
+    if per_thread > 256:
+        return f"{per_thread} fp32 accumulators per thread (BLOCK_M*BLOCK_N/(32*num_warps)) would spill"
+    return None
+
+
+def _tile_near_problem(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    m, n, k = problem.shape
+    if config["VARIANT"] == "splitk":
+        k = max(1, math.ceil(k / config["SPLIT_K"]))
+    for name, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
+        limit = max(_smallest(name), triton.next_power_of_2(max(size, 1)))
+        if config[name] > limit:
+            return f"{name}={config[name]} is larger than the problem needs ({limit})"
+    return None
+
+
+def _smallest(name: str) -> int:
+    return min(next(p.values for p in SPACE_PARAMS if p.name == name))
+
+
+def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    variant = config["VARIANT"]
+    m, n, k = problem.shape
+    if variant == "splitk":
+        if config["SPLIT_K"] == 1:
+            return "VARIANT=splitk with SPLIT_K=1 is the tiled kernel; tune SPLIT_K >= 2"
+        if config["SPLIT_K"] > triton.cdiv(k, config["BLOCK_K"]):
+            return f"SPLIT_K={config['SPLIT_K']} is more than the {triton.cdiv(k, config['BLOCK_K'])} K blocks"
+    if variant == "tma":
+        reason = _tma_unsupported(problem, device)
+        if reason:
+            return reason
+        if config["NUM_SM"] > 2 * max(device.sm_count, 1) and not device.is_cpu:
+            return f"NUM_SM={config['NUM_SM']} is over twice the device's {device.sm_count} SMs"
+        if config["EPILOGUE_SUBTILE"] and config["BLOCK_N"] < 32:
+            return "EPILOGUE_SUBTILE needs BLOCK_N >= 32"
+    return None
+
+
+def _tma_unsupported(problem: Problem, device: DeviceInfo) -> str | None:
+    if not device.is_cpu and float(device.compute_capability or 0) < 9.0:
+        return f"TMA needs compute capability >= 9.0; {device.name} has {device.compute_capability}"
+    if problem.layout[0] != "n":
+        return "TMA needs a row-major A"
+    m, n, k = problem.shape
+    size = _element_size(problem)
+    b_row = k if problem.layout[1] == "t" else n
+    for what, row in (("A's rows (K)", k), ("B's rows", b_row), ("C's rows (N)", n)):
+        if (row * size) % 16:
+            return f"TMA needs 16-byte aligned rows; {what} are {row * size} bytes"
+    return None
+
+
+SPACE = SearchSpace(
+    params=SPACE_PARAMS,
+    constraints=(_variant_fits, _tile_near_problem, _fits_shared_memory, _fits_registers),
+    ignored={"VARIANT": _IGNORED_BY_VARIANT},
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+def _dot_precision(a: torch.Tensor) -> str:
+    return "tf32" if a.dtype == torch.float32 else "ieee"
+
+
+def _needs_int64(*tensors: torch.Tensor) -> bool:
+    return any(t.numel() > _INT32_LIMIT for t in tensors)
+
+
+def _launch_tiled(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _tiled_kernel[grid](
+        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
+        EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+class _SplitKWorkspace:
+    """fp32 partial tiles and arrival counters for split-K, kept per device and grown on demand.
+
+    The kernel re-arms each counter to zero after use, so one zeroing at allocation is enough.
+    Launches on one device share it: split-K launches on concurrent streams of one device would race.
+    """
+
+    def __init__(self) -> None:
+        self._by_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        partial, arrivals = self._by_device.get(device, (None, None))
+        if partial is None or partial.numel() < partial_elems or arrivals.numel() < tiles:
+            partial = torch.empty(max(partial_elems, 1 << 16), dtype=torch.float32, device=device)
+            arrivals = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
+            self._by_device[device] = (partial, arrivals)
+        return partial, arrivals
+
+
+_WORKSPACE = _SplitKWorkspace()
+
+
+def _launch_splitk(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk, split = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    partial, arrivals = _WORKSPACE.get(a.device, tiles * split * bm * bn, tiles)
+    _splitk_kernel[(tiles, split)](
+        a, b, c, partial, arrivals, m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"], SPLIT_K=split,
+        EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def _tma_ready(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
+    """Whether these very tensors meet TMA's rules (a sliced view can break what the shape promised)."""
+    size = a.element_size()
+    b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
+    rows = (a.stride(0), b.stride(1) if b_kmajor else b.stride(0), c.stride(0))
+    return (a.stride(1) == 1 and (b_kmajor or b.stride(1) == 1)
+            and all((r * size) % 16 == 0 for r in rows)
+            and all(t.data_ptr() % 16 == 0 for t in (a, b, c)))
+
+
+def _launch_tma(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    if not _tma_ready(a, b, c):
+        _launch_tiled(config, a, b, c)  # same tile shape, pointer loads: right on any strides
+        return
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+    b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
+    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [bm, bk])
+    if b_kmajor:  # B = w.t() with w row-major (N, K): describe w and transpose the tile in-kernel
+        b_desc = TensorDescriptor(b.t(), [n, k], [b.stride(1), 1], [bn, bk])
+    else:
+        b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [bk, bn])
+    c_block = [bm, bn // 2] if config["EPILOGUE_SUBTILE"] else [bm, bn]
+    c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], c_block)
+    programs = min(config["NUM_SM"], triton.cdiv(m, bm) * triton.cdiv(n, bn))
+    _tma_kernel[(programs,)](
+        a_desc, b_desc, c_desc, m, n, k,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
+        NUM_SM=programs, B_KMAJOR=b_kmajor, FLATTEN=config["FLATTEN"],
+        EPILOGUE_SUBTILE=config["EPILOGUE_SUBTILE"], DOT_PRECISION=_dot_precision(a),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+_LAUNCHERS = {"tiled": _launch_tiled, "splitk": _launch_splitk, "tma": _launch_tma}
+
+
+def matmul_with(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B with one explicit config (``VARIANT=cublas`` runs torch.matmul)."""
+    check_operands(a, b)
+    return _run_checked(config, a, b, out)
+
+
+def _run_checked(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The launcher behind matmul_with and the dispatcher, for operands already checked."""
+    m, k = a.shape
+    n = b.shape[1]
+    variant = config.get("VARIANT", "tiled")
+    if variant == "cublas":
+        return torch.matmul(a, b, out=out)
+    c = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    if k == 0:
+        return c.zero_()
+    _LAUNCHERS[variant](config, a, b, c)
+    return c
+
+
+# ----------------------------------------------------------------------------------------------
+# What the tuner and the dispatcher need: the KernelSpec
+# ----------------------------------------------------------------------------------------------
+
+def check_operands(a: Any, b: Any) -> None:
+    """Raise TypeError/ValueError naming what is wrong with a matmul's operands, and the fix."""
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"matmul takes torch tensors; {name} is a {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"matmul takes 2-D tensors; {name} has shape {tuple(t.shape)}. "
+                             "Reshape batched inputs to 2-D (x.reshape(-1, x.shape[-1])) or use torch.matmul")
+        if t.dtype not in DTYPE_NAMES:
+            raise TypeError(f"matmul takes float16, bfloat16 or float32; {name} is {t.dtype}. "
+                            f"Cast it first, e.g. {name}.half()")
+    if a.dtype != b.dtype:
+        raise TypeError(f"a is {a.dtype} but b is {b.dtype}; cast one so both have the same dtype")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}; "
+                         "a's columns must equal b's rows (did you mean b.t()?)")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}; move both to one device")
+
+
+def layout_letter(t: torch.Tensor) -> str:
+    """'n' for row-major (last stride 1), 't' for a transposed view (first stride 1)."""
+    if t.stride(1) == 1 or t.shape[1] <= 1:
+        return "n"
+    return "t" if t.stride(0) == 1 or t.shape[0] <= 1 else "n"
+
+
+def problem_of(a: torch.Tensor, b: torch.Tensor) -> Problem:
+    check_operands(a, b)
+    return Problem(KERNEL, DTYPE_NAMES[a.dtype], layout_letter(a) + layout_letter(b),
+                   ((a.shape[0], b.shape[1], a.shape[1]),))
+
+
+def make_inputs(problem: Problem, device: Any, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh random normal operands in the problem's layout, scaled so that C is O(1)."""
+    m, n, k = problem.shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dtype = TORCH_DTYPES[problem.dtype]
+    scale = 1.0 / math.sqrt(max(k, 1))
+
+    def operand(rows: int, cols: int, letter: str) -> torch.Tensor:
+        shape = (cols, rows) if letter == "t" else (rows, cols)
+        t = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * math.sqrt(scale)).to(dtype)
+        return t.t() if letter == "t" else t
+
+    return operand(m, k, problem.layout[0]), operand(k, n, problem.layout[1])
+
+
+def reference(inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    a, b = inputs
+    return torch.matmul(a.double(), b.double()).float() if a.device.type == "cpu" else \
+        torch.matmul(a.float(), b.float())
+
+
+def run(config: Config, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return _run_checked(config, *inputs)
+
+
+def baseline(inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return torch.matmul(*inputs)
+
+
+def default_config(problem: Problem, device: DeviceInfo) -> Config:
+    """A sound tiled config for any problem: tiles no larger than the problem, always valid."""
+    m, n, k = problem.shape
+    bm = min(128, max(16, triton.next_power_of_2(max(m, 1))))
+    bn = min(128, max(32, triton.next_power_of_2(max(n, 1))))
+    bk = min(64, max(32, triton.next_power_of_2(max(k, 1))))
+    stages = 3 if problem.dtype != "fp32" else 2
+    config = Config.make(VARIANT="tiled", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=8,
+                         SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                         num_warps=4 if bm * bn <= 64 * 128 else 8, num_stages=stages)
+    return SPACE.canonical(config)
+
+
+def distance(p: Problem, q: Problem) -> float:
+    if p.dtype != q.dtype or p.layout != q.layout:
+        return math.inf
+    return log_distance(p.shape, q.shape)
+
+
+MATMUL = KernelSpec(
+    name=KERNEL,
+    space=SPACE,
+    dtypes=("fp16", "bf16", "fp32"),
+    problem_of=problem_of,
+    make_inputs=make_inputs,
+    reference=reference,
+    run=run,
+    baseline=baseline,
+    default_config=default_config,
+    distance=distance,
+)
+
+
+@functools.lru_cache(maxsize=None)
+def _tutorial_configs() -> tuple[Config, ...]:
+    """The 16-ish configs of Triton's matmul tutorial, as a warm start and as the autotune baseline."""
+    rows = [(128, 256, 64, 3, 8), (64, 256, 32, 4, 4), (128, 128, 32, 4, 4), (128, 64, 32, 4, 4),
+            (64, 128, 32, 4, 4), (128, 32, 32, 4, 4), (64, 32, 32, 5, 2), (32, 64, 32, 5, 2),
+            (128, 256, 128, 3, 8), (256, 128, 128, 3, 8), (256, 64, 128, 4, 4), (64, 256, 128, 4, 4),
+            (128, 128, 128, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 32, 64, 4, 4)]
+    return tuple(SPACE.canonical(Config.make(VARIANT="tiled", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=8,
+                                       SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                                       num_warps=w, num_stages=s))
+                 for bm, bn, bk, s, w in rows)
+
+
+def tutorial_configs() -> tuple[Config, ...]:
+    return _tutorial_configs()

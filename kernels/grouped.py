@@ -1,0 +1,444 @@
+"""Persistent grouped GEMM: C_i = A_i @ B_i for a list of differently shaped fp16/bf16 GEMMs in one launch.
+
+The host packs one int64 table per call: the running tile count of each problem (a prefix array), then one
+row per problem with its pointers, sizes and strides. ``NUM_SM`` programs walk the tiles of all problems
+(program p takes tiles p, p + NUM_SM, ...); since a program's tiles only increase, the problem that owns
+the current tile is found by stepping forward through the prefix array, never by a fresh search.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from ._device import interpreter_enabled
+from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
+
+logger = logging.getLogger(__name__)
+
+KERNEL = "grouped_matmul"
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+_ELEMENT_SIZE = 2  # bytes, fp16 and bf16 alike
+
+# Table row per problem: a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+# stride_cm, stride_cn. The kernel indexes it by these offsets.
+_ROW = 12
+
+# A 16-byte load holds 8 fp16/bf16 elements: the alignment the kernel may promise the compiler.
+_VECTOR = 8
+
+# Every program keeps BLOCK_M * BLOCK_N fp32 accumulators spread over its threads; past 256 per thread
+# (the register file's per-thread limit is 255) they spill, and such a config is never a winner.
+_MAX_ACCUMULATORS_PER_THREAD = 256
+
+# Programs per launch. 66/132/264 are half, one and two waves on the H100's 132 SMs; the powers of two
+# serve small groups and other cards. Under the interpreter every program runs serially on the CPU, so
+# there only small counts are worth trying.
+NUM_SM_VALUES = (4, 8, 16, 32, 64, 66, 128, 132, 264)
+_CPU_MAX_NUM_SM = 16
+
+
+# ----------------------------------------------------------------------------------------------- kernel
+
+@triton.jit
+def _strides(ptr, FIRST_UNIT: tl.constexpr, SECOND_UNIT: tl.constexpr, ALIGNED: tl.constexpr):
+    """An operand's two strides from the table; a unit stride becomes the constant 1 so loads along it vectorize."""
+    first = tl.load(ptr)
+    second = tl.load(ptr + 1)
+    if ALIGNED:
+        first = tl.multiple_of(first, 8)
+        second = tl.multiple_of(second, 8)
+    if FIRST_UNIT:
+        first = 1
+    if SECOND_UNIT:
+        second = 1
+    return first, second
+
+
+@triton.jit
+def _matmul_tile(row, tile, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, A_M_UNIT: tl.constexpr, A_K_UNIT: tl.constexpr,
+                 B_K_UNIT: tl.constexpr, B_N_UNIT: tl.constexpr, ALIGNED: tl.constexpr):
+    """C[tile] = A[tile rows] @ B[tile columns] for the problem whose table row is ``row``."""
+    a_ptr = tl.load(row + 0).to(tl.pointer_type(DTYPE))
+    b_ptr = tl.load(row + 1).to(tl.pointer_type(DTYPE))
+    c_ptr = tl.load(row + 2).to(tl.pointer_type(DTYPE))
+    M = tl.load(row + 3)
+    N = tl.load(row + 4)
+    K = tl.load(row + 5)
+    stride_am, stride_ak = _strides(row + 6, A_M_UNIT, A_K_UNIT, ALIGNED)
+    stride_bk, stride_bn = _strides(row + 8, B_K_UNIT, B_N_UNIT, ALIGNED)
+    stride_cm = tl.load(row + 10)
+    if ALIGNED:
+        # The host checked these; without them, masks and addresses read from memory defeat wide loads.
+        a_ptr = tl.multiple_of(a_ptr, 16)
+        b_ptr = tl.multiple_of(b_ptr, 16)
+        c_ptr = tl.multiple_of(c_ptr, 16)
+        N = tl.multiple_of(N, 8)
+        K = tl.multiple_of(K, 8)
+        stride_cm = tl.multiple_of(stride_cm, 8)
+        if A_M_UNIT:
+            M = tl.multiple_of(M, 8)
+
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    offs_m = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+
+    # K == 0 runs no step and stores the zeros the product is.
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    # C is allocated row-major by the launcher, so its column stride is 1 (the table keeps it for an out=).
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(DTYPE), mask=mask_m & mask_n)
+
+
+@triton.jit
+def _grouped_matmul_kernel(table_ptr, group_size, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_M_UNIT: tl.constexpr,
+                           A_K_UNIT: tl.constexpr, B_K_UNIT: tl.constexpr, B_N_UNIT: tl.constexpr,
+                           ALIGNED: tl.constexpr):
+    """Each program takes every num_programs-th tile of the whole group; table layout in the module docstring."""
+    rows_ptr = table_ptr + group_size + 1
+    total_tiles = tl.load(table_ptr + group_size)
+    problem = 0
+    problem_end = tl.load(table_ptr + 1)
+    for tile in range(tl.program_id(0), total_tiles, tl.num_programs(0)):
+        # Tiles only increase, so the owning problem only moves forward: O(group + tiles) per program.
+        # Problems without tiles (M or N == 0) end where they start and are stepped over.
+        while problem_end <= tile:
+            problem += 1
+            problem_end = tl.load(table_ptr + problem + 1)
+        _matmul_tile(rows_ptr + problem * 12, tile - tl.load(table_ptr + problem), DTYPE,
+                     BLOCK_M, BLOCK_N, BLOCK_K, A_M_UNIT, A_K_UNIT, B_K_UNIT, B_N_UNIT, ALIGNED)
+
+
+# -------------------------------------------------------------------------------------- problem of a call
+
+def _unit_axis(tensors: Sequence[torch.Tensor]) -> int | None:
+    """1 if every tensor is row-major (last stride 1), 0 if every one is column-major, else None.
+
+    A dimension of size 0 or 1 never steps, so its stride does not count against either.
+    """
+    if all(t.stride(1) == 1 or t.shape[1] <= 1 for t in tensors):
+        return 1
+    if all(t.stride(0) == 1 or t.shape[0] <= 1 for t in tensors):
+        return 0
+    return None
+
+
+def _layout_letter(tensors: Sequence[torch.Tensor]) -> str:
+    # General strides run too; the letter only keys the problem, so they share the row-major key.
+    return "t" if _unit_axis(tensors) == 0 else "n"
+
+
+def _check_operands(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> None:
+    for name, seq in (("As", As), ("Bs", Bs)):
+        if not isinstance(seq, (list, tuple)):
+            raise TypeError(f"grouped_matmul takes {name} as a list or tuple of tensors; got {type(seq).__name__}")
+    if len(As) != len(Bs) or not As:
+        raise ValueError(f"grouped_matmul takes equally long, non-empty As and Bs; got {len(As)} and {len(Bs)}")
+    for i, (a, b) in enumerate(zip(As, Bs)):
+        for name, t in ((f"As[{i}]", a), (f"Bs[{i}]", b)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} is a {type(t).__name__}; grouped_matmul takes torch tensors")
+            if t.dim() != 2:
+                raise ValueError(f"{name} has shape {tuple(t.shape)}; grouped_matmul takes 2-D matrices")
+            if t.dtype not in _DTYPE_NAMES:
+                raise TypeError(f"grouped_matmul takes float16 or bfloat16; got {t.dtype} at {name}; "
+                                "cast with .half() or .bfloat16()")
+            if t.dtype != As[0].dtype:
+                raise TypeError(f"grouped_matmul takes one dtype for all operands; As[0] is {As[0].dtype} but "
+                                f"{name} is {t.dtype}; cast them all with .half() or all with .bfloat16()")
+            if t.device != As[0].device:
+                raise ValueError(f"grouped_matmul takes all operands on one device; As[0] is on {As[0].device} "
+                                 f"but {name} is on {t.device}; move them with .to({str(As[0].device)!r})")
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(f"As[{i}] has shape {tuple(a.shape)} and Bs[{i}] {tuple(b.shape)}: "
+                             f"inner dimensions {a.shape[1]} and {b.shape[0]} differ")
+
+
+def problem_of(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Problem:
+    """The problem ``grouped_matmul(As, Bs)`` poses; TypeError/ValueError naming the bad operand."""
+    _check_operands(As, Bs)
+    shapes = tuple((a.shape[0], b.shape[1], a.shape[1]) for a, b in zip(As, Bs))
+    layout = _layout_letter(As) + _layout_letter(Bs)
+    return Problem(KERNEL, _DTYPE_NAMES[As[0].dtype], layout, shapes)
+
+
+# --------------------------------------------------------------------------------------------- launcher
+
+@dataclass(frozen=True)
+class _Specialization:
+    """What the kernel may assume of this call's operands; each combination compiles once."""
+
+    A_M_UNIT: bool
+    A_K_UNIT: bool
+    B_K_UNIT: bool
+    B_N_UNIT: bool
+    ALIGNED: bool
+
+
+def _stride(t: torch.Tensor, dim: int) -> int:
+    # A dimension that never steps may carry any stride; 0 keeps the ALIGNED promise true for it.
+    return t.stride(dim) if t.shape[dim] > 1 else 0
+
+
+def _aligned(tensors: Sequence[torch.Tensor], unit_axis: int | None) -> bool:
+    """Whether every base is 16-byte aligned and every stride the kernel reads is a multiple of 8."""
+    return all(t.data_ptr() % 16 == 0 and all(_stride(t, dim) % _VECTOR == 0 for dim in (0, 1) if dim != unit_axis)
+               for t in tensors)
+
+
+def _specialize(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],
+                shapes: Sequence[tuple[int, int, int]]) -> _Specialization:
+    a_axis, b_axis = _unit_axis(As), _unit_axis(Bs)
+    # Masks along a contiguous axis stay uniform over a 16-byte vector only if that extent is a multiple
+    # of 8: N always (C is row-major), K (contiguous in row-major A and in B = w.t()), M only for A = x.t().
+    extents = all(n % _VECTOR == 0 and k % _VECTOR == 0 and (a_axis != 0 or m % _VECTOR == 0)
+                  for m, n, k in shapes)
+    return _Specialization(A_M_UNIT=a_axis == 0, A_K_UNIT=a_axis == 1, B_K_UNIT=b_axis == 0,
+                           B_N_UNIT=b_axis == 1,
+                           ALIGNED=extents and _aligned(As, a_axis) and _aligned(Bs, b_axis))
+
+
+def _tile_counts(shapes: Sequence[tuple[int, int, int]], block_m: int, block_n: int) -> list[int]:
+    return [triton.cdiv(m, block_m) * triton.cdiv(n, block_n) for m, n, _ in shapes]
+
+
+def _table_values(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], Cs: Sequence[torch.Tensor],
+                  tiles: Sequence[int]) -> list[int]:
+    """The prefix array of tile counts (group + 1 entries), then one ``_ROW``-long row per problem."""
+    values = [0]
+    for count in tiles:
+        values.append(values[-1] + count)
+    for a, b, c in zip(As, Bs, Cs):
+        values += [a.data_ptr(), b.data_ptr(), c.data_ptr(), a.shape[0], b.shape[1], a.shape[1],
+                   _stride(a, 0), _stride(a, 1), _stride(b, 0), _stride(b, 1), _stride(c, 0), _stride(c, 1)]
+    return values
+
+
+def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """One host-to-device copy per call; from pinned memory it is asynchronous and ordered on the stream."""
+    if device.type == "cuda":
+        # pin_memory goes through torch's caching host allocator, which keeps the block until the copy is done.
+        return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _check_launchable(device: torch.device) -> None:
+    if device.type == "cpu" and not interpreter_enabled():
+        raise ValueError("grouped_matmul got CPU tensors, but Triton kernels run on the GPU; move them with "
+                         ".cuda(), or set TRITON_INTERPRET=1 before triton is imported to run the interpreter")
+
+
+def grouped_matmul_with(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],
+                        ) -> list[torch.Tensor]:
+    """``[A_i @ B_i]`` in the input dtype by one launch of ``config`` (``VARIANT=cublas``: a torch.matmul loop)."""
+    problem = problem_of(As, Bs)
+    if is_baseline(config):
+        return baseline((As, Bs))
+    reason = SPACE.outside(config)
+    if reason:
+        raise ValueError(f"config '{config}' is not in the {KERNEL} search space: {reason}")
+    device = As[0].device
+    _check_launchable(device)
+    Cs = [torch.empty((m, n), dtype=As[0].dtype, device=device) for m, n, _ in problem.shapes]
+    tiles = _tile_counts(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"]))
+    total = sum(tiles)
+    if total == 0:
+        return Cs  # every product is empty: nothing to write
+    table = _to_device(_table_values(As, Bs, Cs, tiles), device)
+    spec = _specialize(As, Bs, problem.shapes)
+    # More programs than tiles would only idle; the kernel strides by the programs actually launched.
+    grid = (min(int(config["NUM_SM"]), total),)
+    _grouped_matmul_kernel[grid](
+        table, len(As), DTYPE=_TL_DTYPES[As[0].dtype], BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+        BLOCK_K=config["BLOCK_K"], A_M_UNIT=spec.A_M_UNIT, A_K_UNIT=spec.A_K_UNIT, B_K_UNIT=spec.B_K_UNIT,
+        B_N_UNIT=spec.B_N_UNIT, ALIGNED=spec.ALIGNED, num_warps=config.num_warps, num_stages=config.num_stages)
+    return Cs
+
+
+# ----------------------------------------------------------------------------------------- search space
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+_BLOCK_DIMS = (("BLOCK_M", 0), ("BLOCK_N", 1), ("BLOCK_K", 2))
+
+
+def _block_limit(name: str, dim: int, problem: Problem) -> int:
+    """The largest sensible block along one dimension: twice the largest extent, rounded up to a power of 2."""
+    smallest = int(SPACE.param(name).values[0])  # never rule out every value
+    return max(smallest, 2 * _next_pow2(max(shape[dim] for shape in problem.shapes)))
+
+
+def _tiles_fit_problem(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    for name, dim in _BLOCK_DIMS:
+        limit = _block_limit(name, dim, problem)
+        if int(config[name]) > limit:
+            largest = max(shape[dim] for shape in problem.shapes)
+            return f"{name}={config[name]} is far larger than the largest {'MNK'[dim]} ({largest}); at most {limit}"
+    return None
+
+
+def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    bm, bn, bk = (int(config[name]) for name, _ in _BLOCK_DIMS)
+    need = config.num_stages * (bm * bk + bk * bn) * _ELEMENT_SIZE
+    if need > device.shared_memory_bytes:
+        return (f"{config.num_stages} stages of {bm}x{bk} and {bk}x{bn} tiles need {need} bytes of shared memory; "
+                f"{device.alias} has {device.shared_memory_bytes}")
+    return None
+
+
+def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    per_thread = int(config["BLOCK_M"]) * int(config["BLOCK_N"]) // (32 * config.num_warps)
+    if per_thread > _MAX_ACCUMULATORS_PER_THREAD:
+        return (f"{per_thread} fp32 accumulators per thread spill past {_MAX_ACCUMULATORS_PER_THREAD}; "
+                "use more warps or smaller blocks")
+    return None
+
+
+def _num_sm_fits_device(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    limit = _CPU_MAX_NUM_SM if device.is_cpu else 2 * device.sm_count
+    if int(config["NUM_SM"]) > limit:
+        return f"NUM_SM={config['NUM_SM']} is more than {limit} programs, too many for {device.alias}"
+    return None
+
+
+def _num_sm_not_redundant(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    """Rule out a NUM_SM that launches the same grid (one program per tile) as a smaller value."""
+    total = sum(_tile_counts(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"])))
+    num_sm = int(config["NUM_SM"])
+    enough = [v for v in NUM_SM_VALUES if v >= total]
+    if enough and num_sm > enough[0]:
+        return f"NUM_SM={num_sm} launches one program per tile ({total}) like NUM_SM={enough[0]}"
+    return None
+
+
+SPACE = SearchSpace(
+    params=(
+        Param("BLOCK_M", (16, 32, 64, 128, 256)),
+        Param("BLOCK_N", (32, 64, 128, 256)),
+        Param("BLOCK_K", (32, 64, 128)),
+        Param("NUM_SM", NUM_SM_VALUES),
+        Param("num_warps", (2, 4, 8)),
+        Param("num_stages", (2, 3, 4, 5)),
+    ),
+    constraints=(_fits_shared_memory, _tiles_fit_problem, _fits_registers, _num_sm_fits_device,
+                 _num_sm_not_redundant),
+)
+
+
+# ------------------------------------------------------------------------------------- the rest of the spec
+
+def _largest_at_most(name: str, limit: int) -> int:
+    values = [int(v) for v in SPACE.param(name).values]
+    return max([v for v in values if v <= limit], default=values[0])
+
+
+def _config(**values: int) -> Config:
+    # Config equality follows parameter order, so build every config in the space's order, as enumerate does.
+    return Config.from_dict({name: values[name] for name in SPACE.names})
+
+
+def default_config(problem: Problem, device: DeviceInfo) -> Config:
+    """64x64x32 tiles, 4 warps, 3 stages, one program per SM, shrunk to fit the problem; always valid."""
+    blocks = {name: _largest_at_most(name, min(start, _block_limit(name, dim, problem)))
+              for (name, dim), start in zip(_BLOCK_DIMS, (64, 64, 32))}
+    total = sum(_tile_counts(problem.shapes, blocks["BLOCK_M"], blocks["BLOCK_N"]))
+    num_sm = _largest_at_most("NUM_SM", device.sm_count)
+    enough = [v for v in NUM_SM_VALUES if v >= total]
+    if enough:
+        num_sm = min(num_sm, enough[0])
+    config = _config(**blocks, NUM_SM=num_sm, num_warps=4, num_stages=3)
+    if SPACE.violation(config, problem, device) is None:
+        return config
+    # Only a device far smaller than any we know gets here; the smallest point fits every problem.
+    smallest = _config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=NUM_SM_VALUES[0], num_warps=4, num_stages=2)
+    logger.warning("default config %s does not fit %s on %s; using %s", config, problem, device.alias, smallest)
+    return smallest
+
+
+def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Random normal operands laid out as the problem says, scaled so each output element is about N(0, 1)."""
+    if problem.dtype not in _TORCH_DTYPES:
+        raise ValueError(f"grouped_matmul runs fp16 or bf16, not {problem.dtype}")
+    dtype = _TORCH_DTYPES[problem.dtype]
+    gen = torch.Generator().manual_seed(seed)  # CPU generator: the same numbers on every device
+
+    def operand(rows: int, cols: int, letter: str, scale: float) -> torch.Tensor:
+        shape = (cols, rows) if letter == "t" else (rows, cols)
+        x = (torch.randn(shape, generator=gen) * scale).to(dtype=dtype, device=torch_device)
+        return x.t() if letter == "t" else x
+
+    As, Bs = [], []
+    for m, n, k in problem.shapes:
+        scale = max(k, 1) ** -0.25  # both operands take a fourth root so neither underflows in fp16
+        As.append(operand(m, k, problem.layout[0], scale))
+        Bs.append(operand(k, n, problem.layout[1], scale))
+    return As, Bs
+
+
+def reference(inputs: tuple) -> list[torch.Tensor]:
+    As, Bs = inputs
+    return [a.float() @ b.float() for a, b in zip(As, Bs)]
+
+
+def run(config: Config, inputs: tuple) -> list[torch.Tensor]:
+    return grouped_matmul_with(config, *inputs)
+
+
+def baseline(inputs: tuple) -> list[torch.Tensor]:
+    As, Bs = inputs
+    return [torch.matmul(a, b) for a, b in zip(As, Bs)]
+
+
+def _features(problem: Problem) -> tuple[float, ...]:
+    count = len(problem.shapes)
+    means = (sum(shape[d] for shape in problem.shapes) / count for d in range(3))
+    return (count, problem.flops, *means)
+
+
+def distance(p: Problem, q: Problem) -> float:
+    """Log-distance of (GEMM count, flops, mean M, mean N, mean K); infinite across dtype or layout."""
+    if (p.kernel, p.dtype, p.layout) != (q.kernel, q.dtype, q.layout):
+        return math.inf
+    return log_distance(_features(p), _features(q))
+
+
+GROUPED_MATMUL = KernelSpec(
+    name=KERNEL,
+    space=SPACE,
+    dtypes=("fp16", "bf16"),
+    problem_of=problem_of,
+    make_inputs=make_inputs,
+    reference=reference,
+    run=run,
+    baseline=baseline,
+    default_config=default_config,
+    distance=distance,
+)
+
+__all__ = ["GROUPED_MATMUL", "SPACE", "NUM_SM_VALUES", "grouped_matmul_with", "problem_of", "default_config"]

@@ -1,0 +1,51 @@
+"""Shared helpers for the db tests: a record factory and stores on real SQLite files."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# The project is not installed; make `import db` work under a bare `pytest` as under `python -m pytest`.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from db import Record, Store  # noqa: E402
+
+H100 = {"device_name": "NVIDIA H100 80GB HBM3", "device_alias": "h100",
+        "compute_capability": "9.0", "sm_count": 132}
+A100 = {"device_name": "NVIDIA A100-SXM4-80GB", "device_alias": "a100",
+        "compute_capability": "8.0", "sm_count": 108}
+TILED = {"VARIANT": "tiled", "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_SIZE_M": 8,
+         "num_warps": 4, "num_stages": 3}
+
+
+def make_record(m: int = 16, n: int = 4096, k: int = 4096, **changes: Any) -> Record:
+    """A plausible H100 matmul record for the (m, n, k) problem; ``changes`` override any field."""
+    dtype, layout = changes.get("dtype", "fp16"), changes.get("layout", "nt")
+    values: dict[str, Any] = {
+        **H100, "kernel": "matmul", "problem_key": f"{dtype}:{layout}:{m}x{n}x{k}",
+        "dtype": dtype, "layout": layout, "shapes": ((m, n, k),), "config": TILED,
+        "time_ms": 0.5, "tflops": 2 * m * n * k / 0.5e-3 / 1e12, "cublas_ms": 0.6,
+        "triton_config": TILED, "triton_ms": 0.5, "torch_version": "2.11.0",
+        "triton_version": "3.6.0", "cuda_version": "13.0", "trials": 64,
+        "created_at": datetime(2025, 1, 31, 12, 0, 0, 123456, tzinfo=timezone.utc),
+    }
+    values.update(changes)
+    return Record(**values)
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'tuner.db'}"
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    with Store(db_url) as opened:
+        yield opened

@@ -1,0 +1,273 @@
+"""The persistent grouped GEMM: correctness on odd groups, its errors, its search space and its spec.
+
+Runs under Triton's interpreter (TRITON_INTERPRET=1) on a CPU, or compiled on a GPU; tiles stay small so
+that each interpreted test takes well under a few seconds.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kernels import grouped
+from kernels._device import CPU, interpreter_enabled
+from kernels._spec import BASELINE, Config, DeviceInfo, Problem
+from kernels.grouped import GROUPED_MATMUL, SPACE, default_config, grouped_matmul_with, problem_of
+
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
+
+# ||out - ref|| / ||ref|| for fp16/bf16 outputs of an fp32-accumulated GEMM: rounding the output alone
+# costs ~5e-4 (fp16) / ~4e-3 (bf16); the interpreter measured ~2e-4 on these groups.
+TOLERANCE = {"fp16": 1e-2, "bf16": 2e-2}
+
+H100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
+                  shared_memory_bytes=232_448)
+A10 = DeviceInfo(name="NVIDIA A10", alias="a10", compute_capability="8.6", sm_count=72,
+                 shared_memory_bytes=101_376)
+
+ODD_GROUP = ((1, 1, 1), (17, 33, 65), (64, 16, 48), (0, 8, 8), (8, 0, 8), (5, 7, 0))
+
+# Small tiles keep the interpreter fast. With 16x32 tiles ODD_GROUP has 10 tiles, with 32x32 6 tiles,
+# so NUM_SM=4 makes programs loop and NUM_SM=16 leaves programs (clipped from the grid) idle.
+SMALL_CONFIGS = (
+    Config.make(num_warps=2, num_stages=2, BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=4),
+    Config.make(num_warps=4, num_stages=3, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, NUM_SM=16),
+    Config.make(num_warps=4, num_stages=2, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, NUM_SM=8),
+    Config.make(num_warps=4, num_stages=4, BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, NUM_SM=4),
+)
+
+
+def _problem(shapes=ODD_GROUP, layout: str = "nn", dtype: str = "fp16") -> Problem:
+    return Problem("grouped_matmul", dtype, layout, tuple(shapes))
+
+
+def _assert_close(outs: list[torch.Tensor], refs: list[torch.Tensor], dtype: str) -> None:
+    assert len(outs) == len(refs)
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        assert out.shape == ref.shape, f"output {i}"
+        assert out.dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        err = (out.float() - ref).norm().item()
+        assert err <= TOLERANCE[dtype] * max(ref.norm().item(), 1e-6), f"output {i} {tuple(ref.shape)}: error {err}"
+
+
+def _run_and_check(config: Config, problem: Problem, seed: int = 0) -> None:
+    inputs = GROUPED_MATMUL.make_inputs(problem, DEVICE, seed)
+    _assert_close(GROUPED_MATMUL.run(config, inputs), GROUPED_MATMUL.reference(inputs), problem.dtype)
+
+
+# ------------------------------------------------------------------------------------------ correctness
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("config", SMALL_CONFIGS, ids=str)
+def test_odd_group_matches_torch_in_fp16(layout: str, config: Config) -> None:
+    _run_and_check(config, _problem(layout=layout))
+
+
+def test_operands_with_general_strides_match_torch() -> None:
+    gen = torch.Generator().manual_seed(1)
+    big = [torch.randn(80, 70, generator=gen).half().to(DEVICE) for _ in range(4)]
+    # Views that are neither row- nor column-major: (20, 35), (17, 33) and (35, 24), (33, 24).
+    As = [big[0][:40:2, ::2], big[1][1:18, 3:68:2]]
+    Bs = [big[2][:35, ::3], big[3][::2, ::3][:33]]
+    assert problem_of(As, Bs).layout == "nn"
+    config = SMALL_CONFIGS[0]
+    _assert_close(grouped_matmul_with(config, As, Bs), [a.float() @ b.float() for a, b in zip(As, Bs)], "fp16")
+
+
+def test_aligned_group_takes_the_hinted_path_and_matches_torch() -> None:
+    problem = _problem([(24, 64, 40), (8, 32, 16), (0, 16, 8)], layout="nt")
+    As, Bs = GROUPED_MATMUL.make_inputs(problem, DEVICE, 3)
+    spec = grouped._specialize(As, Bs, problem.shapes)
+    assert spec.ALIGNED and spec.A_K_UNIT and spec.B_K_UNIT and not spec.B_N_UNIT
+    _run_and_check(SMALL_CONFIGS[2], problem, seed=3)
+
+
+def test_odd_extents_or_offsets_turn_the_alignment_promise_off() -> None:
+    As, Bs = GROUPED_MATMUL.make_inputs(_problem([(8, 16, 24)]), DEVICE, 0)
+    assert grouped._specialize(As, Bs, [(8, 16, 24)]).ALIGNED
+    assert not grouped._specialize(As, Bs, [(8, 17, 24)]).ALIGNED  # N not a multiple of 8
+    shifted = [As[0].new_empty(8 * 24 + 1)[1:].view(8, 24)]  # base 2 bytes past an aligned address
+    assert not grouped._specialize(shifted, Bs, [(8, 16, 24)]).ALIGNED
+
+
+def test_more_programs_than_tiles_and_fewer_give_the_same_result() -> None:
+    problem = _problem([(40, 70, 33), (3, 100, 20)])
+    inputs = GROUPED_MATMUL.make_inputs(problem, DEVICE, 5)
+    few, many = (SMALL_CONFIGS[0].replace(NUM_SM=n) for n in (4, 264))  # 15 tiles
+    assert torch.equal(GROUPED_MATMUL.run(few, inputs)[0], GROUPED_MATMUL.run(many, inputs)[0])
+
+
+def test_k_zero_writes_zeros_and_empty_m_or_n_give_empty_outputs() -> None:
+    As = [torch.ones(3, 0, dtype=torch.float16, device=DEVICE), torch.ones(0, 4, dtype=torch.float16, device=DEVICE),
+          torch.ones(5, 4, dtype=torch.float16, device=DEVICE)]
+    Bs = [torch.ones(0, 6, dtype=torch.float16, device=DEVICE), torch.ones(4, 2, dtype=torch.float16, device=DEVICE),
+          torch.ones(4, 0, dtype=torch.float16, device=DEVICE)]
+    outs = grouped_matmul_with(SMALL_CONFIGS[0], As, Bs)
+    assert [tuple(o.shape) for o in outs] == [(3, 6), (0, 2), (5, 0)]
+    assert torch.equal(outs[0], torch.zeros(3, 6, dtype=torch.float16, device=DEVICE))
+
+
+def test_group_without_tiles_launches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError(f"launched with grid {grid}")
+
+    monkeypatch.setattr(grouped, "_grouped_matmul_kernel", NoLaunch())
+    As = [torch.ones(0, 4, dtype=torch.float16, device=DEVICE), torch.ones(3, 0, dtype=torch.float16, device=DEVICE)]
+    Bs = [torch.ones(4, 2, dtype=torch.float16, device=DEVICE), torch.ones(0, 0, dtype=torch.float16, device=DEVICE)]
+    assert [tuple(o.shape) for o in grouped_matmul_with(SMALL_CONFIGS[0], As, Bs)] == [(0, 2), (3, 0)]
+
+
+def test_baseline_config_runs_the_torch_loop() -> None:
+    inputs = GROUPED_MATMUL.make_inputs(_problem([(5, 6, 7)]), DEVICE, 0)
+    assert torch.equal(grouped_matmul_with(BASELINE, *inputs)[0], torch.matmul(inputs[0][0], inputs[1][0]))
+
+
+def test_default_config_is_correct_on_the_odd_group() -> None:
+    problem = _problem(layout="nt")
+    _run_and_check(default_config(problem, CPU), problem)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: the interpreter's bf16 tl.dot is wrong (GPU.md)")
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_group_matches_torch_on_the_gpu(dtype: str, layout: str) -> None:
+    shapes = ODD_GROUP + ((256, 512, 1024), (1000, 136, 4096), (128, 1536, 4096))
+    problem = _problem(shapes, layout=layout, dtype=dtype)
+    configs = SMALL_CONFIGS + (default_config(problem, grouped_device()),
+                               Config.make(num_warps=8, num_stages=3, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_SM=132))
+    for config in configs:
+        _run_and_check(config, problem, seed=7)
+
+
+def grouped_device() -> DeviceInfo:
+    from kernels._device import current_device
+
+    return current_device(DEVICE)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+def _fp16(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("As, Bs, error, words", [
+    ([_fp16(2, 3)], [_fp16(3, 2), _fp16(3, 2)], ValueError, ["equally long", "1 and 2"]),
+    ([], [], ValueError, ["non-empty"]),
+    (_fp16(2, 3), [_fp16(3, 2)], TypeError, ["list or tuple", "Tensor"]),
+    ([_fp16(2, 3), "x"], [_fp16(3, 2), _fp16(3, 2)], TypeError, ["As[1]", "str"]),
+    ([_fp16(2, 3, 1)], [_fp16(3, 2)], ValueError, ["As[0]", "(2, 3, 1)", "2-D"]),
+    ([_fp16(1, 1)] * 2 + [torch.zeros(2, 3)], [_fp16(1, 1)] * 2 + [torch.zeros(3, 2)], TypeError,
+     ["float16 or bfloat16", "torch.float32 at As[2]", ".half()"]),
+    ([_fp16(2, 3)], [_fp16(3, 2).bfloat16()], TypeError, ["one dtype", "torch.bfloat16", "Bs[0]"]),
+    ([_fp16(2, 3), _fp16(4, 5)], [_fp16(3, 2), _fp16(6, 2)], ValueError, ["As[1]", "(4, 5)", "Bs[1]", "(6, 2)"]),
+    ([_fp16(2, 3)], [torch.zeros(3, 2, dtype=torch.float16, device="meta")], ValueError,
+     ["one device", "Bs[0] is on meta", ".to("]),
+])
+def test_bad_operands_raise_errors_that_name_them(As, Bs, error: type, words: list[str]) -> None:
+    with pytest.raises(error) as info:
+        problem_of(As, Bs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_config_outside_the_space_is_refused_with_the_reason() -> None:
+    inputs = GROUPED_MATMUL.make_inputs(_problem([(4, 4, 4)]), DEVICE, 0)
+    with pytest.raises(ValueError, match="BLOCK_M=24 is not one of"):
+        grouped_matmul_with(SMALL_CONFIGS[0].replace(BLOCK_M=24), *inputs)
+
+
+# ------------------------------------------------------------------------------------ problem and spec
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+def test_problem_of_inputs_round_trips_through_its_key(layout: str) -> None:
+    problem = _problem(layout=layout, dtype="bf16")
+    assert problem_of(*GROUPED_MATMUL.make_inputs(problem, "cpu", 0)) == problem
+    assert Problem.from_key("grouped_matmul", problem.key) == problem
+
+
+def test_make_inputs_is_seeded_and_scaled_to_unit_outputs() -> None:
+    problem = _problem([(64, 64, 1024)], layout="nt")
+    first, again, other = (GROUPED_MATMUL.make_inputs(problem, "cpu", seed) for seed in (1, 1, 2))
+    assert torch.equal(first[1][0], again[1][0]) and not torch.equal(first[1][0], other[1][0])
+    assert first[1][0].stride(0) == 1  # B = w.t()
+    assert 0.5 < GROUPED_MATMUL.reference(first)[0].std().item() < 2.0
+
+
+def test_baseline_agrees_with_reference() -> None:
+    inputs = GROUPED_MATMUL.make_inputs(_problem(), "cpu", 0)
+    _assert_close(GROUPED_MATMUL.baseline(inputs), GROUPED_MATMUL.reference(inputs), "fp16")
+
+
+def _random_problem(rng: random.Random) -> Problem:
+    dims = lambda: rng.choice([0, 1, 7, 16, 100, 1000, 4096, 20000])  # noqa: E731
+    shapes = tuple((dims(), dims(), dims()) for _ in range(rng.randint(1, 6)))
+    return _problem(shapes, layout=rng.choice(["nn", "nt"]), dtype=rng.choice(["fp16", "bf16"]))
+
+
+@pytest.mark.parametrize("device", [CPU, H100, A10], ids=lambda d: d.alias)
+def test_default_config_is_valid_for_any_problem(device: DeviceInfo) -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        problem = _random_problem(rng)
+        config = default_config(problem, device)
+        assert SPACE.violation(config, problem, device) is None, f"{config} for {problem}"
+
+
+def test_default_config_takes_one_program_per_sm_on_large_groups() -> None:
+    problem = _problem([(4096, 4096, 4096)] * 4)
+    assert default_config(problem, H100) == Config.make(num_warps=4, num_stages=3, BLOCK_M=64, BLOCK_N=64,
+                                                        BLOCK_K=32, NUM_SM=132)
+
+
+def test_every_problem_has_a_valid_config_on_every_device() -> None:
+    for problem in (_problem([(1, 1, 1)]), _problem([(0, 0, 0)]), _problem([(8192, 8192, 8192)])):
+        for device in (CPU, H100, A10):
+            assert next(SPACE.enumerate(problem, device), None) is not None, f"{problem} on {device.alias}"
+
+
+def _why(problem: Problem, device: DeviceInfo = H100, **values) -> str | None:
+    base = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, NUM_SM=4, num_warps=4, num_stages=3)
+    return SPACE.violation(Config.make(**{**base, **values}), problem, device)
+
+
+def test_constraints_rule_out_tiles_far_larger_than_the_problem() -> None:
+    small = _problem([(5, 20, 9), (3, 1, 1)])
+    assert "BLOCK_M=64" in _why(small)
+    assert _why(small, BLOCK_M=16, BLOCK_N=64) is None  # 2 * next_pow2(20) = 64
+    assert "BLOCK_N=128" in _why(small, BLOCK_M=16, BLOCK_N=128)
+    assert "BLOCK_K=64" in _why(small, BLOCK_M=16, BLOCK_K=64)
+    assert _why(_problem([(1, 1, 1)]), BLOCK_M=16, BLOCK_N=32, BLOCK_K=32) is None  # smallest tiles always fit
+
+
+def test_constraints_rule_out_configs_the_hardware_cannot_hold() -> None:
+    big = _problem([(8192, 8192, 8192)])
+    assert "shared memory" in _why(big, BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=2)
+    assert "shared memory" in _why(big, A10, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4)
+    assert _why(big, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4) is None
+    assert "accumulators" in _why(big, BLOCK_M=256, BLOCK_N=256, num_warps=4)
+    assert _why(big, BLOCK_M=256, BLOCK_N=256, num_warps=8) is None
+
+
+def test_constraints_bound_num_sm_by_device_and_by_tile_count() -> None:
+    big = _problem([(8192, 8192, 8192)])
+    assert _why(big, NUM_SM=264) is None
+    assert "too many" in _why(big, A10, NUM_SM=264)
+    assert "too many" in _why(big, CPU, NUM_SM=32)
+    assert _why(big, CPU, NUM_SM=16) is None
+    tiny = _problem([(20, 20, 20)])  # 1 tile of 64x64: NUM_SM=4 already gives each tile a program
+    assert "like NUM_SM=4" in _why(tiny, BLOCK_M=32, BLOCK_N=32, NUM_SM=8)
+    assert _why(tiny, BLOCK_M=32, BLOCK_N=32, NUM_SM=4) is None
+
+
+def test_distance_grows_with_size_and_is_infinite_across_dtype_or_layout() -> None:
+    p = _problem([(128, 256, 512)] * 4)
+    assert GROUPED_MATMUL.distance(p, p) == 0
+    near, far = _problem([(128, 256, 512)] * 5), _problem([(1024, 256, 512)] * 4)
+    assert 0 < GROUPED_MATMUL.distance(p, near) < GROUPED_MATMUL.distance(p, far)
+    assert GROUPED_MATMUL.distance(p, _problem(p.shapes, dtype="bf16")) == float("inf")
+    assert GROUPED_MATMUL.distance(p, _problem(p.shapes, layout="nt")) == float("inf")

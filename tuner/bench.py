@@ -1,0 +1,159 @@
+"""Check and time one config of one kernel on one problem.
+
+Every candidate runs on fresh random inputs and is compared with a float32 reference before it is
+timed; outputs are poisoned with NaN when released, so a kernel that writes nothing cannot pass on a
+previous candidate's result left in recycled memory. Times are the median of
+``triton.testing.do_bench`` with L2 flushed; under the interpreter on CPU, a wall clock stands in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernels import Config, DeviceInfo, KernelSpec, Problem, is_baseline
+
+log = logging.getLogger(__name__)
+
+# Relative L2 error ||out - ref|| / ||ref|| a correct kernel stays under, per input dtype. fp16 output
+# rounding alone gives ~3e-4 and bf16 ~3e-3 (measured on random normal inputs, K up to 8192);
+# fp32 runs on TF32 tensor cores, ~3e-4.
+TOLERANCE = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 5e-3}
+
+Timer = Callable[[Callable[[], Any]], float]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one candidate did: ``ok`` with a time, or why not."""
+
+    status: str  # "ok", "invalid", "compile_error", "wrong_result", "error"
+    time_ms: float | None = None
+    rel_error: float | None = None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def gpu_timer(fn: Callable[[], Any]) -> float:
+    """Median milliseconds of ``fn`` by CUDA events with L2 flushed between runs."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def wall_timer(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Stand-in for the GPU timer under the interpreter: median wall-clock ms (meaningless as speed)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def default_timer(device: DeviceInfo) -> Timer:
+    return wall_timer if device.is_cpu else gpu_timer
+
+
+def torch_device_of(device: DeviceInfo) -> torch.device:
+    return torch.device("cpu") if device.is_cpu else torch.device("cuda", torch.cuda.current_device())
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| over all outputs (NaN anywhere gives NaN); 0/0 counts as exact."""
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    refs = ref if isinstance(ref, (list, tuple)) else [ref]
+    if len(outs) != len(refs):
+        return math.inf
+    num = den = 0.0
+    for o, r in zip(outs, refs):
+        if tuple(o.shape) != tuple(r.shape):
+            return math.inf
+        num += float((o.double() - r.double()).pow(2).sum())
+        den += float(r.double().pow(2).sum())
+    if math.isnan(num):
+        return math.nan
+    return 0.0 if num == 0.0 else math.sqrt(num / den) if den > 0 else math.inf
+
+
+def _poison(out: Any) -> None:
+    for t in out if isinstance(out, (list, tuple)) else [out]:
+        if t.is_floating_point() and t.numel():
+            t.fill_(math.nan)
+
+
+def _synchronize(device: DeviceInfo) -> None:
+    if not device.is_cpu:
+        torch.cuda.synchronize()
+
+
+class Bench:
+    """Measures configs of one kernel on one problem, on fresh inputs each time."""
+
+    def __init__(self, spec: KernelSpec, problem: Problem, device: DeviceInfo,
+                 timer: Timer | None = None, seed: int = 0) -> None:
+        self.spec = spec
+        self.problem = problem
+        self.device = device
+        self.timer = timer or default_timer(device)
+        self.tolerance = TOLERANCE[problem.dtype]
+        self._torch_device = torch_device_of(device)
+        self._seed = seed
+
+    def _fresh_inputs(self) -> tuple:
+        self._seed += 1
+        return self.spec.make_inputs(self.problem, self._torch_device, self._seed)
+
+    def check(self, config: Config, inputs: tuple | None = None) -> float:
+        """Relative error of ``config`` against the reference on fresh inputs."""
+        inputs = inputs if inputs is not None else self._fresh_inputs()
+        out = self.spec.execute(config, inputs)
+        _synchronize(self.device)
+        error = relative_error(out, self.spec.reference(inputs))
+        _poison(out)
+        return error
+
+    def measure(self, config: Config) -> Measurement:
+        """Constraint check, correctness check, then timing; never raises for a bad candidate."""
+        reason = None if is_baseline(config) else self.spec.space.violation(config, self.problem, self.device)
+        if reason:
+            return Measurement("invalid", reason=reason)
+        try:
+            error = self.check(config)
+            if not error <= self.tolerance:  # NaN fails too
+                return Measurement("wrong_result", rel_error=error,
+                                   reason=f"relative error {error:.3g} over the {self.tolerance:g} allowed")
+            inputs = self._fresh_inputs()
+            elapsed = self.timer(lambda: self.spec.execute(config, inputs))
+            return Measurement("ok", time_ms=elapsed, rel_error=error)
+        except Exception as exc:  # a candidate may fail in any way; the search goes on
+            return Measurement(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}")
+
+    def baseline_ms(self) -> float:
+        """Time of what the user has without us (torch.matmul, or a loop of it) in the same run."""
+        inputs = self._fresh_inputs()
+        self.spec.baseline(inputs)
+        return self.timer(lambda: self.spec.baseline(inputs))
+
+
+
+def _classify(exc: Exception) -> str:
+    name = type(exc).__name__
+    text = str(exc)
+    if name in ("CompilationError", "OutOfResources", "CompileTimeAssertionFailure") or "out of resource" in text:
+        return "compile_error"
+    return "error"
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else "")[:300]

@@ -1,0 +1,114 @@
+"""``python -m tuner``: a thin layer that parses, calls one library function, prints.
+
+Errors that the user can fix (a bad --device, a broken import file, a malformed shape) are printed
+as one message without a traceback, and the exit code is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+log = logging.getLogger("tuner")
+
+# Problems tuned when `search` is given no --shape: the public suite of ../shared/GPU.md on a GPU,
+# and shapes small enough for Triton's interpreter on CPU.
+GPU_SUITE = ("1024x768x512", "16x4096x4096", "64x4096x4096", "128x8192x8192", "512x14336x4096",
+             "1000x1000x1000", "2048x2048x2048", "4096x4096x4096", "8192x8192x8192",
+             "4096x28672x2048", "3333x257x4099")
+CPU_SUITE = ("32x32x32", "16x64x48", "40x24x72")
+GROUPED_GPU_SUITE = ("128x128x128+128x128x128+128x128x128+128x128x128",
+                     "512x512x512+512x512x512+512x512x512+512x512x512")
+GROUPED_CPU_SUITE = ("16x32x32+8x16x32+0x16x16",)
+
+
+class UserError(Exception):
+    """A mistake the user can fix; printed without a traceback."""
+
+
+def _wants_cpu(device: str) -> bool:
+    if device.lower() == "cpu":
+        return True
+    if device.lower() != "auto":
+        return False
+    import torch  # torch does not import triton, so the interpreter switch below still takes effect
+
+    return not torch.cuda.is_available()
+
+
+def _prepare_device(device: str) -> None:
+    """Turn on Triton's interpreter for --device cpu before anything imports triton."""
+    if _wants_cpu(device):
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UserError("--device cpu needs TRITON_INTERPRET=1 before triton is imported; "
+                            "set it in the environment")
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tuner",
+                                     description="Tune Triton kernels per GPU and keep the winners in a database.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_db(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--db", default=None,
+                       help="SQLAlchemy URL of the database (default: $TUNER_DB or a SQLite file in the cache dir)")
+        return p
+
+    sub.add_parser("devices", help="the GPU this process sees, with its canonical name and alias")
+
+    s = with_db(sub.add_parser("search", help="tune problems and store the winners"))
+    s.add_argument("--device", default="auto",
+                   help="alias (h100), canonical name, 'auto' (this GPU, or cpu without one) or 'cpu'")
+    s.add_argument("--kernel", default="matmul", help="kernel family: matmul or grouped_matmul")
+    s.add_argument("--dtype", action="append", help="fp16, bf16 or fp32 (repeatable; default fp16)")
+    s.add_argument("--layout", action="append",
+                   help="operand layout, A then B: nn (row-major) or nt (B = w.t()); repeatable; default nn")
+    s.add_argument("--shape", action="append",
+                   help="MxNxK (repeatable); a group for grouped_matmul joins GEMMs with '+': 128x128x128+64x64x64")
+    s.add_argument("--trials", type=int, default=40, help="measured trials per problem (default 40)")
+    s.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
+    s.add_argument("--sampler", default="tpe", help="tpe (default), random, gp or cmaes")
+    s.add_argument("--seed", type=int, default=None, help="sampler seed, for reproducible searches")
+    s.add_argument("--workers", type=int, default=None,
+                   help="processes that compile and check candidates in parallel on a GPU (0: in-process)")
+
+    lst = with_db(sub.add_parser("list", help="one row per tuned problem"))
+    lst.add_argument("--device", default=None, help="only this device (alias or canonical name)")
+    lst.add_argument("--kernel", default=None)
+
+    ex = with_db(sub.add_parser("export", help="write tuned records to a JSON file"))
+    ex.add_argument("--device", default=None, help="only this device (alias or canonical name)")
+    ex.add_argument("--kernel", default=None)
+    ex.add_argument("-o", "--output", required=True, help="file to write")
+
+    im = with_db(sub.add_parser("import", help="read tuned records from a JSON file"))
+    im.add_argument("file")
+    im.add_argument("--on-conflict", default="faster",
+                    help="faster (default: keep the faster record), replace, keep or error")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command in ("search",):
+            _prepare_device(args.device)
+        from . import commands  # imports kernels (and so triton) only now
+
+        return getattr(commands, f"cmd_{args.command}")(args)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished trials are saved; run the same command again to resume", file=sys.stderr)
+        return 130

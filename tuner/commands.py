@@ -1,0 +1,133 @@
+"""The CLI's subcommands, one library call each; imported only after the device is set up."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import optuna
+
+import kernels
+from db import Record, Store, StoreError, export_records, import_records
+
+from .cli import CPU_SUITE, GPU_SUITE, GROUPED_CPU_SUITE, GROUPED_GPU_SUITE, UserError
+from .search import SAMPLERS, Budget, Progress, tune_problem
+from .workers import CheckPool
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("no GPU visible; `--device cpu` runs the pipeline under Triton's interpreter")
+        return 0
+    for index in range(torch.cuda.device_count()):
+        info = kernels.current_device(f"cuda:{index}")
+        print(f"cuda:{index}  {info.name}  alias={info.alias}  sm_{info.compute_capability.replace('.', '')}  "
+              f"{info.sm_count} SMs  {info.shared_memory_bytes // 1024} KiB shared memory per block")
+    return 0
+
+
+def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kernels.Problem]:
+    spec = kernels.get_kernel(args.kernel)
+    dtypes = args.dtype or ["fp16"]
+    layouts = args.layout or ["nn"]
+    if args.shape:
+        shapes = args.shape
+    elif spec.name == "grouped_matmul":
+        shapes = GROUPED_CPU_SUITE if device.is_cpu else GROUPED_GPU_SUITE
+    else:
+        shapes = CPU_SUITE if device.is_cpu else GPU_SUITE
+    problems = []
+    for dtype, layout, text in itertools.product(dtypes, layouts, shapes):
+        if dtype not in spec.dtypes:
+            raise UserError(f"{spec.name} does not take --dtype {dtype}; it takes {', '.join(spec.dtypes)}")
+        key = f"{dtype}:{layout}:{text}"
+        try:
+            problems.append(kernels.Problem.from_key(spec.name, key))
+        except ValueError:
+            raise UserError(f"--shape {text!r} must be MxNxK with integers >= 0 (groups: join with '+'), "
+                            f"--layout one of nn, nt, tn, tt; got {key!r}") from None
+    return problems
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    if args.sampler not in SAMPLERS:
+        raise UserError(f"--sampler {args.sampler} is not one of {', '.join(SAMPLERS)}")
+    if args.trials < 1:
+        raise UserError(f"--trials {args.trials} must be at least 1")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
+    spec = kernels.get_kernel(args.kernel)
+    problems = _problems(args, device)
+    pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
+    with _open_store(args.db) as store:
+        print(f"tuning {len(problems)} {spec.name} problem(s) on {device.name} ({device.alias}) into {store.url}")
+        try:
+            for index, problem in enumerate(problems, 1):
+                print(f"[{index}/{len(problems)}] {problem.key}", flush=True)
+                record = tune_problem(spec, problem, device, store, budget=Budget(args.trials, args.timeout),
+                                      sampler=args.sampler, seed=args.seed, on_trial=_print_progress, pool=pool)
+                print(f"  winner: {_winner_text(record)}", flush=True)
+        finally:
+            if pool:
+                pool.close()
+    kernels.clear_cache()
+    return 0
+
+
+def _no_gpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _print_progress(p: Progress) -> None:
+    best = f"{p.best_ms:.4f} ms" if p.best_ms is not None else "-"
+    print(f"  trial {p.trial}/{p.budget}  {p.status:<13} best {best}", flush=True)
+
+
+def _winner_text(record: Record) -> str:
+    config = kernels.Config.from_dict(record.config)
+    speedup = f"  {record.speedup:.2f}x vs cuBLAS" if record.speedup and record.device_name != "cpu" else ""
+    return f"{config}  {record.time_ms:.4f} ms  {record.tflops:.1f} TFLOP/s{speedup}"
+
+
+def _open_store(url: str | None) -> Store:
+    try:
+        return Store(url)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _open_store(args.db) as store:
+        records = store.records(device=args.device, kernel=args.kernel)
+    if not records:
+        print("no tuned problems" + (f" for {args.device}" if args.device else "")
+              + "; run `python -m tuner search` first")
+        return 0
+    rows = [("device", "kernel", "problem", "ms", "TFLOP/s", "cuBLAS ms", "speed-up", "trials", "config")]
+    for r in records:
+        rows.append((r.device_alias, r.kernel, r.problem_key, f"{r.time_ms:.4f}", f"{r.tflops:.1f}",
+                     f"{r.cublas_ms:.4f}" if r.cublas_ms else "-", f"{r.speedup:.2f}x" if r.speedup else "-",
+                     str(r.trials), str(kernels.Config.from_dict(r.config))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with _open_store(args.db) as store:
+        count = export_records(store, args.output, device=args.device, kernel=args.kernel)
+    print(f"exported {count} record(s) to {args.output}")
+    return 0 if count else 1
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    with _open_store(args.db) as store:
+        summary = import_records(store, args.file, on_conflict=args.on_conflict, validate=kernels.validate_record)
+        print(f"imported {args.file} into {store.url}: {summary.inserted} new, "
+              f"{summary.replaced} replaced, {summary.kept} kept")
+    return 0

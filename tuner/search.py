@@ -1,0 +1,253 @@
+"""One Optuna study per (device, kernel, problem), kept in the same database as the winners.
+
+Because the study lives in the database, a search that is interrupted (Ctrl-C, kill -9) resumes
+where it stopped: finished trials stay, and the budget counts them. Configs that break a constraint
+are pruned without compiling and do not count against the budget; a config already measured in this
+study is answered from the study instead of being measured again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+import torch
+import triton
+
+import kernels
+from db import Record, Store
+from kernels import BASELINE, Config, DeviceInfo, KernelSpec, Problem
+
+from .bench import Bench, Measurement, Timer
+from .space import params_of, suggest_config
+from .workers import CheckPool
+
+log = logging.getLogger(__name__)
+
+SAMPLERS = ("tpe", "random", "gp", "cmaes")
+
+# TPE's `group` option is marked experimental; it is what lets multivariate TPE handle the
+# variant-dependent parameters, and the warning says nothing a user can act on.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+# Invalid samples in a row after which a search gives up: the space leaves almost nothing valid.
+MAX_INVALID_IN_A_ROW = 500
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a progress display needs after each trial."""
+
+    problem: Problem
+    trial: int  # trials measured so far in this study (resumed ones included)
+    budget: int
+    status: str
+    best_ms: float | None
+
+
+@dataclass(frozen=True)
+class Budget:
+    trials: int = 40
+    seconds: float | None = None
+
+
+def study_name(device: DeviceInfo, problem: Problem) -> str:
+    """Readable and unique; long grouped keys are shortened by a hash (Optuna names are <= 512 chars)."""
+    name = f"{device.name}|{problem.kernel}|{problem.key}"
+    if len(name) > 400:
+        name = f"{name[:300]}...#{hashlib.sha1(name.encode()).hexdigest()[:16]}"
+    return name
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # constant_liar: trials asked in one batch but not yet told still steer the next asks apart.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=10)
+    if name == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=10)
+    raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
+
+
+def open_study(storage: optuna.storages.BaseStorage, device: DeviceInfo, problem: Problem,
+               sampler: str = "tpe", seed: int | None = None) -> optuna.Study:
+    return optuna.create_study(study_name=study_name(device, problem), storage=storage,
+                               direction="minimize", sampler=make_sampler(sampler, seed), load_if_exists=True)
+
+
+def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that cost a measurement (complete or failed), the ones the budget counts."""
+    states = (TrialState.COMPLETE, TrialState.FAIL)
+    return study.get_trials(deepcopy=False, states=states)
+
+
+def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
+    """First trials: this device's winners for the nearest tuned problems, then the kernel's default."""
+    tuned = []
+    for record in store.records(device=device.name, kernel=spec.name):
+        if record.problem_key == problem.key or not record.triton_config:
+            continue
+        distance = spec.distance(problem, Problem.from_key(spec.name, record.problem_key))
+        if math.isfinite(distance):
+            tuned.append((distance, Config.from_dict(record.triton_config)))
+    tuned.sort(key=lambda pair: pair[0])
+    candidates = [config for _, config in tuned[:3]] + [spec.default_config(problem, device)]
+    seen: set[Config] = set()
+    chosen = []
+    for config in candidates:
+        config = spec.space.canonical(config)
+        if config not in seen and spec.space.violation(config, problem, device) is None:
+            seen.add(config)
+            chosen.append(config)
+    return chosen
+
+
+def _earlier_result(study: optuna.Study, config_text: str) -> Measurement | None:
+    """This study's verdict on a config measured before (a resumed search, or a sampler repeat)."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        if t.user_attrs.get("config") == config_text:
+            if t.state == TrialState.COMPLETE:
+                return Measurement("ok", time_ms=t.value, rel_error=t.user_attrs.get("rel_error"))
+            return Measurement(t.user_attrs.get("status", "error"), reason=t.user_attrs.get("reason", ""))
+    return None
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) -> None:
+    trial.set_user_attr("status", measurement.status)
+    if measurement.reason:
+        trial.set_user_attr("reason", measurement.reason)
+    if measurement.rel_error is not None:
+        trial.set_user_attr("rel_error", measurement.rel_error)
+    if measurement.ok:
+        study.tell(trial, float(measurement.time_ms))
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+
+
+def best_triton(study: optuna.Study, spec: KernelSpec) -> tuple[Config, float] | None:
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not done:
+        return None
+    best = min(done, key=lambda t: t.value)
+    return Config.parse(best.user_attrs["config"]), float(best.value)
+
+
+def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store, *,
+                 budget: Budget = Budget(), sampler: str = "tpe", seed: int | None = None,
+                 timer: Timer | None = None, storage: optuna.storages.BaseStorage | None = None,
+                 on_trial: Callable[[Progress], None] | None = None, pool: CheckPool | None = None) -> Record:
+    """Search configs for one problem, then store and return the winner (cuBLAS if nothing beats it)."""
+    storage = storage or optuna.storages.RDBStorage(store.url)
+    study = open_study(storage, device, problem, sampler, seed)
+    bench = Bench(spec, problem, device, timer=timer, seed=seed or 0)
+    if not study.trials:
+        for config in warm_start_configs(spec, problem, device, store):
+            study.enqueue_trial(params_of(config, spec.space), skip_if_exists=True)
+    _Search(study, spec, bench, budget, pool, on_trial).run()
+    found = best_triton(study, spec)
+    if found is None:
+        raise RuntimeError(f"no config of {spec.name} ran correctly on {problem.key} in "
+                           f"{len(measured_trials(study))} trials; see the study's failed trials for why")
+    record = _winner_record(spec, problem, device, found, bench.baseline_ms(), len(measured_trials(study)))
+    store.put(record, on_conflict="replace")
+    return record
+
+
+class _Search:
+    """Ask a batch of configs, precheck them in parallel (if a pool is given), time them one by one."""
+
+    def __init__(self, study: optuna.Study, spec: KernelSpec, bench: Bench, budget: Budget,
+                 pool: CheckPool | None, on_trial: Callable[[Progress], None] | None) -> None:
+        self.study, self.spec, self.bench, self.budget = study, spec, bench, budget
+        self.pool, self.on_trial = pool, on_trial
+        self.batch_size = pool.workers if pool else 1
+        self.invalid_in_a_row = 0
+
+    def measured(self) -> int:
+        return len(measured_trials(self.study))
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.budget.seconds if self.budget.seconds else math.inf
+        while self.measured() < self.budget.trials and time.monotonic() < deadline:
+            batch = self._ask_batch()
+            if not batch:
+                log.warning("%s: %d invalid samples in a row; the space leaves little valid, stopping",
+                            self.bench.problem, self.invalid_in_a_row)
+                return
+            self._measure_batch(batch)
+
+    def _ask_batch(self) -> dict[Config, list[optuna.Trial]]:
+        """Up to batch_size distinct new configs; invalid samples are pruned at once, repeats answered."""
+        batch: dict[Config, list[optuna.Trial]] = {}
+        while (self.measured() + sum(map(len, batch.values())) < self.budget.trials
+               and len(batch) < self.batch_size and self.invalid_in_a_row < MAX_INVALID_IN_A_ROW):
+            trial = self.study.ask()
+            config = self.spec.space.canonical(suggest_config(trial, self.spec.space))
+            trial.set_user_attr("config", str(config))
+            reason = self.spec.space.violation(config, self.bench.problem, self.bench.device)
+            if reason:
+                self.invalid_in_a_row += 1
+                trial.set_user_attr("status", "invalid")
+                trial.set_user_attr("reason", reason)
+                self.study.tell(trial, state=TrialState.PRUNED)
+                continue
+            self.invalid_in_a_row = 0
+            earlier = _earlier_result(self.study, str(config))
+            if earlier is not None:
+                self._finish(trial, earlier)
+            else:
+                batch.setdefault(config, []).append(trial)
+        return batch
+
+    def _measure_batch(self, batch: dict[Config, list[optuna.Trial]]) -> None:
+        prechecks = self.pool.check(self.bench.problem, list(batch)) if self.pool else {}
+        for config, trials in batch.items():
+            pre = prechecks.get(config)
+            if pre is not None and pre.status != "ok":
+                measurement = Measurement(pre.status, rel_error=pre.rel_error, reason=pre.reason)
+            else:
+                measurement = self.bench.measure(config)
+            for trial in trials:
+                self._finish(trial, measurement)
+
+    def _finish(self, trial: optuna.Trial, measurement: Measurement) -> None:
+        _tell(self.study, trial, measurement)
+        if self.on_trial:
+            best = best_triton(self.study, self.spec)
+            self.on_trial(Progress(self.bench.problem, self.measured(), self.budget.trials,
+                                   measurement.status, best[1] if best else None))
+
+
+def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found: tuple[Config, float],
+                   baseline_ms: float, trials: int) -> Record:
+    triton_config, triton_ms = found
+    baseline_wins = baseline_ms < triton_ms and not device.is_cpu  # CPU times say nothing about speed
+    config, time_ms = (BASELINE, baseline_ms) if baseline_wins else (triton_config, triton_ms)
+    return Record(
+        device_name=device.name, device_alias=device.alias, compute_capability=device.compute_capability,
+        sm_count=device.sm_count, kernel=spec.name, problem_key=problem.key, dtype=problem.dtype,
+        layout=problem.layout, shapes=problem.shapes, config=config.as_dict(), time_ms=time_ms,
+        tflops=problem.flops / (time_ms * 1e-3) / 1e12 if time_ms > 0 else 0.0, cublas_ms=baseline_ms,
+        triton_config=triton_config.as_dict(), triton_ms=triton_ms,
+        torch_version=torch.__version__, triton_version=triton.__version__,
+        cuda_version=torch.version.cuda or "" if not device.is_cpu else "", trials=trials)
+
+
+def tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo, store: Store, **options) -> list[Record]:
+    """Tune each problem in turn; each winner is committed as soon as its problem is done."""
+    records = []
+    for problem in problems:
+        records.append(tune_problem(spec, problem, device, store, **options))
+    kernels.clear_cache()  # this process may dispatch next: let it see the new winners
+    return records

@@ -1,0 +1,47 @@
+"""A kernel's SearchSpace as Optuna sees it: ordered values become ordinal indices.
+
+Block sizes, warps and stages are ordered (64 lies between 32 and 128), so they are suggested as an
+integer index into the value list: TPE, GP and CMA-ES can then model "bigger is better" instead of
+treating 64 and 128 as unrelated labels. Flags and variant names stay categorical.
+"""
+
+from __future__ import annotations
+
+import optuna
+
+from kernels import Config, Param, SearchSpace
+
+
+def is_ordinal(param: Param) -> bool:
+    values = param.values
+    return len(values) > 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def suggest_config(trial: optuna.Trial, space: SearchSpace) -> Config:
+    """Sample one point of ``space`` (not yet canonical, not yet checked against constraints)."""
+    values = {}
+    for param in space.params:
+        if is_ordinal(param):
+            values[param.name] = param.values[trial.suggest_int(param.name, 0, len(param.values) - 1)]
+        else:
+            values[param.name] = trial.suggest_categorical(param.name, list(param.values))
+    return Config.from_dict(values)
+
+
+def params_of(config: Config, space: SearchSpace) -> dict[str, object]:
+    """The Optuna parameters that make ``suggest_config`` return ``config`` (for enqueue_trial)."""
+    values = config.as_dict()
+    params: dict[str, object] = {}
+    for param in space.params:
+        value = values[param.name]
+        params[param.name] = param.values.index(value) if is_ordinal(param) else value
+    return params
+
+
+def config_of(params: dict[str, object], space: SearchSpace) -> Config:
+    """Inverse of ``params_of``: a finished trial's parameters as a Config."""
+    values = {}
+    for param in space.params:
+        raw = params[param.name]
+        values[param.name] = param.values[int(raw)] if is_ordinal(param) else raw
+    return Config.from_dict(values)

@@ -1,0 +1,135 @@
+"""Compile and check candidates in worker processes, in parallel, before the parent times them.
+
+Compiling is CPU work (the GPU box has 16 cores) while timing needs the GPU to itself, so workers
+compile each candidate by running it once on the real problem (filling Triton's on-disk cache) and
+check it against the reference; the parent then loads the compiled kernel from the cache and times
+it alone. A candidate that kills its process (illegal address, a compiler crash) or hangs takes only
+a worker with it: the pool is rebuilt and the candidate is reported as ``crashed`` or ``timeout``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import os
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+from kernels import Config, Problem
+
+log = logging.getLogger(__name__)
+
+# A compile plus one check of the largest public-suite shape takes under 20 s on the H100 box
+# (triton 3.6); a candidate still running after this is treated as hung.
+CANDIDATE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Precheck:
+    """A worker's verdict on one candidate."""
+
+    status: str  # "ok", "compile_error", "wrong_result", "error", "crashed", "timeout"
+    rel_error: float | None = None
+    reason: str = ""
+    seconds: float = 0.0
+
+
+def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
+    """Runs in a worker: compile (by running) and check one config on fresh inputs."""
+    import torch
+
+    import kernels
+    from tuner.bench import TOLERANCE, relative_error
+
+    start = time.perf_counter()
+    spec = kernels.get_kernel(kernel)
+    problem = Problem.from_key(kernel, problem_key)
+    config = Config.parse(config_text)
+    try:
+        inputs = spec.make_inputs(problem, torch.device("cuda"), seed)
+        out = spec.execute(config, inputs)
+        torch.cuda.synchronize()
+        error = relative_error(out, spec.reference(inputs))
+    except Exception as exc:  # report, don't die: the parent decides what a failure means
+        from tuner.bench import _classify, _first_line
+
+        return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
+                        seconds=time.perf_counter() - start)
+    tolerance = TOLERANCE[problem.dtype]
+    if not error <= tolerance:
+        return Precheck("wrong_result", error, f"relative error {error:.3g} over the {tolerance:g} allowed",
+                        time.perf_counter() - start)
+    return Precheck("ok", error, seconds=time.perf_counter() - start)
+
+
+def default_workers() -> int:
+    return max(1, min(14, (os.cpu_count() or 2) - 2))
+
+
+class CheckPool:
+    """A pool of worker processes that precheck candidates; rebuilt when a candidate kills a worker."""
+
+    def __init__(self, workers: int | None = None, timeout_s: float = CANDIDATE_TIMEOUT_S) -> None:
+        self.workers = workers or default_workers()
+        self.timeout_s = timeout_s
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def _rebuild(self) -> None:
+        if self._pool is not None:
+            for process in list(getattr(self._pool, "_processes", {}).values()):
+                process.kill()  # a hung compile never returns; shutdown alone would wait for it
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+
+    def check(self, problem: Problem, configs: list[Config], seed: int = 0) -> dict[Config, Precheck]:
+        """Precheck every config; crashes and hangs are confined to the candidates that caused them."""
+        results: dict[Config, Precheck] = {}
+        suspects = self._run_batch(problem, configs, seed, results)
+        for config in suspects:  # one at a time, so a crash names its culprit, not its bystanders
+            self._run_batch(problem, [config], seed, results)
+        return results
+
+    def _run_batch(self, problem: Problem, configs: list[Config], seed: int,
+                   results: dict[Config, Precheck]) -> list[Config]:
+        """Fill ``results``; return the configs that were in flight when a worker died (unless alone)."""
+        pool = self._executor()
+        futures: dict[Config, Future] = {
+            c: pool.submit(_check_in_worker, problem.kernel, problem.key, str(c), seed + i)
+            for i, c in enumerate(configs)}
+        deadline = time.monotonic() + self.timeout_s * math.ceil(len(configs) / self.workers)
+        suspects: list[Config] = []
+        broken = False
+        for config, future in futures.items():
+            try:
+                results[config] = future.result(timeout=max(0.0, deadline - time.monotonic()))
+            except BrokenProcessPool:
+                broken = True
+                if len(configs) == 1:
+                    results[config] = Precheck("crashed", reason="the worker process died running this config")
+                else:
+                    suspects.append(config)
+            except TimeoutError:
+                broken = True
+                results[config] = Precheck("timeout", reason=f"no result within {self.timeout_s:.0f} s")
+        if broken:
+            self._rebuild()
+        return suspects
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> CheckPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
