@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ._device import current_device, interpreter_enabled, resolve_device
+from ._device import CPU, current_device, interpreter_enabled, resolve_device
 from ._spec import BASELINE, Config, is_baseline, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, parse_shape
 from .dispatch import DISPATCHER, Choice
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
@@ -19,7 +19,7 @@ from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_wi
 
 __all__ = [
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
-    "clear_cache", "current_device", "explain", "get_kernel", "grouped_matmul", "grouped_matmul_with",
+    "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul", "grouped_matmul_with",
     "is_baseline", "matmul", "matmul_with", "parse_shape", "resolve_device", "use_database", "validate_record",
 ]
 

@@ -1,15 +1,18 @@
 """Persistent grouped GEMM: C_i = A_i @ B_i for a list of differently shaped fp16/bf16 GEMMs in one launch.
 
-The host packs one int64 table per call: the running tile count of each problem (a prefix array), then one
-row per problem with its pointers, sizes and strides. ``NUM_SM`` programs walk the tiles of all problems
-(program p takes tiles p, p + NUM_SM, ...); since a program's tiles only increase, the problem that owns
-the current tile is found by stepping forward through the prefix array, never by a fresh search.
+The host packs one int64 table per call, copied to the device in one transfer: the running tile count of
+each problem (a prefix array of group + 1 entries), then one row per problem (``_ROW``). All outputs live in
+one buffer allocated per call, passed as a typed pointer that also tells the kernel the dtype.
+``NUM_SM`` programs walk the tiles of all problems (program p takes tiles p, p + NUM_SM, ...); since a
+program's tiles only increase, the problem that owns the current tile is found by stepping forward
+through the prefix array, never by a fresh search.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,12 +29,11 @@ KERNEL = "grouped_matmul"
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 _TORCH_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
-_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 _ELEMENT_SIZE = 2  # bytes, fp16 and bf16 alike
 
-# Table row per problem: a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-# stride_cm, stride_cn. The kernel indexes it by these offsets.
-_ROW = 12
+# Table row per problem: a_ptr, b_ptr, C's element offset in the output buffer, M, N, K, stride_am,
+# stride_ak, stride_bk, stride_bn, stride_cm, stride_cn. The kernel reads fields at these positions.
+_ROW = tl.constexpr(12)  # jitted code may read a global only if it is a constexpr
 
 # A 16-byte load holds 8 fp16/bf16 elements: the alignment the kernel may promise the compiler.
 _VECTOR = 8
@@ -45,6 +47,11 @@ _MAX_ACCUMULATORS_PER_THREAD = 256
 # there only small counts are worth trying.
 NUM_SM_VALUES = (4, 8, 16, 32, 64, 66, 128, 132, 264)
 _CPU_MAX_NUM_SM = 16
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a jitted function in triton 3.6: calling it from Python costs microseconds.
+    return -(-a // b)
 
 
 # ----------------------------------------------------------------------------------------------- kernel
@@ -65,13 +72,13 @@ def _strides(ptr, FIRST_UNIT: tl.constexpr, SECOND_UNIT: tl.constexpr, ALIGNED: 
 
 
 @triton.jit
-def _matmul_tile(row, tile, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, A_M_UNIT: tl.constexpr, A_K_UNIT: tl.constexpr,
-                 B_K_UNIT: tl.constexpr, B_N_UNIT: tl.constexpr, ALIGNED: tl.constexpr):
+def _matmul_tile(row, tile, c_base, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 A_M_UNIT: tl.constexpr, A_K_UNIT: tl.constexpr, B_K_UNIT: tl.constexpr, B_N_UNIT: tl.constexpr,
+                 ALIGNED: tl.constexpr):
     """C[tile] = A[tile rows] @ B[tile columns] for the problem whose table row is ``row``."""
-    a_ptr = tl.load(row + 0).to(tl.pointer_type(DTYPE))
-    b_ptr = tl.load(row + 1).to(tl.pointer_type(DTYPE))
-    c_ptr = tl.load(row + 2).to(tl.pointer_type(DTYPE))
+    a_ptr = tl.load(row + 0).to(c_base.dtype)  # every operand has C's element type
+    b_ptr = tl.load(row + 1).to(c_base.dtype)
+    c_ptr = c_base + tl.load(row + 2)
     M = tl.load(row + 3)
     N = tl.load(row + 4)
     K = tl.load(row + 5)
@@ -108,16 +115,15 @@ def _matmul_tile(row, tile, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N:
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 
-    # C is allocated row-major by the launcher, so its column stride is 1 (the table keeps it for an out=).
+    # The launcher allocates C row-major, so its column stride is 1.
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(DTYPE), mask=mask_m & mask_n)
+    tl.store(c_ptrs, acc.to(c_base.dtype.element_ty), mask=mask_m & mask_n)
 
 
 @triton.jit
-def _grouped_matmul_kernel(table_ptr, group_size, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_M_UNIT: tl.constexpr,
-                           A_K_UNIT: tl.constexpr, B_K_UNIT: tl.constexpr, B_N_UNIT: tl.constexpr,
-                           ALIGNED: tl.constexpr):
+def _grouped_matmul_kernel(table_ptr, c_base, group_size, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, A_M_UNIT: tl.constexpr, A_K_UNIT: tl.constexpr,
+                           B_K_UNIT: tl.constexpr, B_N_UNIT: tl.constexpr, ALIGNED: tl.constexpr):
     """Each program takes every num_programs-th tile of the whole group; table layout in the module docstring."""
     rows_ptr = table_ptr + group_size + 1
     total_tiles = tl.load(table_ptr + group_size)
@@ -129,30 +135,14 @@ def _grouped_matmul_kernel(table_ptr, group_size, DTYPE: tl.constexpr, BLOCK_M: 
         while problem_end <= tile:
             problem += 1
             problem_end = tl.load(table_ptr + problem + 1)
-        _matmul_tile(rows_ptr + problem * 12, tile - tl.load(table_ptr + problem), DTYPE,
+        _matmul_tile(rows_ptr + problem * _ROW, tile - tl.load(table_ptr + problem), c_base,
                      BLOCK_M, BLOCK_N, BLOCK_K, A_M_UNIT, A_K_UNIT, B_K_UNIT, B_N_UNIT, ALIGNED)
 
 
 # -------------------------------------------------------------------------------------- problem of a call
 
-def _unit_axis(tensors: Sequence[torch.Tensor]) -> int | None:
-    """1 if every tensor is row-major (last stride 1), 0 if every one is column-major, else None.
-
-    A dimension of size 0 or 1 never steps, so its stride does not count against either.
-    """
-    if all(t.stride(1) == 1 or t.shape[1] <= 1 for t in tensors):
-        return 1
-    if all(t.stride(0) == 1 or t.shape[0] <= 1 for t in tensors):
-        return 0
-    return None
-
-
-def _layout_letter(tensors: Sequence[torch.Tensor]) -> str:
-    # General strides run too; the letter only keys the problem, so they share the row-major key.
-    return "t" if _unit_axis(tensors) == 0 else "n"
-
-
 def _check_operands(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> None:
+    """Raise the TypeError/ValueError that names the first bad operand and the fix (the slow, precise path)."""
     for name, seq in (("As", As), ("Bs", Bs)):
         if not isinstance(seq, (list, tuple)):
             raise TypeError(f"grouped_matmul takes {name} as a list or tuple of tensors; got {type(seq).__name__}")
@@ -178,72 +168,109 @@ def _check_operands(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> N
                              f"inner dimensions {a.shape[1]} and {b.shape[0]} differ")
 
 
+def _operands_ok(As: object, Bs: object) -> bool:
+    """The fast check of the hot path: one look at each operand, no messages built."""
+    if not (isinstance(As, (list, tuple)) and isinstance(Bs, (list, tuple)) and As and len(As) == len(Bs)
+            and isinstance(As[0], torch.Tensor) and As[0].dtype in _DTYPE_NAMES):
+        return False
+    dtype, device = As[0].dtype, As[0].device
+    return all(isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2
+               and a.dtype == dtype and b.dtype == dtype and a.device == device and b.device == device
+               and a.shape[1] == b.shape[0] for a, b in zip(As, Bs))
+
+
+def _layout_letter(row_major: bool, column_major: bool) -> str:
+    # General strides run too; the letter only keys the problem, so they share the row-major key.
+    return "t" if column_major and not row_major else "n"
+
+
 def problem_of(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Problem:
-    """The problem ``grouped_matmul(As, Bs)`` poses; TypeError/ValueError naming the bad operand."""
-    _check_operands(As, Bs)
-    shapes = tuple((a.shape[0], b.shape[1], a.shape[1]) for a, b in zip(As, Bs))
-    layout = _layout_letter(As) + _layout_letter(Bs)
-    return Problem(KERNEL, _DTYPE_NAMES[As[0].dtype], layout, shapes)
+    """The problem ``grouped_matmul(As, Bs)`` poses; TypeError/ValueError naming the bad operand.
+
+    A layout letter is ``n`` when every operand is row-major, ``t`` when every one is column-major;
+    a dimension of size 0 or 1 never steps, so its stride counts for either.
+    """
+    if not _operands_ok(As, Bs):
+        _check_operands(As, Bs)
+        raise ValueError("grouped_matmul: bad operands")  # unreachable: the check above names the fault
+    shapes = []
+    a_row = a_col = b_row = b_col = True
+    for a, b in zip(As, Bs):
+        (m, k), n = a.shape, b.shape[1]
+        (sam, sak), (sbk, sbn) = a.stride(), b.stride()
+        shapes.append((m, n, k))
+        a_row &= k <= 1 or sak == 1
+        a_col &= m <= 1 or sam == 1
+        b_row &= n <= 1 or sbn == 1
+        b_col &= k <= 1 or sbk == 1
+    layout = _layout_letter(a_row, a_col) + _layout_letter(b_row, b_col)
+    return Problem(KERNEL, _DTYPE_NAMES[As[0].dtype], layout, tuple(shapes))
 
 
 # --------------------------------------------------------------------------------------------- launcher
 
-@dataclass(frozen=True)
-class _Specialization:
-    """What the kernel may assume of this call's operands; each combination compiles once."""
+@dataclass
+class _Plan:
+    """What one pass over a call's operands gives the launcher."""
 
-    A_M_UNIT: bool
-    A_K_UNIT: bool
-    B_K_UNIT: bool
-    B_N_UNIT: bool
-    ALIGNED: bool
+    table: array  # int64: tile prefix (group + 1 entries), then one _ROW-long row per problem
+    outputs: list[tuple[int, int, int]]  # (element offset into the C buffer, M, N) per problem
+    c_elements: int
+    flags: dict[str, bool]  # the kernel's layout and alignment constexprs
 
-
-def _stride(t: torch.Tensor, dim: int) -> int:
-    # A dimension that never steps may carry any stride; 0 keeps the ALIGNED promise true for it.
-    return t.stride(dim) if t.shape[dim] > 1 else 0
+    @property
+    def total_tiles(self) -> int:
+        return self.table[len(self.outputs)]
 
 
-def _aligned(tensors: Sequence[torch.Tensor], unit_axis: int | None) -> bool:
-    """Whether every base is 16-byte aligned and every stride the kernel reads is a multiple of 8."""
-    return all(t.data_ptr() % 16 == 0 and all(_stride(t, dim) % _VECTOR == 0 for dim in (0, 1) if dim != unit_axis)
-               for t in tensors)
+def _plan(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], block_m: int, block_n: int) -> _Plan:
+    """Build the table in one pass, noting which strides are 1 and what is a multiple of 8 for every problem."""
+    prefix, rows, outputs = array("q", [0]), array("q"), []
+    a_m_unit = a_k_unit = b_k_unit = b_n_unit = True
+    ptr_bits = extent_bits = m_bits = am_bits = ak_bits = bk_bits = bn_bits = 0  # OR of values: low bits tell
+    offset = 0
+    for a, b in zip(As, Bs):
+        (m, k), n = a.shape, b.shape[1]
+        sam, sak = a.stride()
+        sbk, sbn = b.stride()
+        # A dimension that never steps may carry any stride: 0 keeps the alignment promise true for it.
+        sam, sbn = (sam if m > 1 else 0), (sbn if n > 1 else 0)
+        sak, sbk = (sak, sbk) if k > 1 else (0, 0)
+        a_m_unit &= m <= 1 or sam == 1
+        a_k_unit &= k <= 1 or sak == 1
+        b_k_unit &= k <= 1 or sbk == 1
+        b_n_unit &= n <= 1 or sbn == 1
+        a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
+        ptr_bits |= a_ptr | b_ptr
+        extent_bits |= n | k
+        m_bits |= m
+        am_bits, ak_bits, bk_bits, bn_bits = am_bits | sam, ak_bits | sak, bk_bits | sbk, bn_bits | sbn
+        rows.extend((a_ptr, b_ptr, offset, m, n, k, sam, sak, sbk, sbn, n, 1))
+        prefix.append(prefix[-1] + _cdiv(m, block_m) * _cdiv(n, block_n))
+        outputs.append((offset, m, n))
+        offset += _cdiv(m * n, _VECTOR) * _VECTOR  # each C starts 16-byte aligned
+    # Each operand uses one unit axis (row-major wins when a group is both); the other strides must align.
+    flags = dict(A_M_UNIT=a_m_unit and not a_k_unit, A_K_UNIT=a_k_unit,
+                 B_K_UNIT=b_k_unit and not b_n_unit, B_N_UNIT=b_n_unit)
+    # Masks along a contiguous axis stay uniform over a 16-byte vector only if that extent is a multiple of 8:
+    # N always (C is row-major), K (contiguous in row-major A and in B = w.t()), M only for A = x.t().
+    strides = ((am_bits, flags["A_M_UNIT"]), (ak_bits, flags["A_K_UNIT"]), (bk_bits, flags["B_K_UNIT"]),
+               (bn_bits, flags["B_N_UNIT"]))
+    flags["ALIGNED"] = (ptr_bits % 16 == 0 and extent_bits % _VECTOR == 0
+                        and (not flags["A_M_UNIT"] or m_bits % _VECTOR == 0)
+                        and all(unit or bits % _VECTOR == 0 for bits, unit in strides))
+    prefix.extend(rows)
+    return _Plan(prefix, outputs, offset, flags)
 
 
-def _specialize(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],
-                shapes: Sequence[tuple[int, int, int]]) -> _Specialization:
-    a_axis, b_axis = _unit_axis(As), _unit_axis(Bs)
-    # Masks along a contiguous axis stay uniform over a 16-byte vector only if that extent is a multiple
-    # of 8: N always (C is row-major), K (contiguous in row-major A and in B = w.t()), M only for A = x.t().
-    extents = all(n % _VECTOR == 0 and k % _VECTOR == 0 and (a_axis != 0 or m % _VECTOR == 0)
-                  for m, n, k in shapes)
-    return _Specialization(A_M_UNIT=a_axis == 0, A_K_UNIT=a_axis == 1, B_K_UNIT=b_axis == 0,
-                           B_N_UNIT=b_axis == 1,
-                           ALIGNED=extents and _aligned(As, a_axis) and _aligned(Bs, b_axis))
-
-
-def _tile_counts(shapes: Sequence[tuple[int, int, int]], block_m: int, block_n: int) -> list[int]:
-    return [triton.cdiv(m, block_m) * triton.cdiv(n, block_n) for m, n, _ in shapes]
-
-
-def _table_values(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], Cs: Sequence[torch.Tensor],
-                  tiles: Sequence[int]) -> list[int]:
-    """The prefix array of tile counts (group + 1 entries), then one ``_ROW``-long row per problem."""
-    values = [0]
-    for count in tiles:
-        values.append(values[-1] + count)
-    for a, b, c in zip(As, Bs, Cs):
-        values += [a.data_ptr(), b.data_ptr(), c.data_ptr(), a.shape[0], b.shape[1], a.shape[1],
-                   _stride(a, 0), _stride(a, 1), _stride(b, 0), _stride(b, 1), _stride(c, 0), _stride(c, 1)]
-    return values
-
-
-def _to_device(values: list[int], device: torch.device) -> torch.Tensor:
+def _to_device(table: array, device: torch.device) -> torch.Tensor:
     """One host-to-device copy per call; from pinned memory it is asynchronous and ordered on the stream."""
-    if device.type == "cuda":
-        # pin_memory goes through torch's caching host allocator, which keeps the block until the copy is done.
-        return torch.tensor(values, dtype=torch.int64, pin_memory=True).to(device, non_blocking=True)
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    host = torch.frombuffer(table, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.clone()  # the interpreter reads it in place; the array dies with this frame
+    # torch's caching host allocator hands out pinned blocks cheaply and keeps each until its copy is done.
+    pinned = torch.empty(len(table), dtype=torch.int64, pin_memory=True).copy_(host)
+    return pinned.to(device, non_blocking=True)
 
 
 def _check_launchable(device: torch.device) -> None:
@@ -252,34 +279,46 @@ def _check_launchable(device: torch.device) -> None:
                          ".cuda(), or set TRITON_INTERPRET=1 before triton is imported to run the interpreter")
 
 
+def _run_checked(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The launcher behind ``grouped_matmul_with`` and ``run``, for operands already checked."""
+    values = config.as_dict()
+    device = As[0].device
+    _check_launchable(device)
+    plan = _plan(As, Bs, int(values["BLOCK_M"]), int(values["BLOCK_N"]))
+    # One buffer for every C: one allocation per call instead of one per problem.
+    c = torch.empty(plan.c_elements, dtype=As[0].dtype, device=device)
+    outs = [c.as_strided((m, n), (n, 1), offset) for offset, m, n in plan.outputs]
+    total = plan.total_tiles
+    if total == 0:
+        return outs  # every product is empty: nothing to write
+    # More programs than tiles would only idle; the kernel strides by the programs actually launched.
+    grid = (min(int(values["NUM_SM"]), total),)
+    _grouped_matmul_kernel[grid](
+        _to_device(plan.table, device), c, len(As), BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"],
+        BLOCK_K=values["BLOCK_K"], num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
+    return outs
+
+
 def grouped_matmul_with(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],
                         ) -> list[torch.Tensor]:
-    """``[A_i @ B_i]`` in the input dtype by one launch of ``config`` (``VARIANT=cublas``: a torch.matmul loop)."""
-    problem = problem_of(As, Bs)
+    """``[A_i @ B_i]`` in the input dtype by one launch of ``config`` (``VARIANT=cublas``: a torch.matmul loop).
+
+    The outputs are row-major views into one buffer allocated for the call.
+    """
+    problem_of(As, Bs)
     if is_baseline(config):
         return baseline((As, Bs))
     reason = SPACE.outside(config)
     if reason:
         raise ValueError(f"config '{config}' is not in the {KERNEL} search space: {reason}")
-    device = As[0].device
-    _check_launchable(device)
-    Cs = [torch.empty((m, n), dtype=As[0].dtype, device=device) for m, n, _ in problem.shapes]
-    tiles = _tile_counts(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"]))
-    total = sum(tiles)
-    if total == 0:
-        return Cs  # every product is empty: nothing to write
-    table = _to_device(_table_values(As, Bs, Cs, tiles), device)
-    spec = _specialize(As, Bs, problem.shapes)
-    # More programs than tiles would only idle; the kernel strides by the programs actually launched.
-    grid = (min(int(config["NUM_SM"]), total),)
-    _grouped_matmul_kernel[grid](
-        table, len(As), DTYPE=_TL_DTYPES[As[0].dtype], BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-        BLOCK_K=config["BLOCK_K"], A_M_UNIT=spec.A_M_UNIT, A_K_UNIT=spec.A_K_UNIT, B_K_UNIT=spec.B_K_UNIT,
-        B_N_UNIT=spec.B_N_UNIT, ALIGNED=spec.ALIGNED, num_warps=config.num_warps, num_stages=config.num_stages)
-    return Cs
+    return _run_checked(config, As, Bs)
 
 
 # ----------------------------------------------------------------------------------------- search space
+
+def _total_tiles(shapes: Sequence[tuple[int, int, int]], block_m: int, block_n: int) -> int:
+    return sum(_cdiv(m, block_m) * _cdiv(n, block_n) for m, n, _ in shapes)
+
 
 def _next_pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
@@ -329,7 +368,7 @@ def _num_sm_fits_device(config: Config, problem: Problem, device: DeviceInfo) ->
 
 def _num_sm_not_redundant(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     """Rule out a NUM_SM that launches the same grid (one program per tile) as a smaller value."""
-    total = sum(_tile_counts(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"])))
+    total = _total_tiles(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"]))
     num_sm = int(config["NUM_SM"])
     enough = [v for v in NUM_SM_VALUES if v >= total]
     if enough and num_sm > enough[0]:
@@ -363,18 +402,27 @@ def _config(**values: int) -> Config:
     return Config.from_dict({name: values[name] for name in SPACE.names})
 
 
+# The starting point of default_config: small tiles for the interpreter, whose time grows with tile size.
+# On the H100 (fp16, nn and nt, the six groups of GPU.md's grouped table, 2026-11-23) the GPU default's
+# kernel time was within 1.16x of the best of 60 configs on every group (4x1024^3: 26 us; 64 experts
+# K=2048 N=768: 0.19 ms), where 64x64x32 with 3 stages was up to 4x slower.
+_DEFAULT_CPU = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=3)
+_DEFAULT_GPU = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)
+
+
 def default_config(problem: Problem, device: DeviceInfo) -> Config:
-    """64x64x32 tiles, 4 warps, 3 stages, one program per SM, shrunk to fit the problem; always valid."""
-    blocks = {name: _largest_at_most(name, min(start, _block_limit(name, dim, problem)))
-              for (name, dim), start in zip(_BLOCK_DIMS, (64, 64, 32))}
-    total = sum(_tile_counts(problem.shapes, blocks["BLOCK_M"], blocks["BLOCK_N"]))
-    num_sm = _largest_at_most("NUM_SM", device.sm_count)
-    enough = [v for v in NUM_SM_VALUES if v >= total]
-    if enough:
-        num_sm = min(num_sm, enough[0])
-    config = _config(**blocks, NUM_SM=num_sm, num_warps=4, num_stages=3)
-    if SPACE.violation(config, problem, device) is None:
-        return config
+    """A sound config for any problem: the start above shrunk to the problem and the device; always valid."""
+    start = _DEFAULT_CPU if device.is_cpu else _DEFAULT_GPU
+    values = dict(start)
+    for name, dim in _BLOCK_DIMS:
+        values[name] = _largest_at_most(name, min(start[name], _block_limit(name, dim, problem)))
+    total = _total_tiles(problem.shapes, values["BLOCK_M"], values["BLOCK_N"])
+    enough = [v for v in NUM_SM_VALUES if v >= total]  # more programs than tiles would be redundant
+    values["NUM_SM"] = min([_largest_at_most("NUM_SM", device.sm_count)] + enough[:1])
+    for stages in range(start["num_stages"], 1, -1):  # fewer stages until the buffers fit shared memory
+        config = _config(**{**values, "num_stages": stages})
+        if SPACE.violation(config, problem, device) is None:
+            return config
     # Only a device far smaller than any we know gets here; the smallest point fits every problem.
     smallest = _config(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=NUM_SM_VALUES[0], num_warps=4, num_stages=2)
     logger.warning("default config %s does not fit %s on %s; using %s", config, problem, device.alias, smallest)
@@ -407,7 +455,8 @@ def reference(inputs: tuple) -> list[torch.Tensor]:
 
 
 def run(config: Config, inputs: tuple) -> list[torch.Tensor]:
-    return grouped_matmul_with(config, *inputs)
+    """``inputs`` come from ``make_inputs`` or a call that ``problem_of`` already checked."""
+    return baseline(inputs) if is_baseline(config) else _run_checked(config, *inputs)
 
 
 def baseline(inputs: tuple) -> list[torch.Tensor]:

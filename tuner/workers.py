@@ -49,9 +49,11 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     problem = Problem.from_key(kernel, problem_key)
     config = Config.parse(config_text)
     try:
-        inputs = spec.make_inputs(problem, torch.device("cuda"), seed)
+        on_gpu = torch.cuda.is_available() and not kernels.interpreter_enabled()
+        inputs = spec.make_inputs(problem, torch.device("cuda" if on_gpu else "cpu"), seed)
         out = spec.execute(config, inputs)
-        torch.cuda.synchronize()
+        if on_gpu:
+            torch.cuda.synchronize()
         error = relative_error(out, spec.reference(inputs))
     except Exception as exc:  # report, don't die: the parent decides what a failure means
         from tuner.bench import _classify, _first_line

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kernels import grouped
-from kernels._device import CPU, interpreter_enabled
+from kernels._device import CPU, current_device, interpreter_enabled
 from kernels._spec import BASELINE, Config, DeviceInfo, Problem
 from kernels.grouped import GROUPED_MATMUL, SPACE, default_config, grouped_matmul_with, problem_of
 
@@ -76,20 +76,29 @@ def test_operands_with_general_strides_match_torch() -> None:
     _assert_close(grouped_matmul_with(config, As, Bs), [a.float() @ b.float() for a, b in zip(As, Bs)], "fp16")
 
 
+def _flags(As: list[torch.Tensor], Bs: list[torch.Tensor]) -> dict[str, bool]:
+    return grouped._plan(As, Bs, 16, 32).flags
+
+
 def test_aligned_group_takes_the_hinted_path_and_matches_torch() -> None:
-    problem = _problem([(24, 64, 40), (8, 32, 16), (0, 16, 8)], layout="nt")
+    problem = _problem([(24, 64, 40), (8, 32, 16), (0, 16, 8), (1, 8, 8)], layout="nt")
     As, Bs = GROUPED_MATMUL.make_inputs(problem, DEVICE, 3)
-    spec = grouped._specialize(As, Bs, problem.shapes)
-    assert spec.ALIGNED and spec.A_K_UNIT and spec.B_K_UNIT and not spec.B_N_UNIT
+    assert _flags(As, Bs) == dict(A_M_UNIT=False, A_K_UNIT=True, B_K_UNIT=True, B_N_UNIT=False, ALIGNED=True)
     _run_and_check(SMALL_CONFIGS[2], problem, seed=3)
 
 
-def test_odd_extents_or_offsets_turn_the_alignment_promise_off() -> None:
-    As, Bs = GROUPED_MATMUL.make_inputs(_problem([(8, 16, 24)]), DEVICE, 0)
-    assert grouped._specialize(As, Bs, [(8, 16, 24)]).ALIGNED
-    assert not grouped._specialize(As, Bs, [(8, 17, 24)]).ALIGNED  # N not a multiple of 8
-    shifted = [As[0].new_empty(8 * 24 + 1)[1:].view(8, 24)]  # base 2 bytes past an aligned address
-    assert not grouped._specialize(shifted, Bs, [(8, 16, 24)]).ALIGNED
+def test_alignment_promise_holds_only_for_aligned_bases_strides_and_contiguous_extents() -> None:
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0)).half().to(DEVICE)
+    b = x[:24, :16]
+    assert _flags([x[:8, :24]], [b])["ALIGNED"]
+    assert _flags([x[:5, :24]], [b])["ALIGNED"]  # M runs along rows of a row-major A: any M will do
+    assert not _flags([x[:8, :24]], [x[:24, :17]])["ALIGNED"]  # N is contiguous in B and C
+    assert not _flags([x[:8, :20]], [x[:20, :16]])["ALIGNED"]  # K is contiguous in A
+    assert not _flags([x[:8, 1:25]], [b])["ALIGNED"]  # A starts 2 bytes past a 16-byte boundary
+    assert not _flags([x.view(-1)[:480].view(8, 60)[:, :24]], [b])["ALIGNED"]  # row stride 60
+    column_major = _flags([x[:24, :8].t()], [b])
+    assert column_major["A_M_UNIT"] and not column_major["A_K_UNIT"] and column_major["ALIGNED"]
+    assert not _flags([x[:24, :5].t()], [b])["ALIGNED"]  # M is contiguous in A = x.t()
 
 
 def test_more_programs_than_tiles_and_fewer_give_the_same_result() -> None:
@@ -99,12 +108,17 @@ def test_more_programs_than_tiles_and_fewer_give_the_same_result() -> None:
     assert torch.equal(GROUPED_MATMUL.run(few, inputs)[0], GROUPED_MATMUL.run(many, inputs)[0])
 
 
-def test_k_zero_writes_zeros_and_empty_m_or_n_give_empty_outputs() -> None:
-    As = [torch.ones(3, 0, dtype=torch.float16, device=DEVICE), torch.ones(0, 4, dtype=torch.float16, device=DEVICE),
-          torch.ones(5, 4, dtype=torch.float16, device=DEVICE)]
-    Bs = [torch.ones(0, 6, dtype=torch.float16, device=DEVICE), torch.ones(4, 2, dtype=torch.float16, device=DEVICE),
-          torch.ones(4, 0, dtype=torch.float16, device=DEVICE)]
-    outs = grouped_matmul_with(SMALL_CONFIGS[0], As, Bs)
+def test_k_zero_writes_zeros_and_empty_m_or_n_give_empty_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = torch.empty
+
+    def poisoned(*args, **kwargs) -> torch.Tensor:  # so zeros in C must come from the kernel
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    ones = [torch.ones(*shape, dtype=torch.float16, device=DEVICE) for shape in ((3, 0), (0, 4), (5, 4), (0, 6),
+                                                                                (4, 2), (4, 0))]
+    outs = grouped_matmul_with(SMALL_CONFIGS[0], ones[:3], ones[3:])
     assert [tuple(o.shape) for o in outs] == [(3, 6), (0, 2), (5, 0)]
     assert torch.equal(outs[0], torch.zeros(3, 6, dtype=torch.float16, device=DEVICE))
 
@@ -137,16 +151,10 @@ def test_default_config_is_correct_on_the_odd_group() -> None:
 def test_group_matches_torch_on_the_gpu(dtype: str, layout: str) -> None:
     shapes = ODD_GROUP + ((256, 512, 1024), (1000, 136, 4096), (128, 1536, 4096))
     problem = _problem(shapes, layout=layout, dtype=dtype)
-    configs = SMALL_CONFIGS + (default_config(problem, grouped_device()),
+    configs = SMALL_CONFIGS + (default_config(problem, current_device(DEVICE)),
                                Config.make(num_warps=8, num_stages=3, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_SM=132))
     for config in configs:
         _run_and_check(config, problem, seed=7)
-
-
-def grouped_device() -> DeviceInfo:
-    from kernels._device import current_device
-
-    return current_device(DEVICE)
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -218,10 +226,24 @@ def test_default_config_is_valid_for_any_problem(device: DeviceInfo) -> None:
         assert SPACE.violation(config, problem, device) is None, f"{config} for {problem}"
 
 
-def test_default_config_takes_one_program_per_sm_on_large_groups() -> None:
+def test_default_config_takes_one_program_per_sm_and_fewer_stages_where_memory_is_short() -> None:
     problem = _problem([(4096, 4096, 4096)] * 4)
-    assert default_config(problem, H100) == Config.make(num_warps=4, num_stages=3, BLOCK_M=64, BLOCK_N=64,
-                                                        BLOCK_K=32, NUM_SM=132)
+    big = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, NUM_SM=132, num_warps=4, num_stages=4)
+    assert default_config(problem, H100) == Config.from_dict(big)
+    assert default_config(problem, A10) == Config.from_dict({**big, "NUM_SM": 66, "num_stages": 3})
+    assert default_config(problem, CPU) == Config.make(num_warps=4, num_stages=3, BLOCK_M=64, BLOCK_N=64,
+                                                       BLOCK_K=32, NUM_SM=4)
+
+
+def test_default_config_shrinks_to_small_problems_and_falls_back_on_tiny_devices() -> None:
+    problem = _problem([(5, 20, 9), (3, 1, 1)])
+    config = default_config(problem, H100)
+    assert (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["NUM_SM"]) == (16, 64, 32, 4)
+    tiny = DeviceInfo(name="tiny", alias="tiny", compute_capability="7.5", sm_count=2, shared_memory_bytes=8192)
+    large = _problem([(4096, 4096, 4096)])
+    config = default_config(large, tiny)
+    assert SPACE.violation(config, large, tiny) is None
+    assert (config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config.num_stages) == (16, 32, 32, 2)
 
 
 def test_every_problem_has_a_valid_config_on_every_device() -> None:
