@@ -23,7 +23,7 @@ LAUNCH_OPTIONS = ("num_warps", "num_stages")
 DTYPES = ("fp16", "bf16", "fp32")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Config:
     """Meta-parameters plus launch options; prints and parses like ``triton.Config``.
 
@@ -53,6 +53,13 @@ class Config:
 
     def as_dict(self) -> dict[str, Value]:
         return dict(self._values)
+
+    # Equal whatever order the parameters were given in; printing keeps the given order.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._values.items()))
 
     def get(self, name: str, default: Value | None = None) -> Value | None:
         return self._values.get(name, default)
@@ -297,6 +304,8 @@ class KernelSpec:
     default_config: Callable[[Problem, DeviceInfo], Config]
     # Distance between problems of this kernel, for "nearest tuned problem" at dispatch.
     distance: Callable[[Problem, Problem], float]
+    # Configs known to do well on problems like this one: the search's first trials.
+    seeds: Callable[[Problem, DeviceInfo], list] = field(default=lambda problem, device: [])
 
     def execute(self, config: Config, inputs: tuple) -> Any:
         """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""

@@ -253,8 +253,8 @@ def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str |
     if variant == "splitk":
         if config["SPLIT_K"] == 1:
             return "VARIANT=splitk with SPLIT_K=1 is the tiled kernel; tune SPLIT_K >= 2"
-        if config["SPLIT_K"] > triton.cdiv(k, config["BLOCK_K"]):
-            return f"SPLIT_K={config['SPLIT_K']} is more than the {triton.cdiv(k, config['BLOCK_K'])} K blocks"
+        if config["SPLIT_K"] > _cdiv(k, config["BLOCK_K"]):
+            return f"SPLIT_K={config['SPLIT_K']} is more than the {_cdiv(k, config['BLOCK_K'])} K blocks"
     if variant == "tma":
         reason = _tma_unsupported(problem, device)
         if reason:
@@ -299,11 +299,15 @@ def _needs_int64(*tensors: torch.Tensor) -> bool:
     return any(t.numel() > _INT32_LIMIT for t in tensors)
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv is a jitted function: ~1.6 us per host call in triton 3.6
+
+
 def _launch_tiled(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     m, k = a.shape
     n = b.shape[1]
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    grid = (_cdiv(m, bm) * _cdiv(n, bn),)
     _tiled_kernel[grid](
         a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
@@ -337,7 +341,7 @@ def _launch_splitk(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     m, k = a.shape
     n = b.shape[1]
     bm, bn, bk, split = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
     partial, arrivals = _WORKSPACE.get(a.device, tiles * split * bm * bn, tiles)
     _splitk_kernel[(tiles, split)](
         a, b, c, partial, arrivals, m, n, k,
@@ -372,7 +376,7 @@ def _launch_tma(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
         b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [bk, bn])
     c_block = [bm, bn // 2] if config["EPILOGUE_SUBTILE"] else [bm, bn]
     c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], c_block)
-    programs = min(config["NUM_SM"], triton.cdiv(m, bm) * triton.cdiv(n, bn))
+    programs = min(config["NUM_SM"], _cdiv(m, bm) * _cdiv(n, bn))
     _tma_kernel[(programs,)](
         a_desc, b_desc, c_desc, m, n, k,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
@@ -485,6 +489,28 @@ def default_config(problem: Problem, device: DeviceInfo) -> Config:
     return SPACE.canonical(config)
 
 
+def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
+    """Configs that are good on Hopper for problems of this kind: the search measures them first."""
+    m, n, k = problem.shape
+    base = dict(GROUP_SIZE_M=8, SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False)
+    rows: list[dict] = []
+    if m <= 128:  # memory-bound: thin tiles, deep K, many programs in flight
+        rows += [dict(VARIANT="tiled", BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=5),
+                 dict(VARIANT="tiled", BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=5),
+                 dict(VARIANT="splitk", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
+                 dict(VARIANT="splitk", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
+                 dict(VARIANT="tma", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_SM=132, num_warps=4, num_stages=4)]
+    rows += [dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
+             dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+             dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3,
+                  EPILOGUE_SUBTILE=True, FLATTEN=True),
+             dict(VARIANT="tiled", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
+             dict(VARIANT="tiled", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+             dict(VARIANT="tiled", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4)]
+    configs = [SPACE.canonical(Config.from_dict({**base, **row})) for row in rows]
+    return [c for c in configs if SPACE.violation(c, problem, device) is None]
+
+
 def distance(p: Problem, q: Problem) -> float:
     if p.dtype != q.dtype or p.layout != q.layout:
         return math.inf
@@ -502,6 +528,7 @@ MATMUL = KernelSpec(
     baseline=baseline,
     default_config=default_config,
     distance=distance,
+    seeds=seed_configs,
 )
 
 

@@ -24,6 +24,7 @@ import triton
 import kernels
 from db import Record, Store
 from kernels import BASELINE, Config, DeviceInfo, KernelSpec, Problem
+from kernels.dispatch import Dispatcher
 
 from .bench import Bench, Measurement, Timer
 from .space import params_of, suggest_config
@@ -93,7 +94,8 @@ def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 
 def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
-    """First trials: this device's winners for the nearest tuned problems, then the kernel's default."""
+    """First trials: what dispatch would pick today (the database, the shipped table or the nearest
+    tuned problem), the winners of the nearest tuned problems, the kernel's default and its seeds."""
     tuned = []
     for record in store.records(device=device.name, kernel=spec.name):
         if record.problem_key == problem.key or not record.triton_config:
@@ -102,12 +104,15 @@ def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, s
         if math.isfinite(distance):
             tuned.append((distance, Config.from_dict(record.triton_config)))
     tuned.sort(key=lambda pair: pair[0])
-    candidates = [config for _, config in tuned[:3]] + [spec.default_config(problem, device)]
+    dispatched = Dispatcher(store.url).choose(spec, problem, device).config
+    candidates = ([dispatched] + [config for _, config in tuned[:3]] + [spec.default_config(problem, device)]
+                  + spec.seeds(problem, device))
     seen: set[Config] = set()
     chosen = []
     for config in candidates:
         config = spec.space.canonical(config)
-        if config not in seen and spec.space.violation(config, problem, device) is None:
+        if config not in seen and not kernels.is_baseline(config) \
+                and spec.space.violation(config, problem, device) is None:
             seen.add(config)
             chosen.append(config)
     return chosen
@@ -181,11 +186,12 @@ class _Search:
         deadline = time.monotonic() + self.budget.seconds if self.budget.seconds else math.inf
         while self.measured() < self.budget.trials and time.monotonic() < deadline:
             batch = self._ask_batch()
-            if not batch:
+            if batch:
+                self._measure_batch(batch)
+            elif self.invalid_in_a_row >= MAX_INVALID_IN_A_ROW:
                 log.warning("%s: %d invalid samples in a row; the space leaves little valid, stopping",
                             self.bench.problem, self.invalid_in_a_row)
                 return
-            self._measure_batch(batch)
 
     def _ask_batch(self) -> dict[Config, list[optuna.Trial]]:
         """Up to batch_size distinct new configs; invalid samples are pruned at once, repeats answered."""
