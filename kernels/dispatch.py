@@ -42,6 +42,10 @@ class Dispatcher:
         self._tables: dict[tuple[str, str], dict[str, tuple[Config, str]]] = {}
         self._resolved: dict[Hashable, Config] = {}
 
+    @property
+    def url(self) -> str | None:
+        return self._url
+
     def configure(self, url: str | None = None, use_shipped: bool = True) -> None:
         """Point at another database (None: ``TUNER_DB`` or the default file) and forget every table."""
         with self._lock:

@@ -1,0 +1,199 @@
+"""Benchmark tuned kernels against what users already have, on the GPU, with correctness checked.
+
+Dense problems: cuBLAS (torch.matmul), kernels.matmul as dispatched (tuned), the best Triton config
+found by the search (cuBLAS excluded), and triton.autotune over the matmul tutorial's configs.
+Groups: kernels.grouped_matmul, a loop of torch.matmul, and torch._grouped_mm (bf16 only).
+Every timed kernel is first checked against a float32 reference on fresh random inputs.
+Times: median of triton.testing.do_bench (L2 flushed), all columns measured side by side in this run.
+
+    python scripts/bench.py --db sqlite:///h100.db --dtype fp16 --layout nn --layout nt --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import triton
+import triton.testing
+
+import kernels
+from kernels import Problem, gemm
+from kernels.dispatch import Dispatcher
+
+SUITE = ("1024x768x512", "16x4096x4096", "64x4096x4096", "128x8192x8192", "512x14336x4096",
+         "1000x1000x1000", "2048x2048x2048", "4096x4096x4096", "8192x8192x8192", "4096x28672x2048",
+         "3333x257x4099")
+
+
+GROUPS = {
+    "4x128^3": "+".join(["128x128x128"] * 4),
+    "4x256^3": "+".join(["256x256x256"] * 4),
+    "4x512^3": "+".join(["512x512x512"] * 4),
+    "4x1024^3": "+".join(["1024x1024x1024"] * 4),
+    "8 experts K=4096 N=1536": "+".join(f"{m}x1536x4096" for m in (128, 384, 640, 896, 1152, 1408, 1664, 2048)),
+    "64 experts K=2048 N=768": "+".join(f"{128 + 64 * (i % 9)}x768x2048" for i in range(64)),
+    "8 experts skewed+empty": "+".join(f"{m}x1536x4096" for m in (0, 2048, 16, 1024, 0, 512, 128, 96)),
+    "16 experts skewed": "+".join(f"{m}x768x2048" for m in (1024, 16, 32, 0, 512, 48, 0, 256,
+                                                             16, 2048, 64, 0, 128, 16, 32, 16)),
+}
+
+AUTOTUNE_CONFIGS = [triton.Config({k: v for k, v in c.as_dict().items()
+                                   if k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_SIZE_M")},
+                                  num_warps=c.num_warps, num_stages=c.num_stages)
+                    for c in gemm.tutorial_configs()]
+_autotuned = triton.autotune(configs=AUTOTUNE_CONFIGS, key=["M", "N", "K"])(gemm._tiled_kernel)
+
+
+def autotune_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+
+    def grid(meta: dict) -> tuple[int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    _autotuned[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                     c.stride(0), c.stride(1), EVEN_K=k % 128 == 0,
+                     INDEX_64=False, DOT_PRECISION="ieee")
+    return c
+
+
+def rel_err(out, ref) -> float:
+    outs = out if isinstance(out, list) else [out]
+    refs = ref if isinstance(ref, list) else [ref]
+    num = sum(float((o.float() - r).pow(2).sum()) for o, r in zip(outs, refs))
+    den = sum(float(r.pow(2).sum()) for r in refs)
+    return math.sqrt(num / den) if den else 0.0
+
+
+def timed(fn, ref, tol: float) -> float | None:
+    """Median ms of fn after checking its output; None (with a message) if it is wrong or fails."""
+    try:
+        err = rel_err(fn(), ref)
+    except Exception as exc:  # report and move on: one broken column must not sink the table
+        print(f"    failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
+        return None
+    if not err <= tol:
+        print(f"    wrong result: rel err {err:.3g}", file=sys.stderr)
+        return None
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def bench_dense(problem: Problem, dispatcher: Dispatcher, device) -> dict:
+    spec = kernels.get_kernel("matmul")
+    a, b = spec.make_inputs(problem, torch.device("cuda"), 99)
+    ref = a.float() @ b.float()
+    tol = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 5e-3}[problem.dtype]
+    choice = dispatcher.choose(spec, problem, device)
+    record = _record(dispatcher, device, problem)
+    row = {"problem": problem.key, "source": choice.source, "config": str(choice.config),
+           "cublas_ms": timed(lambda: torch.matmul(a, b), ref, tol),
+           "dispatch_ms": timed(lambda: kernels.matmul(a, b), ref, tol),
+           "autotune_ms": timed(lambda: autotune_matmul(a, b), ref, tol) if problem.dtype != "fp32" else None}
+    if record and record.triton_config:
+        cfg = kernels.Config.from_dict(record.triton_config)
+        row["triton_config"] = str(cfg)
+        row["triton_ms"] = timed(lambda: kernels.matmul_with(cfg, a, b), ref, tol)
+    else:
+        row["triton_ms"] = row["dispatch_ms"] if not kernels.is_baseline(choice.config) else None
+    return row
+
+
+def _record(dispatcher: Dispatcher, device, problem: Problem):
+    from db import Store
+
+    with Store(dispatcher.url, create=False) as store:
+        return store.get(device.name, problem.kernel, problem.key)
+
+
+def bench_group(name: str, key: str, dtype: str) -> dict:
+    spec = kernels.get_kernel("grouped_matmul")
+    problem = Problem.from_key("grouped_matmul", f"{dtype}:nn:{key}")
+    As, Bs = spec.make_inputs(problem, torch.device("cuda"), 5)
+    ref = [a.float() @ b.float() for a, b in zip(As, Bs)]
+    tol = {"fp16": 5e-3, "bf16": 3e-2}[dtype]
+    row = {"group": name, "problem": problem.key[:60], "dtype": dtype,
+           "ours_ms": timed(lambda: kernels.grouped_matmul(As, Bs), ref, tol),
+           "loop_ms": timed(lambda: [torch.matmul(a, b) for a, b in zip(As, Bs)], ref, tol),
+           "grouped_mm_ms": None}
+    if dtype == "bf16" and hasattr(torch, "_grouped_mm") and len({b.shape for b in Bs}) == 1:
+        a_cat = torch.cat(As)
+        b_stack = torch.stack([b.t().contiguous() for b in Bs]).transpose(1, 2)  # (G, K, N), K-major
+        offs = torch.tensor([a.shape[0] for a in As], device="cuda").cumsum(0).to(torch.int32)
+        sizes = [a.shape[0] for a in As]
+
+        def grouped_mm() -> list[torch.Tensor]:
+            return list(torch._grouped_mm(a_cat, b_stack, offs=offs).split(sizes))
+
+        row["grouped_mm_ms"] = timed(grouped_mm, ref, tol)
+    return row
+
+
+def geomean(values: list[float]) -> float:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def fmt(x: float | None) -> str:
+    return f"{x:.4f}" if x else "-"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", default=None)
+    parser.add_argument("--dtype", action="append")
+    parser.add_argument("--layout", action="append")
+    parser.add_argument("--shape", action="append")
+    parser.add_argument("--groups", action="store_true", help="also benchmark the grouped GEMM groups")
+    parser.add_argument("--no-dense", action="store_true")
+    parser.add_argument("--json", default="bench.json")
+    args = parser.parse_args()
+    kernels.use_database(args.db)
+    dispatcher = Dispatcher(args.db)
+    device = kernels.current_device()
+    header = (f"{device.name}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, triton {triton.__version__}, "
+              f"CUDA {torch.version.cuda}")
+    print(header)
+    dense, groups = [], []
+    if not args.no_dense:
+        print("| problem | cuBLAS ms | kernels.matmul ms | best Triton ms | triton.autotune ms | "
+              "dispatch/cuBLAS | Triton/cuBLAS | source |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        for dtype in args.dtype or ["fp16"]:
+            for layout in args.layout or ["nn"]:
+                for shape in args.shape or SUITE:
+                    row = bench_dense(Problem.from_key("matmul", f"{dtype}:{layout}:{shape}"), dispatcher, device)
+                    dense.append(row)
+                    c = row["cublas_ms"]
+                    sp = c / row["dispatch_ms"] if c and row["dispatch_ms"] else None
+                    tr = c / row["triton_ms"] if c and row["triton_ms"] else None
+                    print(f"| {row['problem']} | {fmt(c)} | {fmt(row['dispatch_ms'])} | {fmt(row['triton_ms'])} | "
+                          f"{fmt(row['autotune_ms'])} | {sp and f'{sp:.2f}x'} | {tr and f'{tr:.2f}x'} | "
+                          f"{row['source']} |", flush=True)
+        print(f"geomean speed-up over cuBLAS: dispatch {geomean([r['cublas_ms'] / r['dispatch_ms'] for r in dense if r['cublas_ms'] and r['dispatch_ms']]):.3f}x, "
+              f"best Triton {geomean([r['cublas_ms'] / r['triton_ms'] for r in dense if r['cublas_ms'] and r['triton_ms']]):.3f}x, "
+              f"triton.autotune {geomean([r['cublas_ms'] / r['autotune_ms'] for r in dense if r['cublas_ms'] and r['autotune_ms']]):.3f}x; "
+              f"cuBLAS chosen for {sum(1 for r in dense if 'cublas' in r['config'])}/{len(dense)} problems")
+    if args.groups:
+        print("| group | dtype | kernels.grouped_matmul ms | loop of torch.matmul ms | torch._grouped_mm ms | vs loop | vs _grouped_mm |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for dtype in ("fp16", "bf16"):
+            for name, key in GROUPS.items():
+                row = bench_group(name, key, dtype)
+                groups.append(row)
+                o, lp, gm = row["ours_ms"], row["loop_ms"], row["grouped_mm_ms"]
+                print(f"| {name} | {dtype} | {fmt(o)} | {fmt(lp)} | {fmt(gm)} | "
+                      f"{(lp / o) if o and lp else float('nan'):.2f}x | {(gm / o) if o and gm else float('nan'):.2f}x |",
+                      flush=True)
+    with open(args.json, "w") as f:
+        json.dump({"header": header, "dense": dense, "groups": groups}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
