@@ -14,17 +14,6 @@ from collections.abc import Sequence
 
 log = logging.getLogger("tuner")
 
-# Problems tuned when `search` is given no --shape: the public suite of ../shared/GPU.md on a GPU,
-# and shapes small enough for Triton's interpreter on CPU.
-GPU_SUITE = ("1024x768x512", "16x4096x4096", "64x4096x4096", "128x8192x8192", "512x14336x4096",
-             "1000x1000x1000", "2048x2048x2048", "4096x4096x4096", "8192x8192x8192",
-             "4096x28672x2048", "3333x257x4099")
-CPU_SUITE = ("32x32x32", "16x64x48", "40x24x72")
-GROUPED_GPU_SUITE = ("128x128x128+128x128x128+128x128x128+128x128x128",
-                     "512x512x512+512x512x512+512x512x512+512x512x512")
-GROUPED_CPU_SUITE = ("16x32x32+8x16x32+0x16x16",)
-
-
 class UserError(Exception):
     """A mistake the user can fix; printed without a traceback."""
 

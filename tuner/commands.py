@@ -10,8 +10,9 @@ import optuna
 import kernels
 from db import Record, Store, StoreError, export_records, import_records
 
-from .cli import CPU_SUITE, GPU_SUITE, GROUPED_CPU_SUITE, GROUPED_GPU_SUITE, UserError
-from .search import SAMPLERS, Budget, Progress, tune_problem
+from . import suites
+from .cli import UserError
+from .search import SAMPLERS, Budget, NoWinner, Progress, tune_problem
 from .workers import CheckPool
 
 
@@ -35,9 +36,9 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
     if args.shape:
         shapes = args.shape
     elif spec.name == "grouped_matmul":
-        shapes = GROUPED_CPU_SUITE if device.is_cpu else GROUPED_GPU_SUITE
+        shapes = tuple((suites.GROUPS_CPU if device.is_cpu else suites.GROUPS_GPU).values())
     else:
-        shapes = CPU_SUITE if device.is_cpu else GPU_SUITE
+        shapes = suites.DENSE_CPU if device.is_cpu else suites.DENSE_GPU
     problems = []
     for dtype, layout, text in itertools.product(dtypes, layouts, shapes):
         if dtype not in spec.dtypes:
@@ -60,19 +61,29 @@ def cmd_search(args: argparse.Namespace) -> int:
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
     spec = kernels.get_kernel(args.kernel)
     problems = _problems(args, device)
+    failed: list[kernels.Problem] = []
     pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
     with _open_store(args.db) as store:
         print(f"tuning {len(problems)} {spec.name} problem(s) on {device.name} ({device.alias}) into {store.url}")
         try:
             for index, problem in enumerate(problems, 1):
                 print(f"[{index}/{len(problems)}] {problem.key}", flush=True)
-                record = tune_problem(spec, problem, device, store, budget=Budget(args.trials, args.timeout),
-                                      sampler=args.sampler, seed=args.seed, on_trial=_print_progress, pool=pool)
+                try:
+                    record = tune_problem(spec, problem, device, store, budget=Budget(args.trials, args.timeout),
+                                          sampler=args.sampler, seed=args.seed, on_trial=_print_progress,
+                                          pool=pool)
+                except NoWinner as exc:  # one problem's failure must not end the others' search
+                    failed.append(problem)
+                    print(f"  no winner: {exc}", flush=True)
+                    continue
                 print(f"  winner: {_winner_text(record)}", flush=True)
         finally:
             if pool:
                 pool.close()
     kernels.clear_cache()
+    if failed:
+        print(f"{len(failed)} problem(s) found no correct config: {', '.join(p.key for p in failed)}")
+        return 1
     return 0
 
 

@@ -42,6 +42,19 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 MAX_INVALID_IN_A_ROW = 500
 
 
+class NoWinner(RuntimeError):
+    """Every measured config of a problem failed; the message says how."""
+
+
+def failure_summary(study: optuna.Study, top: int = 3) -> str:
+    counts: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        reason = f"{t.user_attrs.get('status', '?')}: {t.user_attrs.get('reason', '')[:160]}"
+        counts[reason] = counts.get(reason, 0) + 1
+    ranked = sorted(counts.items(), key=lambda item: -item[1])[:top]
+    return "; ".join(f"{n}x {reason}" for reason, n in ranked) or "none recorded"
+
+
 @dataclass(frozen=True)
 class Progress:
     """What a progress display needs after each trial."""
@@ -162,8 +175,8 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     _Search(study, spec, bench, budget, pool, on_trial).run()
     found = best_triton(study, spec)
     if found is None:
-        raise RuntimeError(f"no config of {spec.name} ran correctly on {problem.key} in "
-                           f"{len(measured_trials(study))} trials; see the study's failed trials for why")
+        raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
+                       f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}")
     record = _winner_record(spec, problem, device, found, bench.baseline_ms(), len(measured_trials(study)))
     store.put(record, on_conflict="replace")
     return record

@@ -37,29 +37,39 @@ class Precheck:
     seconds: float = 0.0
 
 
+def _error_of(spec: object, problem: Problem, config: Config, seed: int) -> float:
+    """Relative error of one run on fresh inputs; its tensors die with this frame."""
+    import torch
+
+    import kernels
+    from tuner.bench import relative_error
+
+    on_gpu = torch.cuda.is_available() and not kernels.interpreter_enabled()
+    inputs = spec.make_inputs(problem, torch.device("cuda" if on_gpu else "cpu"), seed)
+    out = spec.execute(config, inputs)
+    if on_gpu:
+        torch.cuda.synchronize()
+    return relative_error(out, spec.reference(inputs))
+
+
 def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
     """Runs in a worker: compile (by running) and check one config on fresh inputs."""
     import torch
 
     import kernels
-    from tuner.bench import TOLERANCE, relative_error
+    from tuner.bench import TOLERANCE, _classify, _first_line
 
     start = time.perf_counter()
-    spec = kernels.get_kernel(kernel)
     problem = Problem.from_key(kernel, problem_key)
-    config = Config.parse(config_text)
     try:
-        on_gpu = torch.cuda.is_available() and not kernels.interpreter_enabled()
-        inputs = spec.make_inputs(problem, torch.device("cuda" if on_gpu else "cpu"), seed)
-        out = spec.execute(config, inputs)
-        if on_gpu:
-            torch.cuda.synchronize()
-        error = relative_error(out, spec.reference(inputs))
+        error = _error_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
     except Exception as exc:  # report, don't die: the parent decides what a failure means
-        from tuner.bench import _classify, _first_line
-
         return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
                         seconds=time.perf_counter() - start)
+    finally:
+        # Each worker would otherwise keep its peak allocation cached; fourteen of them fill the GPU.
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     tolerance = TOLERANCE[problem.dtype]
     if not error <= tolerance:
         return Precheck("wrong_result", error, f"relative error {error:.3g} over the {tolerance:g} allowed",

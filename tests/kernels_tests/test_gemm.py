@@ -1,0 +1,306 @@
+"""Dense GEMM: every variant against a float64 reference, on odd shapes, strides and dtypes, and its errors.
+
+Runs under Triton's interpreter on a CPU or compiled on a GPU; tiles stay at 16/32 so that each
+interpreted test takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import gemm
+from kernels._device import current_device, interpreter_enabled
+from kernels._spec import BASELINE, Config, Problem
+from kernels.gemm import MATMUL, check_operands, layout_letter, matmul_with, problem_of
+
+ON_GPU = torch.cuda.is_available() and not interpreter_enabled()
+TORCH_DTYPES = {"fp16": torch.float16, "fp32": torch.float32}
+
+# Relative L2 error ||out - ref|| / ||ref|| against a float64 reference. fp16: rounding the output costs
+# ~3e-4 (interpreter measured 2e-4 on these shapes). fp32: TF32 tensor cores on the GPU (~3e-4, as bench's
+# TOLERANCE); the interpreter computes in true fp32 (measured ~1e-7).
+TOLERANCE = {"fp16": 5e-3, "fp32": 5e-3 if ON_GPU else 1e-5}
+
+_BASE = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=4, SPLIT_K=1, NUM_SM=132, FLATTEN=False,
+             EPILOGUE_SUBTILE=False, num_warps=4, num_stages=2)
+
+
+def _config(variant: str, **changes) -> Config:
+    return Config.from_dict({"VARIANT": variant, **_BASE, **changes})
+
+
+VARIANT_CONFIGS = {
+    "tiled": _config("tiled"),
+    "tiled-32x32": _config("tiled", BLOCK_M=32, GROUP_SIZE_M=1, num_stages=3),
+    "splitk2": _config("splitk", SPLIT_K=2),
+    "splitk3": _config("splitk", SPLIT_K=3, GROUP_SIZE_M=1),
+    "tma": _config("tma", NUM_SM=32),
+    "tma-subtile-flatten": _config("tma", NUM_SM=32, EPILOGUE_SUBTILE=True, FLATTEN=True),
+}
+# Shapes that the tiled and split-K kernels take with any strides: edges in M, N and K, K not a
+# multiple of BLOCK_K (nor, for split-K, of SPLIT_K * BLOCK_K).
+ODD_SHAPES = [(1, 1, 1), (17, 33, 65), (33, 47, 70)]
+
+
+def _rand(rows: int, cols: int, dtype: str, device, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, cols, generator=gen) / max(cols, 1) ** 0.25).to(TORCH_DTYPES[dtype]).to(device)
+
+
+def _reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a.detach().cpu().double(), b.detach().cpu().double())
+
+
+def _assert_matmul(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dtype: str) -> None:
+    ref = _reference(a, b)
+    assert out.shape == ref.shape and out.dtype == a.dtype and out.device == a.device
+    result = out.detach().cpu().double()
+    assert torch.isfinite(result).all(), "some output elements were never written"
+    if ref.numel() == 0:
+        return
+    error = (result - ref).norm() / ref.norm().clamp_min(1e-30)
+    assert error <= TOLERANCE[dtype], f"relative error {error:.3g} on {tuple(a.shape)} @ {tuple(b.shape)}"
+
+
+def _poisoned(m: int, n: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((m, n), float("nan"), dtype=like.dtype, device=like.device)
+
+
+# ------------------------------------------------------------------------------------------ correctness
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", ["tiled", "tiled-32x32", "splitk2", "splitk3"])
+def test_pointer_variants_match_reference_on_odd_shapes(variant, shape, dtype, torch_device) -> None:
+    m, n, k = shape
+    a, b = _rand(m, k, dtype, torch_device, 1), _rand(k, n, dtype, torch_device, 2)
+    out = matmul_with(VARIANT_CONFIGS[variant], a, b, out=_poisoned(m, n, a))
+    _assert_matmul(out, a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("variant", ["tiled", "splitk2", "splitk3", "tma"])
+def test_output_allocated_fresh_has_every_element_written(variant, dtype, torch_device) -> None:
+    a, b = _rand(33, 96, dtype, torch_device, 3), _rand(96, 40, dtype, torch_device, 4)
+    _assert_matmul(matmul_with(VARIANT_CONFIGS[variant], a, b), a, b, dtype)
+
+
+def _operand(kind: str, rows: int, cols: int, dtype: str, device, seed: int) -> torch.Tensor:
+    """A (rows, cols) operand laid out as ``kind`` says."""
+    if kind == "row-major":
+        return _rand(rows, cols, dtype, device, seed)
+    if kind == "transposed":  # x.t() / w.t(): column-major
+        return _rand(cols, rows, dtype, device, seed).t()
+    if kind == "strided-cols":  # x[:, ::2]: neither stride is 1
+        return _rand(rows, 2 * cols, dtype, device, seed)[:, ::2]
+    if kind == "row-slice":  # rows of a wider matrix, pointer offset by one element
+        return _rand(rows, cols + 3, dtype, device, seed)[:, 1:cols + 1]
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("a_kind, b_kind", [
+    ("transposed", "row-major"),
+    ("row-major", "transposed"),  # B = w.t() of an nn.Linear weight
+    ("transposed", "transposed"),
+    ("strided-cols", "row-major"),
+    ("row-major", "strided-cols"),
+    ("row-slice", "row-slice"),
+])
+@pytest.mark.parametrize("variant", ["tiled", "splitk3", "tma"])
+def test_any_strides_give_the_right_result(variant, a_kind, b_kind, dtype, torch_device) -> None:
+    m, n, k = 17, 33, 70
+    a = _operand(a_kind, m, k, dtype, torch_device, 5)
+    b = _operand(b_kind, k, n, dtype, torch_device, 6)
+    out = matmul_with(VARIANT_CONFIGS[variant], a, b, out=_poisoned(m, n, a))
+    _assert_matmul(out, a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("b_kind", ["row-major", "transposed"])
+@pytest.mark.parametrize("variant", ["tma", "tma-subtile-flatten"])
+def test_tma_on_aligned_rows_uses_descriptors(variant, b_kind, dtype, torch_device, monkeypatch) -> None:
+    fallbacks = []
+    monkeypatch.setattr(gemm, "_launch_tiled", lambda *args: fallbacks.append(args))
+    m, n, k = 32, 64, 48  # every row a multiple of 16 bytes in fp16 and fp32
+    a = _rand(m, k, dtype, torch_device, 7)
+    b = _operand(b_kind, k, n, dtype, torch_device, 8)
+    problem = problem_of(a, b)
+    assert MATMUL.space.violation(VARIANT_CONFIGS[variant], problem, current_device(torch_device)) is None
+    out = matmul_with(VARIANT_CONFIGS[variant], a, b, out=_poisoned(m, n, a))
+    assert not fallbacks, "aligned row-major operands must not fall back to the tiled kernel"
+    _assert_matmul(out, a, b, dtype)
+
+
+@pytest.mark.parametrize("a_kind, b_kind", [
+    ("transposed", "row-major"),  # TMA needs row-major A
+    ("row-slice", "row-major"),  # A's base pointer is 2 bytes past 16-byte alignment
+    ("row-major", "strided-cols"),  # B has no unit stride
+])
+def test_tma_falls_back_to_tiled_on_operands_it_cannot_describe(a_kind, b_kind, torch_device, monkeypatch) -> None:
+    calls = []
+    tiled = gemm._launch_tiled
+    monkeypatch.setattr(gemm, "_launch_tiled", lambda *args: (calls.append(args[0]), tiled(*args)))
+    m, n, k = 32, 64, 48
+    a = _operand(a_kind, m, k, "fp16", torch_device, 9)
+    b = _operand(b_kind, k, n, "fp16", torch_device, 10)
+    out = matmul_with(VARIANT_CONFIGS["tma"], a, b, out=_poisoned(m, n, a))
+    assert calls == [VARIANT_CONFIGS["tma"]]
+    _assert_matmul(out, a, b, "fp16")
+
+
+def test_tma_falls_back_on_misaligned_k(torch_device) -> None:
+    a, b = _rand(32, 47, "fp16", torch_device, 11), _rand(47, 64, "fp16", torch_device, 12)
+    _assert_matmul(matmul_with(VARIANT_CONFIGS["tma"], a, b), a, b, "fp16")
+
+
+@pytest.mark.parametrize("variant", ["splitk2", "splitk3"])
+def test_splitk_twice_in_a_row_rearms_arrival_counters(variant, torch_device) -> None:
+    # The counters are zeroed once at allocation; the second call is right only if the last
+    # program of each tile reset its counter (else no program sums the tile and C stays NaN).
+    config = VARIANT_CONFIGS[variant]
+    for seed in (13, 14):
+        a, b = _rand(33, 47, "fp16", torch_device, seed), _rand(47, 70, "fp16", torch_device, seed + 100)
+        out = matmul_with(config, a, b, out=_poisoned(33, 70, a))
+        _assert_matmul(out, a, b, "fp16")
+        _, arrivals = gemm._WORKSPACE._by_device[a.device]
+        assert int(arrivals.count_nonzero()) == 0
+
+
+def test_splitk_workspace_grows_for_a_larger_problem(torch_device) -> None:
+    config = VARIANT_CONFIGS["splitk2"]
+    for m, n, k in ((1, 1, 64), (70, 70, 64), (17, 33, 65)):
+        a, b = _rand(m, k, "fp16", torch_device, m), _rand(k, n, "fp16", torch_device, n)
+        _assert_matmul(matmul_with(config, a, b), a, b, "fp16")
+
+
+@pytest.mark.parametrize("variant", ["tiled", "splitk2", "tma"])
+@pytest.mark.parametrize("shape", [(0, 16, 32), (16, 0, 32), (0, 0, 0), (16, 32, 0), (1, 1, 0)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_empty_dimensions_give_empty_or_zero_result(variant, shape, torch_device) -> None:
+    m, n, k = shape
+    a, b = _rand(m, k, "fp16", torch_device, 16), _rand(k, n, "fp16", torch_device, 17)
+    out = matmul_with(VARIANT_CONFIGS[variant], a, b, out=_poisoned(m, n, a))
+    assert out.shape == (m, n) and out.dtype == torch.float16
+    assert torch.equal(out.cpu(), torch.zeros(m, n, dtype=torch.float16))
+
+
+def test_baseline_config_runs_torch_matmul(torch_device, monkeypatch) -> None:
+    for variant in gemm._LAUNCHERS:
+        monkeypatch.setitem(gemm._LAUNCHERS, variant, lambda *args: pytest.fail("a Triton kernel was launched"))
+    a, b = _rand(5, 7, "fp32", torch_device, 18), _rand(7, 3, "fp32", torch_device, 19)
+    assert torch.equal(matmul_with(BASELINE, a, b), torch.matmul(a, b))
+
+
+def test_spec_reference_and_inputs_follow_the_problem_layout(torch_device) -> None:
+    problem = Problem("matmul", "fp16", "tn", ((17, 33, 65),))
+    a, b = MATMUL.make_inputs(problem, torch_device, 0)
+    assert a.shape == (17, 65) and b.shape == (65, 33)
+    assert layout_letter(a) + layout_letter(b) == "tn"
+    assert problem_of(a, b) == problem
+    again, _ = MATMUL.make_inputs(problem, torch_device, 0)
+    assert torch.equal(a, again), "inputs are a function of the seed"
+    assert not torch.equal(a, MATMUL.make_inputs(problem, torch_device, 1)[0])
+    ref = MATMUL.reference((a, b))
+    assert ref.dtype == torch.float32
+    _assert_matmul(MATMUL.run(VARIANT_CONFIGS["tiled"], (a, b)), a, b, "fp16")
+
+
+@pytest.mark.parametrize("shape, expected", [((4, 8), "n"), ((1, 8), "n"), ((8, 1), "n")])
+def test_layout_letter_of_row_major_and_degenerate_shapes(shape, expected) -> None:
+    assert layout_letter(torch.empty(shape)) == expected
+
+
+def test_layout_letter_of_transposed_views() -> None:
+    assert layout_letter(torch.empty(8, 4).t()) == "t"
+    assert layout_letter(torch.empty(4, 16)[:, ::2]) == "n"  # general strides share the row-major key
+
+
+@pytest.mark.parametrize("variant", [
+    "tiled", "splitk2",
+    pytest.param("tma", marks=pytest.mark.xfail(strict=True, reason=(
+        "BUG: gemm._tma_ready checks c.stride(0) but not c.stride(1) == 1; the C descriptor assumes unit "
+        "column stride, so out=x[:, ::2] gets the wrong elements written"))),
+])
+def test_out_with_strided_columns_gets_the_result(variant, torch_device) -> None:
+    a, b = _rand(32, 48, "fp16", torch_device, 21), _rand(48, 64, "fp16", torch_device, 22)
+    out = torch.full((32, 128), float("nan"), dtype=torch.float16, device=torch_device)[:, ::2]
+    assert matmul_with(VARIANT_CONFIGS[variant], a, b, out=out) is out
+    _assert_matmul(out, a, b, "fp16")
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: matmul_with/kernels.matmul never check out's shape: the kernel "
+                                       "writes M x N elements through out's strides, past a smaller out")
+def test_out_of_the_wrong_shape_is_rejected(torch_device) -> None:
+    a, b = _rand(32, 48, "fp16", torch_device, 23), _rand(48, 64, "fp16", torch_device, 24)
+    # A view into a larger buffer, so that the writes past it stay inside memory this test owns.
+    buffer = torch.zeros(64 * 64, dtype=torch.float16, device=torch_device)
+    with pytest.raises(ValueError, match="out"):
+        matmul_with(VARIANT_CONFIGS["tiled"], a, b, out=buffer[:4].view(2, 2))
+    assert int(buffer[4:].count_nonzero()) == 0, "the kernel wrote past out"
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: matmul_with/kernels.matmul accept an out of another dtype "
+                                       "(torch.matmul raises); the result silently changes dtype")
+def test_out_of_another_dtype_is_rejected(torch_device) -> None:
+    a, b = _rand(32, 48, "fp16", torch_device, 25), _rand(48, 64, "fp16", torch_device, 26)
+    with pytest.raises(TypeError, match="out"):
+        matmul_with(VARIANT_CONFIGS["tiled"], a, b, out=torch.empty(32, 64, device=torch_device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["tiled", "splitk3", "tma"])
+def test_bf16_matches_reference_on_gpu(variant, torch_device) -> None:
+    # Under the interpreter tl.dot on bf16 is garbage (GPU.md), so bf16 is checked compiled only.
+    gen = torch.Generator().manual_seed(20)
+    a = torch.randn(32, 48, generator=gen).to(torch.bfloat16).to(torch_device)
+    b = torch.randn(48, 64, generator=gen).to(torch.bfloat16).to(torch_device)
+    out = matmul_with(VARIANT_CONFIGS[variant], a, b, out=_poisoned(32, 64, a))
+    ref = _reference(a, b)
+    error = (out.cpu().double() - ref).norm() / ref.norm()
+    assert torch.isfinite(out).all() and error <= 3e-2  # bf16 output rounding ~3e-3 (bench.TOLERANCE)
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+def test_mismatched_inner_dimensions_suggest_transposing_b() -> None:
+    with pytest.raises(ValueError, match="inner dimensions") as info:
+        check_operands(torch.empty(4, 8, dtype=torch.float16), torch.empty(4, 8, dtype=torch.float16))
+    assert "b.t()" in str(info.value) and "(4, 8)" in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64, torch.int8])
+def test_unsupported_dtype_is_a_type_error_naming_it(dtype) -> None:
+    with pytest.raises(TypeError, match="float16, bfloat16 or float32") as info:
+        matmul_with(VARIANT_CONFIGS["tiled"], torch.zeros(4, 4, dtype=dtype), torch.zeros(4, 4, dtype=dtype))
+    assert str(dtype) in str(info.value)
+
+
+def test_mixed_dtypes_are_a_type_error() -> None:
+    with pytest.raises(TypeError, match="same dtype"):
+        check_operands(torch.zeros(4, 4, dtype=torch.float16), torch.zeros(4, 4, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("a_shape, b_shape, name", [((2, 4, 4), (4, 4), "a"), ((4, 4), (4,), "b"),
+                                                   ((), (4, 4), "a")])
+def test_non_2d_operand_is_a_value_error_with_reshape_hint(a_shape, b_shape, name) -> None:
+    with pytest.raises(ValueError, match="2-D") as info:
+        check_operands(torch.zeros(a_shape, dtype=torch.float16), torch.zeros(b_shape, dtype=torch.float16))
+    assert f"{name} has shape" in str(info.value) and "reshape" in str(info.value)
+
+
+def test_non_tensor_operand_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="b is a list"):
+        check_operands(torch.zeros(2, 2, dtype=torch.float16), [[1.0, 2.0], [3.0, 4.0]])
+    with pytest.raises(TypeError, match="a is a ndarray"):
+        import numpy as np
+
+        check_operands(np.zeros((2, 2)), torch.zeros(2, 2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device beside the CPU")
+def test_operands_on_different_devices_are_a_value_error() -> None:
+    with pytest.raises(ValueError, match="move both to one device"):
+        check_operands(torch.zeros(4, 4, dtype=torch.float16),
+                       torch.zeros(4, 4, dtype=torch.float16, device="cuda"))

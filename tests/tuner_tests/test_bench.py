@@ -1,0 +1,189 @@
+"""Bench: the correctness gate before timing, its verdicts, and relative_error's edge cases."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import kernels
+from kernels import BASELINE, CPU, Config, Problem
+from kernels.gemm import MATMUL
+from tuner.bench import TOLERANCE, Bench, relative_error
+
+PROBLEM = Problem("matmul", "fp16", "nn", ((16, 32, 64),))
+GOOD = Config.from_dict(dict(VARIANT="tiled", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, SPLIT_K=1,
+                             NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=2))
+
+
+class FakeTimer:
+    """A test double for bench.gpu_timer: CUDA events cannot time anything on a CPU, and wall-clock
+    times under the interpreter are noise. It runs the candidate once, counts calls, returns a fixed time."""
+
+    def __init__(self, ms: float = 1.5) -> None:
+        self.ms = ms
+        self.calls = 0
+
+    def __call__(self, fn) -> float:
+        self.calls += 1
+        fn()
+        return self.ms
+
+
+def _torch_spec(run) -> kernels.KernelSpec:
+    """The dense GEMM spec with ``run`` swapped in (runs on CPU tensors on any machine)."""
+    return dataclasses.replace(MATMUL, run=run)
+
+
+def _bench(spec, timer=None) -> Bench:
+    # CPU inputs keep these tests off Triton: only Bench's own logic is under test.
+    return Bench(spec, PROBLEM, CPU, timer=timer or FakeTimer(), seed=0)
+
+
+# -------------------------------------------------------------------------------------- relative_error
+
+def test_relative_error_of_exact_result_is_zero() -> None:
+    ref = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+    assert relative_error(ref.clone(), ref) == 0.0
+    assert relative_error(torch.zeros(0, 5), torch.zeros(0, 5)) == 0.0
+
+
+def test_relative_error_is_l2_over_all_outputs() -> None:
+    ref = torch.ones(2, 2)
+    assert relative_error(ref * 1.1, ref) == pytest.approx(0.1)
+    assert relative_error([ref, ref * 1.1], [ref, ref]) == pytest.approx(math.sqrt(0.04 / 8))
+
+
+def test_relative_error_with_nan_is_nan_and_fails_any_tolerance() -> None:
+    out = torch.ones(3, 3)
+    out[1, 2] = math.nan
+    error = relative_error(out, torch.ones(3, 3))
+    assert math.isnan(error)
+    assert not error <= TOLERANCE["fp16"]
+
+
+def test_relative_error_of_mismatched_shapes_or_counts_is_infinite() -> None:
+    assert relative_error(torch.ones(3, 4), torch.ones(4, 3)) == math.inf
+    assert relative_error([torch.ones(2, 2)], [torch.ones(2, 2), torch.ones(2, 2)]) == math.inf
+
+
+def test_relative_error_against_zero_reference() -> None:
+    assert relative_error(torch.ones(2, 2), torch.zeros(2, 2)) == math.inf
+    assert relative_error(torch.zeros(2, 2), torch.zeros(2, 2)) == 0.0
+
+
+# -------------------------------------------------------------------------------------------- measure
+
+def test_invalid_config_is_reported_without_running() -> None:
+    ran = []
+    timer = FakeTimer()
+    bench = _bench(_torch_spec(lambda config, inputs: ran.append(config)), timer)
+    too_big = GOOD.replace(BLOCK_M=256)
+    measurement = bench.measure(too_big)
+    assert measurement.status == "invalid" and "BLOCK_M=256" in measurement.reason
+    assert not measurement.ok and measurement.time_ms is None
+    assert ran == [] and timer.calls == 0
+    outside = bench.measure(GOOD.replace(BLOCK_M=17))
+    assert outside.status == "invalid" and "BLOCK_M=17" in outside.reason
+
+
+def test_correct_config_is_checked_then_timed() -> None:
+    timer = FakeTimer(ms=2.25)
+    measurement = _bench(_torch_spec(lambda config, inputs: MATMUL.baseline(inputs)), timer).measure(GOOD)
+    assert measurement.ok and measurement.time_ms == 2.25
+    assert measurement.rel_error is not None and measurement.rel_error <= TOLERANCE["fp16"]
+    assert timer.calls == 1
+
+
+def test_real_kernel_passes_the_gate(torch_device) -> None:
+    device = kernels.current_device(torch_device)
+    measurement = Bench(MATMUL, PROBLEM, device, timer=FakeTimer()).measure(GOOD)
+    assert measurement.status == "ok", measurement.reason
+    assert measurement.rel_error <= TOLERANCE["fp16"]
+
+
+@pytest.mark.parametrize("run, expected_error", [
+    (lambda config, inputs: torch.zeros(16, 32, dtype=torch.float16), 1.0),
+    (lambda config, inputs: MATMUL.baseline(inputs) * 1.1, 0.1),
+    (lambda config, inputs: torch.full((16, 32), math.nan, dtype=torch.float16), math.nan),
+    (lambda config, inputs: torch.zeros(32, 16, dtype=torch.float16), math.inf),
+], ids=["zeros", "off-by-10%", "nan", "transposed-shape"])
+def test_wrong_result_is_caught_before_timing(run, expected_error) -> None:
+    timer = FakeTimer()
+    measurement = _bench(_torch_spec(run), timer).measure(GOOD)
+    assert measurement.status == "wrong_result"
+    assert "over the 0.005 allowed" in measurement.reason
+    if math.isnan(expected_error):
+        assert math.isnan(measurement.rel_error)
+    else:
+        assert measurement.rel_error == pytest.approx(expected_error, rel=0.05)
+    assert timer.calls == 0
+
+
+def test_exception_in_run_is_an_error_with_its_reason() -> None:
+    def run(config, inputs):
+        raise RuntimeError("illegal memory access\nsecond line")
+
+    measurement = _bench(_torch_spec(run)).measure(GOOD)
+    assert measurement.status == "error"
+    assert measurement.reason == "RuntimeError: illegal memory access"
+
+
+class CompilationError(Exception):
+    """Named like triton's, which bench classifies by name (triton's own needs a real compile to raise)."""
+
+
+@pytest.mark.parametrize("exc", [CompilationError("bad ir"), RuntimeError("out of resource: shared memory")])
+def test_compile_failures_are_classified_as_compile_error(exc) -> None:
+    def run(config, inputs):
+        raise exc
+
+    assert _bench(_torch_spec(run)).measure(GOOD).status == "compile_error"
+
+
+def test_exception_in_timed_run_is_an_error() -> None:
+    calls = []
+
+    def run(config, inputs):
+        calls.append(config)
+        if len(calls) > 1:  # right when checked, broken when timed
+            raise ValueError("flaky")
+        return MATMUL.baseline(inputs)
+
+    measurement = _bench(_torch_spec(run)).measure(GOOD)
+    assert measurement.status == "error" and "ValueError: flaky" in measurement.reason
+
+
+def test_each_check_uses_fresh_inputs() -> None:
+    seen = []
+
+    def run(config, inputs):
+        seen.append(inputs[0].clone())
+        return MATMUL.baseline(inputs)
+
+    bench = _bench(_torch_spec(run))
+    bench.measure(GOOD)
+    bench.measure(GOOD)
+    assert len(seen) == 4  # check + timing, twice
+    assert all(not torch.equal(seen[0], other) for other in seen[1:])
+
+
+def test_check_poisons_the_output_it_returned() -> None:
+    outputs = []
+
+    def run(config, inputs):
+        outputs.append(MATMUL.baseline(inputs))
+        return outputs[-1]
+
+    assert _bench(_torch_spec(run)).check(GOOD) <= TOLERANCE["fp16"]
+    assert torch.isnan(outputs[0]).all(), "a later candidate must not pass on this one's result"
+
+
+def test_baseline_config_is_measured_with_torch() -> None:
+    ran = []
+    bench = _bench(_torch_spec(lambda config, inputs: ran.append(config)))
+    measurement = bench.measure(BASELINE)
+    assert measurement.ok and ran == []
+    assert bench.baseline_ms() == 1.5

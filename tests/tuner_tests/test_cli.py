@@ -1,0 +1,189 @@
+"""``python -m tuner`` end to end: search, list, export and import through real processes and SQLite files.
+
+Each process costs seconds (torch, triton and optuna imports), so the steps of one workflow share a
+test and the error paths that need no fresh process call ``tuner.cli.main`` in this one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from db import Store, StoreError
+from tuner.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = "16x32x32"
+KEY = f"fp16:nn:{SHAPE}"
+
+
+def _env(tmp_path: Path, interpret: bool = True) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TRITON_INTERPRET")}
+    env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               TUNER_DB=f"sqlite:///{tmp_path / 'unused-default.db'}")
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def tuner(tmp_path: Path, *args: str, interpret: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=_env(tmp_path, interpret),
+                          capture_output=True, text=True, timeout=300)
+
+
+def _records(url: str) -> list:
+    with Store(url) as store:
+        return store.records()
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> tuple[str, subprocess.CompletedProcess, Path]:
+    """A database holding one matmul problem tuned on the CPU by the CLI."""
+    tmp = tmp_path_factory.mktemp("tuned")
+    url = f"sqlite:///{tmp / 'tuned.db'}"
+    done = tuner(tmp, "search", "--device", "cpu", "--shape", SHAPE, "--trials", "3", "--seed", "0", "--db", url)
+    return url, done, tmp
+
+
+def test_search_stores_a_winner(tuned) -> None:
+    url, done, tmp = tuned
+    assert done.returncode == 0, done.stderr
+    assert "tuning 1 matmul problem(s) on cpu (cpu)" in done.stdout
+    assert "trial 3/3" in done.stdout and "winner: VARIANT:" in done.stdout
+    [record] = _records(url)
+    assert (record.device_name, record.kernel, record.problem_key, record.trials) == ("cpu", "matmul", KEY, 3)
+    assert not (tmp / "unused-default.db").exists(), "--db must win over TUNER_DB"
+
+
+def test_list_export_and_import_round_trip(tuned, tmp_path, capsys) -> None:
+    url, done, _ = tuned
+    assert done.returncode == 0, done.stderr
+    listed = tuner(tmp_path, "list", "--db", url)
+    assert listed.returncode == 0, listed.stderr
+    assert KEY in listed.stdout and "cpu" in listed.stdout and "matmul" in listed.stdout
+
+    exported = tmp_path / "records.json"
+    out = tuner(tmp_path, "export", "--db", url, "-o", str(exported))
+    assert out.returncode == 0, out.stderr
+    assert "exported 1 record(s)" in out.stdout
+    assert json.loads(exported.read_text())["records"][0]["problem_key"] == KEY
+
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    imported = tuner(tmp_path, "import", str(exported), "--db", fresh)
+    assert imported.returncode == 0, imported.stderr
+    assert "1 new, 0 replaced, 0 kept" in imported.stdout
+    assert _records(fresh) == _records(url)
+
+    assert main(["import", str(exported), "--db", fresh]) == 0  # again: the same record, not faster
+    assert "0 new, 0 replaced, 1 kept" in capsys.readouterr().out
+    assert _records(fresh) == _records(url)
+
+
+def test_import_of_broken_file_exits_2_and_leaves_db_unchanged(tuned, tmp_path, capsys) -> None:
+    url, done, _ = tuned
+    assert done.returncode == 0, done.stderr
+    exported = tmp_path / "records.json"
+    assert main(["export", "--db", url, "-o", str(exported)]) == 0
+    document = json.loads(exported.read_text())
+    good = dict(document["records"][0], problem_key="fp16:nn:16x32x64", shapes=[[16, 32, 64]])
+    bad = dict(document["records"][0], config={**document["records"][0]["config"], "BLOCK_M": 17})
+    document["records"] = [good, bad]
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(document))
+    before = _records(url)
+    capsys.readouterr()
+
+    assert main(["import", str(broken), "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "nothing was imported" in err and "BLOCK_M=17" in err
+    assert "Traceback" not in err
+    assert _records(url) == before
+
+    broken.write_text("{not json")
+    assert main(["import", str(broken), "--db", url]) == 2
+    assert "not JSON" in capsys.readouterr().err
+    assert _records(url) == before
+
+
+def test_grouped_search_tunes_a_group(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'grouped.db'}"
+    group = "16x32x32+8x16x32"
+    done = tuner(tmp_path, "search", "--kernel", "grouped_matmul", "--device", "cpu", "--shape", group,
+                 "--trials", "2", "--seed", "0", "--db", url)
+    assert done.returncode == 0, done.stderr
+    [record] = _records(url)
+    assert (record.kernel, record.problem_key, record.shapes) == ("grouped_matmul", f"fp16:nn:{group}",
+                                                                  ((16, 32, 32), (8, 16, 32)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the test pretends is missing")
+def test_gpu_device_without_gpu_exits_2_pointing_to_device_cpu(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    done = tuner(tmp_path, "search", "--device", "h100", "--shape", SHAPE, "--trials", "1", "--db", url,
+                 interpret=False)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: --device h100") and "--device cpu" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "never.db").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--shape", "16x32"], "--shape '16x32' must be MxNxK"),
+    (["--shape", "16x32x32", "--layout", "nz"], "--layout one of nn, nt, tn, tt"),
+    (["--kernel", "grouped_matmul", "--dtype", "fp32", "--shape", SHAPE], "does not take --dtype fp32"),
+    (["--kernel", "conv", "--shape", SHAPE], "unknown kernel 'conv'"),
+    (["--trials", "0", "--shape", SHAPE], "--trials 0 must be at least 1"),
+    (["--sampler", "annealing", "--shape", SHAPE], "--sampler annealing is not one of"),
+])
+def test_bad_search_arguments_exit_2_with_a_message(args, message, tmp_path, capsys) -> None:
+    # --device auto is this machine's GPU, or cpu (the interpreter tests/conftest.py turned on) without one.
+    db = tmp_path / "never.db"
+    assert main(["search", "--device", "auto", "--db", f"sqlite:///{db}", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err
+    assert not db.exists()
+
+
+def test_devices_lists_what_this_process_sees(capsys) -> None:
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    if torch.cuda.is_available():
+        assert "cuda:0" in out and "alias=" in out
+    else:
+        assert "no GPU visible" in out and "--device cpu" in out
+
+
+@pytest.mark.xfail(strict=True, raises=StoreError,
+                   reason="BUG: cli.main does not catch StoreError: a conflict under --on-conflict error prints "
+                          "a traceback and exits 1, not 'error: ...' and 2")
+def test_import_conflict_under_on_conflict_error_exits_2(tuned, tmp_path, capsys) -> None:
+    url, done, _ = tuned
+    assert done.returncode == 0, done.stderr
+    exported = tmp_path / "records.json"
+    assert main(["export", "--db", url, "-o", str(exported)]) == 0
+    before = _records(url)
+    assert main(["import", str(exported), "--db", url, "--on-conflict", "error"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "--on-conflict" in err
+    assert _records(url) == before
+
+
+@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
+                   reason="BUG: cli.main does not catch FileNotFoundError: importing a missing file prints a "
+                          "traceback and exits 1, though io._read words the message for the user")
+def test_import_of_missing_file_exits_2(tmp_path, capsys) -> None:
+    assert main(["import", str(tmp_path / "missing.json"), "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_import_with_unknown_on_conflict_exits_2(tmp_path, capsys) -> None:
+    document = tmp_path / "empty.json"
+    document.write_text(json.dumps({"schema": "triton-tuner/records", "schema_version": 1, "records": []}))
+    assert main(["import", str(document), "--db", f"sqlite:///{tmp_path / 'x.db'}", "--on-conflict", "newest"]) == 2
+    assert "on_conflict 'newest' is not one of" in capsys.readouterr().err
