@@ -71,7 +71,7 @@ def timed(fn, ref, tol: float) -> float | None:
     return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
-def bench_dense(problem: Problem, dispatcher: Dispatcher, device) -> dict:
+def bench_dense(problem: Problem, dispatcher: Dispatcher, device, autotune: bool = True) -> dict:
     spec = kernels.get_kernel("matmul")
     a, b = spec.make_inputs(problem, torch.device("cuda"), 99)
     ref = a.float() @ b.float()
@@ -81,7 +81,7 @@ def bench_dense(problem: Problem, dispatcher: Dispatcher, device) -> dict:
     row = {"problem": problem.key, "source": choice.source, "config": str(choice.config),
            "cublas_ms": timed(lambda: torch.matmul(a, b), ref, tol),
            "dispatch_ms": timed(lambda: kernels.matmul(a, b), ref, tol),
-           "autotune_ms": timed(lambda: autotune_matmul(a, b), ref, tol) if problem.dtype != "fp32" else None}
+           "autotune_ms": timed(lambda: autotune_matmul(a, b), ref, tol) if autotune and problem.dtype != "fp32" else None}
     if record and record.triton_config:
         cfg = kernels.Config.from_dict(record.triton_config)
         row["triton_config"] = str(cfg)
@@ -138,6 +138,7 @@ def main() -> int:
     parser.add_argument("--shape", action="append")
     parser.add_argument("--groups", action="store_true", help="also benchmark the grouped GEMM groups")
     parser.add_argument("--no-dense", action="store_true")
+    parser.add_argument("--no-autotune", action="store_true", help="skip the triton.autotune column")
     parser.add_argument("--json", default="bench.json")
     args = parser.parse_args()
     kernels.use_database(args.db)
@@ -154,7 +155,8 @@ def main() -> int:
         for dtype in args.dtype or ["fp16"]:
             for layout in args.layout or ["nn"]:
                 for shape in args.shape or SUITE:
-                    row = bench_dense(Problem.from_key("matmul", f"{dtype}:{layout}:{shape}"), dispatcher, device)
+                    row = bench_dense(Problem.from_key("matmul", f"{dtype}:{layout}:{shape}"), dispatcher, device,
+                                      autotune=not args.no_autotune)
                     dense.append(row)
                     c = row["cublas_ms"]
                     sp = c / row["dispatch_ms"] if c and row["dispatch_ms"] else None

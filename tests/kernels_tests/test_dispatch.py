@@ -1,4 +1,8 @@
-"""Runtime dispatch from a real SQLite file: exact hits, nearest tuned problems, defaults, the cache."""
+"""Runtime dispatch from a real SQLite file: exact hits, nearest tuned problems, defaults, the cache.
+
+The package ships tuned tables (kernels/tables/); on a GPU they would answer for it, so tests of the
+user's database turn them off and the shipped tables have tests of their own.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +15,10 @@ import pytest
 import torch
 
 import kernels
-from db import Record, Store
+from db import Record, Store, load_document
 from kernels import gemm
-from kernels._spec import BASELINE, Config, DeviceInfo, Problem
-from kernels.dispatch import Dispatcher
+from kernels._spec import BASELINE, Config, DeviceInfo, Problem, is_baseline
+from kernels.dispatch import SHIPPED_TABLES, Dispatcher
 from kernels.gemm import MATMUL
 
 _FULL = dict(VARIANT="tiled", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, SPLIT_K=1, NUM_SM=132,
@@ -102,7 +106,7 @@ def test_exact_hit_comes_from_the_database(db_url, put, device) -> None:
 def test_untuned_problem_takes_nearest_tuned_config(db_url, put, device) -> None:
     put("fp16:nn:16x32x64", SPLITK)
     put("fp16:nn:4096x4096x4096", TILED)
-    choice = Dispatcher(db_url).choose(MATMUL, _problem("fp16:nn:17x32x64"), device)
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:17x32x64"), device)
     assert choice.source == "nearest:fp16:nn:16x32x64" and choice.config == SPLITK
 
 
@@ -110,7 +114,7 @@ def test_other_dtype_or_layout_is_never_nearest(db_url, put, device) -> None:
     put("fp32:nn:16x32x32", TILED)
     put("fp16:nt:16x32x32", TILED)
     problem = _problem("fp16:nn:16x32x32")
-    choice = Dispatcher(db_url).choose(MATMUL, problem, device)
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, problem, device)
     assert choice.source == "default" and choice.config == MATMUL.default_config(problem, device)
 
 
@@ -118,7 +122,8 @@ def test_records_of_another_device_are_not_used(db_url, device) -> None:
     other = DeviceInfo("NVIDIA A100-SXM4-80GB", "a100", "8.0", 108, 166_912)
     with Store(db_url) as store:
         store.put(make_record(other, "fp16:nn:16x32x32", TILED))
-    assert Dispatcher(db_url).choose(MATMUL, _problem("fp16:nn:16x32x32"), device).source == "default"
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:16x32x32"), device)
+    assert choice.source == "default"
 
 
 def test_nearest_config_invalid_for_the_problem_is_skipped(db_url, put, device) -> None:
@@ -126,19 +131,19 @@ def test_nearest_config_invalid_for_the_problem_is_skipped(db_url, put, device) 
     put("fp16:nn:64x32x64", TILED)  # farther (distance sqrt 5), valid
     problem = _problem("fp16:nn:16x32x32")
     assert MATMUL.space.violation(WIDE, problem, device) is not None
-    choice = Dispatcher(db_url).choose(MATMUL, problem, device)
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, problem, device)
     assert choice.source == "nearest:fp16:nn:64x32x64" and choice.config == TILED
 
 
 def test_nearest_cublas_winner_is_taken_as_is(db_url, put, device) -> None:
     put("fp16:nn:16x32x64", BASELINE)
-    choice = Dispatcher(db_url).choose(MATMUL, _problem("fp16:nn:16x32x32"), device)
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:16x32x32"), device)
     assert choice.source == "nearest:fp16:nn:16x32x64" and choice.config == BASELINE
 
 
 def test_missing_database_file_gives_defaults_and_creates_nothing(tmp_path, device) -> None:
     missing = tmp_path / "nowhere" / "tuner.db"
-    kernels.use_database(f"sqlite:///{missing}")
+    kernels.use_database(f"sqlite:///{missing}", use_shipped=False)
     problem = _problem("fp16:nn:16x32x32")
     choice = kernels.explain("matmul", problem, device)
     assert choice.source == "default" and choice.config == MATMUL.default_config(problem, device)
@@ -149,7 +154,7 @@ def test_missing_database_file_gives_defaults_and_creates_nothing(tmp_path, devi
 
 def test_matmul_runs_the_stored_config(db_url, put, device, launched, torch_device) -> None:
     put("fp16:nn:16x32x64", SPLITK)
-    kernels.use_database(db_url)
+    kernels.use_database(db_url, use_shipped=False)
     assert kernels.explain("matmul", _problem("fp16:nn:16x32x64"), device).config == SPLITK
     a, b = _inputs(16, 32, 64, torch_device)
     _assert_right(kernels.matmul(a, b), a, b)
@@ -158,7 +163,7 @@ def test_matmul_runs_the_stored_config(db_url, put, device, launched, torch_devi
 
 def test_matmul_of_untuned_problem_runs_the_nearest_config(db_url, put, launched, torch_device) -> None:
     put("fp16:nn:16x32x64", SPLITK)
-    kernels.use_database(db_url)
+    kernels.use_database(db_url, use_shipped=False)
     a, b = _inputs(17, 33, 70, torch_device, seed=1)
     _assert_right(kernels.matmul(a, b), a, b)
     assert launched == [("splitk", SPLITK)]
@@ -166,7 +171,7 @@ def test_matmul_of_untuned_problem_runs_the_nearest_config(db_url, put, launched
 
 def test_matmul_with_cublas_record_runs_torch(db_url, put, launched, torch_device) -> None:
     put("fp16:nn:16x32x64", BASELINE)
-    kernels.use_database(db_url)
+    kernels.use_database(db_url, use_shipped=False)
     a, b = _inputs(16, 32, 64, torch_device, seed=2)
     out = kernels.matmul(a, b)
     assert launched == []
@@ -175,7 +180,7 @@ def test_matmul_with_cublas_record_runs_torch(db_url, put, launched, torch_devic
 
 def test_matmul_writes_into_out(db_url, put, torch_device) -> None:
     put("fp16:nn:16x32x64", TILED)
-    kernels.use_database(db_url)
+    kernels.use_database(db_url, use_shipped=False)
     a, b = _inputs(16, 32, 64, torch_device, seed=3)
     out = torch.full((16, 32), float("nan"), dtype=torch.float16, device=torch_device)
     assert kernels.matmul(a, b, out=out) is out
@@ -183,7 +188,7 @@ def test_matmul_writes_into_out(db_url, put, torch_device) -> None:
 
 
 def test_clear_cache_picks_up_a_newly_stored_record(db_url, put, launched, torch_device, device) -> None:
-    kernels.use_database(db_url)
+    kernels.use_database(db_url, use_shipped=False)
     a, b = _inputs(16, 32, 64, torch_device, seed=4)
     kernels.matmul(a, b)
     default = MATMUL.default_config(_problem("fp16:nn:16x32x64"), device)
@@ -198,7 +203,7 @@ def test_clear_cache_picks_up_a_newly_stored_record(db_url, put, launched, torch
 
 def test_repeated_call_does_not_reload_the_database(db_url, put, launched, torch_device, monkeypatch) -> None:
     put("fp16:nn:16x32x64", SPLITK)
-    kernels.use_database(db_url)
+    kernels.use_database(db_url, use_shipped=False)
     a, b = _inputs(16, 32, 64, torch_device, seed=5)
     kernels.matmul(a, b)
     Path(db_url.removeprefix("sqlite:///")).unlink()
@@ -216,9 +221,9 @@ def test_use_database_switches_tables(tmp_path, device) -> None:
         with Store(url) as store:
             store.put(make_record(device, problem.key, config))
         urls.append(url)
-    kernels.use_database(urls[0])
+    kernels.use_database(urls[0], use_shipped=False)
     assert kernels.explain("matmul", problem, device).config == SPLITK
-    kernels.use_database(urls[1])
+    kernels.use_database(urls[1], use_shipped=False)
     assert kernels.explain("matmul", problem, device).config == TILED
 
 
@@ -258,5 +263,47 @@ def test_validate_record_rejects_dense_key_with_several_gemms(device) -> None:
 def test_unusable_stored_key_does_not_break_dispatch_of_other_problems(db_url, put, device) -> None:
     put("fp16:nn:16x32x32+8x8x8", TILED)  # reachable through a validated import, see above
     put("fp16:nn:16x32x32", SPLITK)
-    choice = Dispatcher(db_url).choose(MATMUL, _problem("fp16:nn:16x32x64"), device)
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:16x32x64"), device)
     assert choice.source == "nearest:fp16:nn:16x32x32"
+
+
+# ---------------------------------------------------------------------------------------- shipped tables
+
+# The per-block shared memory of each GPU family a table is shipped for (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+SHARED_MEMORY = {"h100": 232_448}
+SHIPPED = sorted((Path(kernels.__file__).parent / SHIPPED_TABLES).glob("*.json"))
+
+
+def _device_of(record: Record) -> DeviceInfo:
+    if record.device_alias not in SHARED_MEMORY:
+        pytest.skip(f"add the shared memory of {record.device_alias} to SHARED_MEMORY")
+    return DeviceInfo(record.device_name, record.device_alias, record.compute_capability, record.sm_count,
+                      SHARED_MEMORY[record.device_alias])
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_shipped_table_is_valid_and_its_configs_fit_their_problems(path: Path) -> None:
+    records = load_document(path, validate=kernels.validate_record)
+    assert records
+    for record in records:
+        spec = kernels.get_kernel(record.kernel)
+        problem = Problem.from_key(spec.name, record.problem_key)
+        for values in (record.config, record.triton_config):
+            config = Config.from_dict(values)
+            if not is_baseline(config):
+                assert spec.space.violation(config, problem, _device_of(record)) is None, (record.problem_key, values)
+
+
+@pytest.mark.skipif(not SHIPPED, reason="no shipped tables")
+def test_shipped_table_answers_for_its_gpu_and_the_database_wins(db_url) -> None:
+    record = load_document(SHIPPED[0])[0]
+    device = _device_of(record)
+    problem = Problem.from_key(record.kernel, record.problem_key)
+    spec = kernels.get_kernel(record.kernel)
+    shipped = Dispatcher(db_url).choose(spec, problem, device)
+    assert shipped.source == "shipped" and shipped.config == Config.from_dict(record.config)
+    assert Dispatcher(db_url, use_shipped=False).choose(spec, problem, device).source == "default"
+    with Store(db_url) as store:
+        store.put(make_record(device, record.problem_key, TILED, kernel=record.kernel))
+    mine = Dispatcher(db_url).choose(spec, problem, device)
+    assert mine.source == "database" and mine.config == TILED

@@ -25,7 +25,9 @@ KEY = f"fp16:nn:{SHAPE}"
 
 def _env(tmp_path: Path, interpret: bool = True) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TRITON_INTERPRET")}
-    env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "cache"),
+    # Keep the caller's PYTHONPATH after the project: on the GPU machine optuna comes from there.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONPATH=path, XDG_CACHE_HOME=str(tmp_path / "cache"),
                TUNER_DB=f"sqlite:///{tmp_path / 'unused-default.db'}")
     if interpret:
         env["TRITON_INTERPRET"] = "1"

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 from db import Store
 from kernels import BASELINE, CPU, Config, KernelSpec, Param, Problem, SearchSpace
 from kernels.gemm import MATMUL
-from tuner.search import Budget, Progress, make_sampler, open_study, study_name, tune_problem
+from tuner.search import Budget, NoWinner, Progress, make_sampler, open_study, study_name, tune_problem
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -185,8 +185,9 @@ def test_crashing_candidate_is_recorded_as_failed_and_the_search_goes_on(db_url)
 
 def test_search_where_nothing_runs_raises(db_url) -> None:
     kernel = Kernel(_space(), fails=lambda config: True)
-    with pytest.raises(RuntimeError, match="no config of matmul ran correctly"):
+    with pytest.raises(NoWinner, match="no config of matmul ran correctly") as info:
         _tune(kernel, db_url, trials=3)
+    assert "RuntimeError: boom" in str(info.value), "the message says how the configs failed"
     with Store(db_url) as store:
         assert store.records() == []
 
