@@ -15,15 +15,21 @@ from pathlib import Path
 import pytest
 import torch
 
+import kernels
 from db import Store, StoreError
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+ON_GPU = torch.cuda.is_available()
+# Without a GPU the CLI searches under Triton's interpreter. With one it searches the GPU itself (in-process,
+# no worker pool): the GPU image's numpy (>= 2.4) breaks triton 3.6's interpreter (GPU.md).
+SEARCH_ON = ["--device", "auto", "--workers", "0"] if ON_GPU else ["--device", "cpu"]
+DEVICE = kernels.current_device()
 SHAPE = "16x32x32"
 KEY = f"fp16:nn:{SHAPE}"
 
 
-def _env(tmp_path: Path, interpret: bool = True) -> dict[str, str]:
+def _env(tmp_path: Path, interpret: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TRITON_INTERPRET")}
     # Keep the caller's PYTHONPATH after the project: on the GPU machine optuna comes from there.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -34,7 +40,7 @@ def _env(tmp_path: Path, interpret: bool = True) -> dict[str, str]:
     return env
 
 
-def tuner(tmp_path: Path, *args: str, interpret: bool = True) -> subprocess.CompletedProcess:
+def tuner(tmp_path: Path, *args: str, interpret: bool = not ON_GPU) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=_env(tmp_path, interpret),
                           capture_output=True, text=True, timeout=300)
 
@@ -49,17 +55,17 @@ def tuned(tmp_path_factory) -> tuple[str, subprocess.CompletedProcess, Path]:
     """A database holding one matmul problem tuned on the CPU by the CLI."""
     tmp = tmp_path_factory.mktemp("tuned")
     url = f"sqlite:///{tmp / 'tuned.db'}"
-    done = tuner(tmp, "search", "--device", "cpu", "--shape", SHAPE, "--trials", "3", "--seed", "0", "--db", url)
+    done = tuner(tmp, "search", *SEARCH_ON, "--shape", SHAPE, "--trials", "3", "--seed", "0", "--db", url)
     return url, done, tmp
 
 
 def test_search_stores_a_winner(tuned) -> None:
     url, done, tmp = tuned
     assert done.returncode == 0, done.stderr
-    assert "tuning 1 matmul problem(s) on cpu (cpu)" in done.stdout
+    assert f"tuning 1 matmul problem(s) on {DEVICE.name} ({DEVICE.alias})" in done.stdout
     assert "trial 3/3" in done.stdout and "winner: VARIANT:" in done.stdout
     [record] = _records(url)
-    assert (record.device_name, record.kernel, record.problem_key, record.trials) == ("cpu", "matmul", KEY, 3)
+    assert (record.device_name, record.kernel, record.problem_key, record.trials) == (DEVICE.name, "matmul", KEY, 3)
     assert not (tmp / "unused-default.db").exists(), "--db must win over TUNER_DB"
 
 
@@ -68,7 +74,7 @@ def test_list_export_and_import_round_trip(tuned, tmp_path, capsys) -> None:
     assert done.returncode == 0, done.stderr
     listed = tuner(tmp_path, "list", "--db", url)
     assert listed.returncode == 0, listed.stderr
-    assert KEY in listed.stdout and "cpu" in listed.stdout and "matmul" in listed.stdout
+    assert KEY in listed.stdout and DEVICE.alias in listed.stdout and "matmul" in listed.stdout
 
     exported = tmp_path / "records.json"
     out = tuner(tmp_path, "export", "--db", url, "-o", str(exported))
@@ -116,7 +122,7 @@ def test_import_of_broken_file_exits_2_and_leaves_db_unchanged(tuned, tmp_path, 
 def test_grouped_search_tunes_a_group(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'grouped.db'}"
     group = "16x32x32+8x16x32"
-    done = tuner(tmp_path, "search", "--kernel", "grouped_matmul", "--device", "cpu", "--shape", group,
+    done = tuner(tmp_path, "search", "--kernel", "grouped_matmul", *SEARCH_ON, "--shape", group,
                  "--trials", "2", "--seed", "0", "--db", url)
     assert done.returncode == 0, done.stderr
     [record] = _records(url)
@@ -124,7 +130,7 @@ def test_grouped_search_tunes_a_group(tmp_path) -> None:
                                                                   ((16, 32, 32), (8, 16, 32)))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the test pretends is missing")
+@pytest.mark.skipif(ON_GPU, reason="this machine has the GPU the test pretends is missing")
 def test_gpu_device_without_gpu_exits_2_pointing_to_device_cpu(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'never.db'}"
     done = tuner(tmp_path, "search", "--device", "h100", "--shape", SHAPE, "--trials", "1", "--db", url,
