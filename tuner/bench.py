@@ -28,6 +28,9 @@ TOLERANCE = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 5e-3}
 
 Timer = Callable[[Callable[[], Any]], float]
 
+# Timings per side when the winner meets cuBLAS; three make a median that one outlier cannot move.
+HEAD_TO_HEAD_ROUNDS = 3
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -150,6 +153,19 @@ class Bench:
         inputs = self._fresh_inputs()
         self.spec.baseline(inputs)
         return self.timer(lambda: self.spec.baseline(inputs))
+
+    def head_to_head(self, config: Config, rounds: int = HEAD_TO_HEAD_ROUNDS) -> tuple[float, float]:
+        """(config ms, baseline ms): medians of alternating timings on the same inputs.
+
+        The search's time for the winner was taken minutes earlier; deciding between it and cuBLAS on
+        timings taken side by side removes the drift between those moments from the decision.
+        """
+        inputs = self._fresh_inputs()
+        ours, theirs = [], []
+        for _ in range(rounds):
+            ours.append(self.timer(lambda: self.spec.execute(config, inputs)))
+            theirs.append(self.timer(lambda: self.spec.baseline(inputs)))
+        return sorted(ours)[rounds // 2], sorted(theirs)[rounds // 2]
 
 
 

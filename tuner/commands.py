@@ -120,13 +120,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     rows = [("device", "kernel", "problem", "ms", "TFLOP/s", "cuBLAS ms", "speed-up", "trials", "config")]
     for r in records:
-        rows.append((r.device_alias, r.kernel, r.problem_key, f"{r.time_ms:.4f}", f"{r.tflops:.1f}",
+        rows.append((r.device_alias, r.kernel, _short_key(r.problem_key, len(r.shapes)), f"{r.time_ms:.4f}", f"{r.tflops:.1f}",
                      f"{r.cublas_ms:.4f}" if r.cublas_ms else "-", f"{r.speedup:.2f}x" if r.speedup else "-",
                      str(r.trials), str(kernels.Config.from_dict(r.config))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     return 0
+
+
+def _short_key(key: str, gemms: int, width: int = 48) -> str:
+    """Grouped keys list every GEMM; a table row shows the start and the count."""
+    return key if len(key) <= width else f"{key[:width - 16]}... ({gemms} GEMMs)"
 
 
 def cmd_export(args: argparse.Namespace) -> int:
