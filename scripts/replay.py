@@ -1,0 +1,385 @@
+"""Replay GPU sweeps as the objective: how many trials each sampler needs to near the sweep's best.
+
+A sweep (``scripts/sweep.py``) times every valid config of a (sub)space for one problem. Replaying
+it runs the real search loop (``tuner.search._Search``: ask, canonicalise, prune invalid configs
+without counting them, answer repeats from the study and count them) with a bench that looks each
+config's time up in the sweep instead of running it, so a sampler can be scored over many seeds in
+minutes and without a GPU. Optuna samples exactly the sweep's subspace: the kernel's space with
+VARIANT limited to the swept variant and the parameters that variant ignores fixed.
+
+    PYTHONPATH=. python scripts/replay.py --sweeps 'benchmarks/sweeps/*.json' --json replay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import glob
+import json
+import logging
+import math
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+import kernels
+from kernels import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace
+from tuner.bench import Measurement
+from tuner.search import Budget, Progress, _Search, make_sampler, params_of, study_name
+
+# Sweeps name their GPU; the constraints need its limits (scripts/sweep.py does not record them).
+DEVICES = {d.name: d for d in (
+    DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448),
+)}
+
+# The issue's targets: fractions of the sweep's best throughput (1 / time).
+TARGETS = (0.98, 0.995)
+
+SAMPLERS = ("random", "tpe", "tpe-independent", "gp", "cmaes")
+MODES = ("cold", "seeded")
+
+# Repeats in a row after which a what-if search with free repeats gives up (the sampler has converged).
+MAX_REPEATS_IN_A_ROW = 200
+
+# Reason given to configs the sweep did not time (an incomplete sweep); pruned, not counted.
+NOT_SWEPT = "not in the sweep"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One sweep file: the problem, the subspace it covers, and each canonical config's result."""
+
+    path: str
+    spec: KernelSpec  # the kernel's spec with its space narrowed to the sweep's subspace
+    problem: Problem
+    device: DeviceInfo
+    variant: str | None
+    results: dict[Config, Measurement]
+    baseline_ms: float
+    meta: dict
+    stale: int  # rows the kernel's current space rules out (constraints changed since the sweep)
+
+    @property
+    def best(self) -> tuple[Config, float]:
+        ok = [(c, m.time_ms) for c, m in self.results.items() if m.ok]
+        return min(ok, key=lambda pair: pair[1])
+
+
+def variant_space(space: SearchSpace, variant: str | None) -> SearchSpace:
+    """``space`` with VARIANT limited to ``variant`` and the parameters that variant ignores fixed."""
+    if variant is None:
+        return space
+    fixed = {"VARIANT": variant, **space.ignored.get("VARIANT", {}).get(variant, {})}
+    params = tuple(dataclasses.replace(p, values=(fixed[p.name],)) if p.name in fixed else p
+                   for p in space.params)
+    return dataclasses.replace(space, params=params)
+
+
+def _swept_only(swept: frozenset[Config]):
+    def constraint(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+        return None if config in swept else NOT_SWEPT
+    return constraint
+
+
+@functools.lru_cache(maxsize=None)
+def load_sweep(path: str) -> Sweep:
+    with open(path) as f:
+        doc = json.load(f)
+    spec = kernels.get_kernel(doc["kernel"])
+    problem = Problem.from_key(spec.name, doc["problem"])
+    if doc["device"] not in DEVICES:
+        raise ValueError(f"{path}: device {doc['device']!r} is unknown to replay; add its DeviceInfo to DEVICES "
+                         f"(known: {', '.join(DEVICES)})")
+    device = DEVICES[doc["device"]]
+    space = variant_space(spec.space, doc.get("variant"))
+    results: dict[Config, Measurement] = {}
+    stale = 0
+    for row in doc["rows"]:
+        config = space.canonical(Config.from_dict(row["config"]))
+        if space.violation(config, problem, device):
+            stale += 1
+            continue
+        ok = row["status"] == "ok" and row["time_ms"] is not None
+        results[config] = (Measurement("ok", time_ms=float(row["time_ms"])) if ok
+                           else Measurement(row["status"], reason=row.get("reason") or ""))
+    if not any(m.ok for m in results.values()):
+        raise ValueError(f"{path}: no config in the sweep ran correctly; nothing to replay")
+    space = dataclasses.replace(space, constraints=(*space.constraints, _swept_only(frozenset(results))))
+    meta = {k: v for k, v in doc.items() if k != "rows"}
+    return Sweep(path, dataclasses.replace(spec, space=space), problem, device, doc.get("variant"), results,
+                 float(doc["baseline_ms"]), meta, stale)
+
+
+class SweepBench:
+    """Stands in for tuner.bench.Bench: a config's measurement is the sweep's."""
+
+    def __init__(self, sweep: Sweep) -> None:
+        self.problem, self.device, self.sweep = sweep.problem, sweep.device, sweep
+        self.measured = 0
+
+    def measure(self, config: Config) -> Measurement:
+        self.measured += 1
+        return self.sweep.results[config]
+
+
+class RepeatsFree(_Search):
+    """What-if: a repeat answered from the study costs no budget; only distinct configs count.
+
+    Stops after ``MAX_REPEATS_IN_A_ROW`` repeats in a row, where a sampler has nothing new to offer.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.repeats_in_a_row = 0
+        self._seen = 0
+
+    def measured(self) -> int:
+        return self.budget.trials if self.repeats_in_a_row >= MAX_REPEATS_IN_A_ROW else self.bench.measured
+
+    def _finish(self, trial: optuna.Trial, measurement: Measurement) -> None:
+        self.repeats_in_a_row = self.repeats_in_a_row + 1 if self.bench.measured == self._seen else 0
+        self._seen = self.bench.measured
+        super()._finish(trial, measurement)
+
+
+class BatchOnly:
+    """Stands in for tuner.workers.CheckPool: asks ``workers`` configs at a time, prechecks nothing."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def check(self, problem: Problem, configs: list[Config]) -> dict:
+        return {}
+
+
+def sampler_for(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe-independent":
+        # The search's TPE settings but one density per parameter.
+        return optuna.samplers.TPESampler(seed=seed, multivariate=False, constant_liar=True, n_startup_trials=10)
+    return make_sampler(name, seed)
+
+
+def warm_configs(sweep: Sweep) -> list[Config]:
+    """What tuner.search.warm_start_configs enqueues with an empty database and no shipped table:
+    the kernel's default and its seeds, kept where they lie in the swept subspace."""
+    spec = kernels.get_kernel(sweep.spec.name)
+    chosen: list[Config] = []
+    for config in [spec.default_config(sweep.problem, sweep.device)] + spec.seeds(sweep.problem, sweep.device):
+        config = sweep.spec.space.canonical(config)
+        if config not in chosen and sweep.spec.space.violation(config, sweep.problem, sweep.device) is None:
+            chosen.append(config)
+    return chosen
+
+
+@dataclass(frozen=True)
+class Run:
+    """One replayed search: trials (1-based, counted ones only) to reach each target, budget + 1 if never."""
+
+    sampler: str
+    mode: str
+    seed: int
+    to_target: tuple[int, ...]
+    best_fraction: float  # best throughput found / the sweep's best
+    measured: int  # distinct configs looked up
+    repeats: int  # trials answered from the study (counted unless --free-repeats)
+    pruned_invalid: int
+    pruned_not_swept: int
+    counted: int  # trials the budget counted; under the budget when the search gave up early
+    seconds: float
+
+
+def replay(path: str, sampler: str, mode: str, seed: int, budget: int, batch: int = 1,
+           free_repeats: bool = False) -> Run:
+    """One search of ``budget`` counted trials against the sweep at ``path``."""
+    start = time.perf_counter()
+    sweep = load_sweep(path)
+    best_ms = sweep.best[1]
+    study = optuna.create_study(study_name=study_name(sweep.device, sweep.problem), direction="minimize",
+                                sampler=sampler_for(sampler, seed))
+    if mode == "seeded":
+        for config in warm_configs(sweep):
+            study.enqueue_trial(params_of(config, sweep.spec.space), skip_if_exists=True)
+    to_target = [budget + 1] * len(TARGETS)
+
+    def on_trial(progress: Progress) -> None:
+        for i, fraction in enumerate(TARGETS):
+            if progress.best_ms is not None and best_ms / progress.best_ms >= fraction:
+                to_target[i] = min(to_target[i], progress.trial)
+
+    bench = SweepBench(sweep)
+    pool = BatchOnly(batch) if batch > 1 else None
+    search = RepeatsFree if free_repeats else _Search
+    search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial).run()
+    pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+    not_swept = sum(t.user_attrs.get("reason") == NOT_SWEPT for t in pruned)
+    told = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+    done = [t.value for t in told if t.state == TrialState.COMPLETE]
+    return Run(sampler, mode, seed, tuple(to_target), best_ms / min(done) if done else 0.0, bench.measured,
+               len(told) - bench.measured, len(pruned) - not_swept, not_swept,
+               bench.measured if free_repeats else len(told),
+               time.perf_counter() - start)
+
+
+def _init_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # the GP sampler uses torch; one thread per worker process
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def sweep_stats(sweep: Sweep) -> dict:
+    config, best_ms = sweep.best
+    ok = [m.time_ms for m in sweep.results.values() if m.ok]
+    within = {f"{f:g}": sum(best_ms / t >= f for t in ok) for f in TARGETS}
+    return {"path": sweep.path, "kernel": sweep.spec.name, "problem": sweep.problem.key, "variant": sweep.variant,
+            "device": sweep.device.name, "date": sweep.meta.get("date"), "torch": sweep.meta.get("torch"),
+            "triton": sweep.meta.get("triton"), "space_size": sweep.meta.get("space_size"),
+            "swept": sweep.meta.get("swept"), "complete": sweep.meta.get("complete"), "replayable": len(sweep.results),
+            "stale_rows": sweep.stale, "ok": len(ok), "best_ms": best_ms, "best_config": str(config),
+            "cublas_ms": sweep.baseline_ms, "configs_within": within,
+            "warm_configs": [str(c) for c in warm_configs(sweep)]}
+
+
+def _median(values: Sequence[int], budget: int) -> str:
+    middle = statistics.median(values)
+    return f">{budget}" if middle > budget else f"{middle:g}"
+
+
+def summarize(runs: Sequence[Run], budget: int) -> dict:
+    """Per (sampler, mode): median trials to each target, share of runs reaching it within the budget."""
+    out = {}
+    for key in dict.fromkeys((r.sampler, r.mode) for r in runs):
+        group = [r for r in runs if (r.sampler, r.mode) == key]
+        row = {"runs": len(group), "seconds_per_run": statistics.mean(r.seconds for r in group),
+               "median_best_fraction": statistics.median(r.best_fraction for r in group),
+               "mean_repeats": statistics.mean(r.repeats for r in group),
+               "stopped_early": sum(r.counted < budget for r in group),
+               "mean_pruned_invalid": statistics.mean(r.pruned_invalid for r in group),
+               "pruned_not_swept": sum(r.pruned_not_swept for r in group)}
+        for i, fraction in enumerate(TARGETS):
+            trials = [r.to_target[i] for r in group]
+            row[f"median_to_{fraction:g}"] = _median(trials, budget)
+            row[f"reached_{fraction:g}"] = sum(t <= budget for t in trials) / len(trials)
+            row[f"quartiles_to_{fraction:g}"] = [float(q) for q in statistics.quantiles(
+                trials, n=4, method="inclusive")] if len(trials) > 1 else [float(trials[0])] * 3
+        out[f"{key[0]}/{key[1]}"] = row
+    return out
+
+
+def markdown_table(summary: dict, budget: int) -> str:
+    lines = ["| sampler | mode | runs | trials to 98%: median [quartiles] | reached 98% "
+             "| trials to 99.5%: median [quartiles] | reached 99.5% | best found (median) | repeats/run "
+             "| pruned/run | gave up early | s/run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, row in summary.items():
+        sampler, mode = key.split("/")
+        cells = [sampler, mode, str(row["runs"])]
+        for fraction in TARGETS:
+            q1, _, q3 = row[f"quartiles_to_{fraction:g}"]
+            iqr = ", ".join(f">{budget}" if q > budget else f"{q:g}" for q in (q1, q3))
+            cells += [f"{row[f'median_to_{fraction:g}']} [{iqr}]", f"{row[f'reached_{fraction:g}']:.0%}"]
+        cells += [f"{row['median_best_fraction']:.1%}", f"{row['mean_repeats']:.1f}",
+                  f"{row['mean_pruned_invalid']:.0f}", str(row["stopped_early"]), f"{row['seconds_per_run']:.1f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _print_stats(stats: dict) -> None:
+    within = ", ".join(f"{n} within {float(f):.1%}" for f, n in stats["configs_within"].items())
+    print(f"## {stats['kernel']} {stats['problem']} variant={stats['variant']} on {stats['device']} "
+          f"({stats['date']}, torch {stats['torch']}, triton {stats['triton']})")
+    print(f"swept {stats['swept']}/{stats['space_size']} configs (complete: {stats['complete']}), "
+          f"{stats['replayable']} replayable, {stats['stale_rows']} ruled out by today's constraints, "
+          f"{stats['ok']} ok")
+    print(f"best {stats['best_ms'] * 1e3:.2f} us: {stats['best_config']}")
+    print(f"cuBLAS {stats['cublas_ms'] * 1e3:.2f} us; configs at the targets: {within}")
+    print(f"seeded mode enqueues {len(stats['warm_configs'])} warm configs first")
+
+
+def _tasks(paths: Iterable[str], samplers: Sequence[str], modes: Sequence[str], seeds: dict[str, int],
+           budget: int, batch: int, free_repeats: bool) -> list[tuple]:
+    return [(path, sampler, mode, seed, budget, batch, free_repeats) for path in paths for sampler in samplers
+            for mode in modes for seed in range(seeds[sampler])]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sweeps", default="benchmarks/sweeps/*.json", help="glob of sweep JSON files")
+    parser.add_argument("--seeds", type=int, default=20, help="sampler seeds per sampler and mode (default 20)")
+    parser.add_argument("--gp-seeds", type=int, default=10,
+                        help="seeds for the GP sampler, which costs ~0.1-0.3 s a trial (default 10)")
+    parser.add_argument("--budget", type=int, default=100, help="counted trials per search (default 100)")
+    parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of {', '.join(SAMPLERS)}")
+    parser.add_argument("--modes", default=",".join(MODES), help="cold (sampler only), seeded (warm configs first)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="configs asked before any is told, as with --workers N on the GPU box (default 1)")
+    parser.add_argument("--free-repeats", action="store_true",
+                        help="what-if: repeats answered from the study cost no budget (search.py counts them)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
+    parser.add_argument("--json", default=None, help="write the stats, per-run results and summary here")
+    args = parser.parse_args(argv)
+    samplers = [s for s in args.samplers.split(",") if s]
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(samplers) - set(SAMPLERS)) + sorted(set(modes) - set(MODES))
+    paths = sorted(glob.glob(args.sweeps))
+    if unknown or not paths:
+        parser.error(f"unknown sampler/mode {', '.join(unknown)}" if unknown else f"no sweep matches {args.sweeps}")
+    seeds = {s: args.gp_seeds if s == "gp" else args.seeds for s in samplers}
+    start = time.perf_counter()
+    report: dict = {"command": " ".join(sys.argv), "budget": args.budget, "batch": args.batch,
+                    "free_repeats": args.free_repeats,
+                    "targets": TARGETS, "seeds": seeds, "sweeps": []}
+    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.batch, args.free_repeats)
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=_init_worker) as pool:
+            runs = list(pool.map(replay, *zip(*tasks)))
+    else:
+        runs = [replay(*task) for task in tasks]
+    for path in paths:
+        stats = sweep_stats(load_sweep(path))
+        mine = [r for r, task in zip(runs, tasks) if task[0] == path]
+        summary = summarize(mine, args.budget)
+        _print_stats(stats)
+        not_swept = sum(r.pruned_not_swept for r in mine)
+        if not_swept:
+            print(f"NOTE: the sweep is incomplete: {not_swept} valid samples were not in it (pruned, not counted)")
+        print(f"\nbudget {args.budget} counted trials, batch {args.batch}, repeats "
+              f"{'free' if args.free_repeats else 'counted'}; seeds: "
+              + ", ".join(f"{s} {n}" for s, n in seeds.items()))
+        print(markdown_table(summary, args.budget) + "\n")
+        report["sweeps"].append({"stats": stats, "summary": summary,
+                                 "runs": [dataclasses.asdict(r) for r in mine]})
+    if len(paths) > 1:
+        print("## all sweeps: medians of the per-problem medians")
+        for key in report["sweeps"][0]["summary"]:
+            medians = [[s["summary"][key][f"median_to_{f:g}"] for s in report["sweeps"]] for f in TARGETS]
+            print(f"{key}: " + ", ".join(f"to {f:.1%}: {_median_text(m, args.budget)}"
+                                         for f, m in zip(TARGETS, medians)))
+    wall = time.perf_counter() - start
+    report["wall_seconds"] = wall
+    print(f"{len(runs)} replays in {wall:.0f} s with {args.jobs} processes")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def _median_text(medians: Sequence[str], budget: int) -> str:
+    values = [math.inf if m.startswith(">") else float(m) for m in medians]
+    middle = statistics.median(values)
+    return f">{budget}" if middle > budget else f"{middle:g}"
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    sys.exit(main())
