@@ -76,8 +76,10 @@ class Dispatcher:
             return Choice(exact[0], exact[1])
         best: tuple[float, str, Config] | None = None
         for key, (config, _) in table.items():
-            other = Problem.from_key(spec.name, key)
-            d = spec.distance(problem, other)
+            try:
+                d = spec.distance(problem, Problem.from_key(spec.name, key))
+            except ValueError:  # a key this kernel cannot compare with: never the nearest
+                continue
             if math.isfinite(d) and (best is None or d < best[0]) and self._fits(spec, config, problem, device):
                 best = (d, key, config)
         if best is not None:

@@ -356,7 +356,7 @@ def _tma_ready(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
     size = a.element_size()
     b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
     rows = (a.stride(0), b.stride(1) if b_kmajor else b.stride(0), c.stride(0))
-    return (a.stride(1) == 1 and (b_kmajor or b.stride(1) == 1)
+    return (a.stride(1) == 1 and (b_kmajor or b.stride(1) == 1) and c.stride(1) == 1
             and all((r * size) % 16 == 0 for r in rows)
             and all(t.data_ptr() % 16 == 0 for t in (a, b, c)))
 
@@ -394,6 +394,19 @@ def matmul_with(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Ten
     return _run_checked(config, a, b, out)
 
 
+def _checked_out(out: torch.Tensor, a: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    """``out`` itself if the kernel may write C into it, else the error that says why not."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch tensor; got {type(out).__name__}")
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"out has shape {tuple(out.shape)} but C is ({m}, {n}); pass an out of that shape or none")
+    if out.dtype != a.dtype:
+        raise TypeError(f"out is {out.dtype} but the operands are {a.dtype}; C is written in the operands' dtype")
+    if out.device != a.device:
+        raise ValueError(f"out is on {out.device} but the operands are on {a.device}")
+    return out
+
+
 def _run_checked(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """The launcher behind matmul_with and the dispatcher, for operands already checked."""
     m, k = a.shape
@@ -401,7 +414,7 @@ def _run_checked(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Te
     variant = config.get("VARIANT", "tiled")
     if variant == "cublas":
         return torch.matmul(a, b, out=out)
-    c = out if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
+    c = _checked_out(out, a, m, n) if out is not None else torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:
         return c
     if k == 0:
@@ -486,6 +499,16 @@ def default_config(problem: Problem, device: DeviceInfo) -> Config:
     config = Config.make(VARIANT="tiled", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=8,
                          SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
                          num_warps=4 if bm * bn <= 64 * 128 else 8, num_stages=stages)
+    # Smaller GPUs (A10, L4: ~99 KiB per block) need a shallower pipeline, then smaller tiles.
+    while _fits_shared_memory(config, problem, device):
+        if config.num_stages > 2:
+            config = config.replace(num_stages=config.num_stages - 1)
+        elif config["BLOCK_K"] > 32:
+            config = config.replace(BLOCK_K=config["BLOCK_K"] // 2)
+        elif max(config["BLOCK_M"], config["BLOCK_N"]) > 32:
+            config = config.replace(BLOCK_M=max(16, config["BLOCK_M"] // 2), BLOCK_N=max(32, config["BLOCK_N"] // 2))
+        else:
+            break  # 32x32x32 in two stages fits every GPU Triton supports
     return SPACE.canonical(config)
 
 
@@ -512,7 +535,7 @@ def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
 
 
 def distance(p: Problem, q: Problem) -> float:
-    if p.dtype != q.dtype or p.layout != q.layout:
+    if p.dtype != q.dtype or p.layout != q.layout or len(p.shapes) != 1 or len(q.shapes) != 1:
         return math.inf
     return log_distance(p.shape, q.shape)
 

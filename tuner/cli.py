@@ -12,6 +12,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from db import StoreError  # torch- and triton-free: safe before the interpreter switch
+
 log = logging.getLogger("tuner")
 
 class UserError(Exception):
@@ -95,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OSError, StoreError) as exc:  # each names the bad value and the way out
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

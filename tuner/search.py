@@ -41,6 +41,9 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 # How much faster than the baseline a Triton config must be to be chosen over it (see _winner_record).
 WIN_MARGIN = 0.02
 
+# Repeats of measured configs in a row after which the sampler counts as converged.
+MAX_REPEATS_IN_A_ROW = 100
+
 # Invalid samples in a row after which a search gives up: the space leaves almost nothing valid.
 MAX_INVALID_IN_A_ROW = 500
 
@@ -104,9 +107,13 @@ def open_study(storage: optuna.storages.BaseStorage, device: DeviceInfo, problem
 
 
 def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """Trials that cost a measurement (complete or failed), the ones the budget counts."""
+    """Trials that cost a measurement (complete or failed), the ones the budget counts.
+
+    A repeat of a config measured before is told to the sampler (so it learns the point is known)
+    but costs nothing and is not counted: ``--trials N`` means N distinct configs measured.
+    """
     states = (TrialState.COMPLETE, TrialState.FAIL)
-    return study.get_trials(deepcopy=False, states=states)
+    return [t for t in study.get_trials(deepcopy=False, states=states) if not t.user_attrs.get("repeat")]
 
 
 def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
@@ -198,6 +205,7 @@ class _Search:
         self.pool, self.on_trial = pool, on_trial
         self.batch_size = pool.workers if pool else 1
         self.invalid_in_a_row = 0
+        self.repeats_in_a_row = 0
 
     def measured(self) -> int:
         return len(measured_trials(self.study))
@@ -212,12 +220,16 @@ class _Search:
                 log.warning("%s: %d invalid samples in a row; the space leaves little valid, stopping",
                             self.bench.problem, self.invalid_in_a_row)
                 return
+            elif self.repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+                log.info("%s: the sampler proposed only measured configs %d times in a row; it has converged",
+                         self.bench.problem, self.repeats_in_a_row)
+                return
 
     def _ask_batch(self) -> dict[Config, list[optuna.Trial]]:
         """Up to batch_size distinct new configs; invalid samples are pruned at once, repeats answered."""
         batch: dict[Config, list[optuna.Trial]] = {}
-        while (self.measured() + sum(map(len, batch.values())) < self.budget.trials
-               and len(batch) < self.batch_size and self.invalid_in_a_row < MAX_INVALID_IN_A_ROW):
+        while (self.measured() + len(batch) < self.budget.trials and len(batch) < self.batch_size
+               and self.invalid_in_a_row < MAX_INVALID_IN_A_ROW and self.repeats_in_a_row < MAX_REPEATS_IN_A_ROW):
             trial = self.study.ask()
             config = self.spec.space.canonical(suggest_config(trial, self.spec.space))
             trial.set_user_attr("config", str(config))
@@ -230,10 +242,15 @@ class _Search:
                 continue
             self.invalid_in_a_row = 0
             earlier = _earlier_result(self.study, str(config))
-            if earlier is not None:
-                self._finish(trial, earlier)
+            if earlier is not None or config in batch:
+                self.repeats_in_a_row += 1
+                trial.set_user_attr("repeat", True)
+                if earlier is not None:
+                    self._finish(trial, earlier)
+                    continue
             else:
-                batch.setdefault(config, []).append(trial)
+                self.repeats_in_a_row = 0
+            batch.setdefault(config, []).append(trial)
         return batch
 
     def _measure_batch(self, batch: dict[Config, list[optuna.Trial]]) -> None:
@@ -249,7 +266,7 @@ class _Search:
 
     def _finish(self, trial: optuna.Trial, measurement: Measurement) -> None:
         _tell(self.study, trial, measurement)
-        if self.on_trial:
+        if self.on_trial and not trial.user_attrs.get("repeat"):
             best = best_triton(self.study, self.spec)
             self.on_trial(Progress(self.bench.problem, self.measured(), self.budget.trials,
                                    measurement.status, best[1] if best else None))

@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -25,6 +26,10 @@ log = logging.getLogger(__name__)
 # A compile plus one check of the largest public-suite shape takes under 20 s on the H100 box
 # (triton 3.6); a candidate still running after this is treated as hung.
 CANDIDATE_TIMEOUT_S = 120.0
+
+# A freshly spawned worker imports torch and triton before its first candidate (3-5 s here); that is
+# not the candidate's time, so a new pool's first deadline is this much later.
+WORKER_START_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -88,10 +93,12 @@ class CheckPool:
         self.workers = workers or default_workers()
         self.timeout_s = timeout_s
         self._pool: ProcessPoolExecutor | None = None
+        self._starting = False
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            self._starting = True
         return self._pool
 
     def _rebuild(self) -> None:
@@ -105,18 +112,21 @@ class CheckPool:
         """Precheck every config; crashes and hangs are confined to the candidates that caused them."""
         results: dict[Config, Precheck] = {}
         suspects = self._run_batch(problem, configs, seed, results)
-        for config in suspects:  # one at a time, so a crash names its culprit, not its bystanders
+        for config in suspects:  # one at a time, so a crash or hang names its culprit, not its bystanders
             self._run_batch(problem, [config], seed, results)
         return results
 
     def _run_batch(self, problem: Problem, configs: list[Config], seed: int,
                    results: dict[Config, Precheck]) -> list[Config]:
-        """Fill ``results``; return the configs that were in flight when a worker died (unless alone)."""
+        """Fill ``results``; return the configs caught in a worker's death or a hang (unless alone)."""
         pool = self._executor()
         futures: dict[Config, Future] = {
             c: pool.submit(_check_in_worker, problem.kernel, problem.key, str(c), seed + i)
             for i, c in enumerate(configs)}
         deadline = time.monotonic() + self.timeout_s * math.ceil(len(configs) / self.workers)
+        if self._starting:
+            deadline += WORKER_START_S
+            self._starting = False
         suspects: list[Config] = []
         broken = False
         for config, future in futures.items():
@@ -128,9 +138,13 @@ class CheckPool:
                     results[config] = Precheck("crashed", reason="the worker process died running this config")
                 else:
                     suspects.append(config)
-            except TimeoutError:
+            except FutureTimeout:
                 broken = True
-                results[config] = Precheck("timeout", reason=f"no result within {self.timeout_s:.0f} s")
+                # Hung, or only queued behind a hung one: alone, it gets a fair chance of its own.
+                if len(configs) == 1:
+                    results[config] = Precheck("timeout", reason=f"no result within {self.timeout_s:.0f} s")
+                else:
+                    suspects.append(config)
         if broken:
             self._rebuild()
         return suspects

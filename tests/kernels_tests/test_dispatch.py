@@ -250,16 +250,11 @@ def test_validate_record_rejects_dtype_the_kernel_does_not_take(device) -> None:
         kernels.validate_record(record)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: validate_record accepts a dense matmul key with several GEMMs "
-                                       "('+'); once imported, dispatch of any untuned problem of that dtype and "
-                                       "layout raises in gemm.distance (Problem.shape)")
 def test_validate_record_rejects_dense_key_with_several_gemms(device) -> None:
     with pytest.raises(ValueError):
         kernels.validate_record(make_record(device, "fp16:nn:16x32x32+8x8x8", TILED))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Dispatcher.choose calls spec.distance on every stored key; "
-                                       "gemm.distance raises on a multi-GEMM matmul key instead of skipping it")
 def test_unusable_stored_key_does_not_break_dispatch_of_other_problems(db_url, put, device) -> None:
     put("fp16:nn:16x32x32+8x8x8", TILED)  # reachable through a validated import, see above
     put("fp16:nn:16x32x32", SPLITK)

@@ -219,9 +219,7 @@ def test_layout_letter_of_transposed_views() -> None:
 
 @pytest.mark.parametrize("variant", [
     "tiled", "splitk2",
-    pytest.param("tma", marks=pytest.mark.xfail(strict=True, reason=(
-        "BUG: gemm._tma_ready checks c.stride(0) but not c.stride(1) == 1; the C descriptor assumes unit "
-        "column stride, so out=x[:, ::2] gets the wrong elements written"))),
+    "tma",
 ])
 def test_out_with_strided_columns_gets_the_result(variant, torch_device) -> None:
     a, b = _rand(32, 48, "fp16", torch_device, 21), _rand(48, 64, "fp16", torch_device, 22)
@@ -230,8 +228,6 @@ def test_out_with_strided_columns_gets_the_result(variant, torch_device) -> None
     _assert_matmul(out, a, b, "fp16")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: matmul_with/kernels.matmul never check out's shape: the kernel "
-                                       "writes M x N elements through out's strides, past a smaller out")
 def test_out_of_the_wrong_shape_is_rejected(torch_device) -> None:
     a, b = _rand(32, 48, "fp16", torch_device, 23), _rand(48, 64, "fp16", torch_device, 24)
     # A view into a larger buffer, so that the writes past it stay inside memory this test owns.
@@ -241,8 +237,6 @@ def test_out_of_the_wrong_shape_is_rejected(torch_device) -> None:
     assert int(buffer[4:].count_nonzero()) == 0, "the kernel wrote past out"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: matmul_with/kernels.matmul accept an out of another dtype "
-                                       "(torch.matmul raises); the result silently changes dtype")
 def test_out_of_another_dtype_is_rejected(torch_device) -> None:
     a, b = _rand(32, 48, "fp16", torch_device, 25), _rand(48, 64, "fp16", torch_device, 26)
     with pytest.raises(TypeError, match="out"):

@@ -279,8 +279,6 @@ def test_gemm_default_config_is_valid_for_random_problems(device: DeviceInfo) ->
         assert SPACE.canonical(config) == config
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: gemm.default_config ignores device.shared_memory_bytes: fp32 "
-                                       "128x128x64 with 2 stages needs 128 KiB, over the ~99 KiB of A10/L4-class GPUs")
 def test_gemm_default_config_fits_shared_memory_of_a10_class_gpus() -> None:
     problem = _gemm(4096, 4096, 4096, dtype="fp32")
     assert SPACE.violation(default_config(problem, A10), problem, A10) is None

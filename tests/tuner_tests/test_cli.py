@@ -167,9 +167,6 @@ def test_devices_lists_what_this_process_sees(capsys) -> None:
         assert "no GPU visible" in out and "--device cpu" in out
 
 
-@pytest.mark.xfail(strict=True, raises=StoreError,
-                   reason="BUG: cli.main does not catch StoreError: a conflict under --on-conflict error prints "
-                          "a traceback and exits 1, not 'error: ...' and 2")
 def test_import_conflict_under_on_conflict_error_exits_2(tuned, tmp_path, capsys) -> None:
     url, done, _ = tuned
     assert done.returncode == 0, done.stderr
@@ -182,9 +179,6 @@ def test_import_conflict_under_on_conflict_error_exits_2(tuned, tmp_path, capsys
     assert _records(url) == before
 
 
-@pytest.mark.xfail(strict=True, raises=FileNotFoundError,
-                   reason="BUG: cli.main does not catch FileNotFoundError: importing a missing file prints a "
-                          "traceback and exits 1, though io._read words the message for the user")
 def test_import_of_missing_file_exits_2(tmp_path, capsys) -> None:
     assert main(["import", str(tmp_path / "missing.json"), "--db", f"sqlite:///{tmp_path / 'x.db'}"]) == 2
     assert "does not exist" in capsys.readouterr().err
