@@ -1,0 +1,148 @@
+"""The dense GEMM's Triton code: tile order, the tiled, split-K and persistent TMA kernels.
+
+The search space, constraints and launchers that use these live in ``gemm.py``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    """Tile index → (pid_m, pid_n), walking GROUP_SIZE_M rows of tiles column by column (L2 reuse)."""
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+              pid_m, pid_n, k_begin, k_end,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """fp32 accumulator of one output tile over the K blocks [k_begin, k_end)."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    # Wrapping rows/columns past the edge back into range keeps every load in bounds without a mask
+    # on M or N (the wrapped results are never stored), so loads stay wide.
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_k = k_begin * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(k_begin, k_end):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - kb * BLOCK_K
+            a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _tiled_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                  stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_SIZE_M)
+    acc = _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K),
+                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION)
+    _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
+
+
+@triton.jit
+def _splitk_kernel(a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr, M, N, K,
+                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                   INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    tile_id = tl.program_id(0)
+    split = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per_split = tl.cdiv(k_blocks, SPLIT_K)
+    k_begin = split * per_split
+    k_end = min(k_begin + per_split, k_blocks)
+    acc = _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    pid_m, pid_n, k_begin, k_end,
+                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION)
+    # Each tile owns SPLIT_K contiguous fp32 blocks of the workspace; full blocks need no mask.
+    local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    tile_base = partial_ptr + tile_id.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+    tl.store(tile_base + split * (BLOCK_M * BLOCK_N) + local, acc)
+    # The barrier orders every thread's partial store before the release; the program that
+    # arrives last (acquire) sums the slices, writes C and re-arms the counter for the next call.
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrivals_ptr + tile_id, 1, sem="acq_rel")
+    if arrived == SPLIT_K - 1:
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            total += tl.load(tile_base + s * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
+        _store_tile(c_ptr, total, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
+        tl.atomic_xchg(arrivals_ptr + tile_id, 0)
+
+
+@triton.jit
+def _tma_kernel(a_desc, b_desc, c_desc, M, N, K,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                GROUP_SIZE_M: tl.constexpr, NUM_SM: tl.constexpr, B_KMAJOR: tl.constexpr,
+                FLATTEN: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    for tile_id in tl.range(tl.program_id(0), num_tiles, NUM_SM, flatten=FLATTEN):
+        pid_m, pid_n = _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(k_blocks):
+            off_k = kb * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if B_KMAJOR:
+                acc = tl.dot(a, b_desc.load([off_n, off_k]).T, acc, input_precision=DOT_PRECISION)
+            else:
+                acc = tl.dot(a, b_desc.load([off_k, off_n]), acc, input_precision=DOT_PRECISION)
+        if EPILOGUE_SUBTILE:
+            # Two half-width stores need half the shared memory for the epilogue.
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
