@@ -14,6 +14,7 @@ import torch
 from ._device import CPU, current_device, interpreter_enabled, resolve_device
 from ._spec import BASELINE, Config, is_baseline, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, parse_shape
 from .dispatch import DISPATCHER, Choice
+from . import grouped
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
 from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_with
 
@@ -87,6 +88,7 @@ def validate_record(record: Any) -> None:
 def clear_cache() -> None:
     """Forget loaded tables, e.g. after tuning in this process; the next call reloads them."""
     DISPATCHER.clear()
+    grouped.TABLES.clear()
 
 
 def use_database(url: str | None = None, use_shipped: bool = True) -> None:

@@ -293,3 +293,24 @@ def test_distance_grows_with_size_and_is_infinite_across_dtype_or_layout() -> No
     assert 0 < GROUPED_MATMUL.distance(p, near) < GROUPED_MATMUL.distance(p, far)
     assert GROUPED_MATMUL.distance(p, _problem(p.shapes, dtype="bf16")) == float("inf")
     assert GROUPED_MATMUL.distance(p, _problem(p.shapes, layout="nt")) == float("inf")
+
+
+def test_same_operands_reuse_the_device_table_and_see_new_values(torch_device) -> None:
+    import kernels
+
+    grouped.TABLES.clear()
+    problem = Problem("grouped_matmul", "fp16", "nn", ((16, 32, 32), (8, 32, 16)))
+    As, Bs = grouped.make_inputs(problem, torch_device, 11)
+    config = grouped.default_config(problem, current_device(torch_device))
+    grouped.grouped_matmul_with(config, As, Bs)
+    As[0].mul_(2.0)  # same addresses, new values: the cached table must still read the live tensors
+    outs = grouped.grouped_matmul_with(config, As, Bs)
+    assert len(grouped.TABLES._entries) == 1, "the second call with the same operands built a new table"
+    for out, a, b in zip(outs, As, Bs):
+        ref = a.float() @ b.float()
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    other = [a.clone() for a in As]
+    grouped.grouped_matmul_with(config, other, Bs)
+    assert len(grouped.TABLES._entries) == 2, "other operands must get a table of their own"
+    kernels.clear_cache()
+    assert len(grouped.TABLES._entries) == 0
