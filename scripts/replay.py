@@ -1,11 +1,13 @@
 """Replay GPU sweeps as the objective: how many trials each sampler needs to near the sweep's best.
 
 A sweep (``scripts/sweep.py``) times every valid config of a (sub)space for one problem. Replaying
-it runs the real search loop (``tuner.search._Search``: ask, canonicalise, prune invalid configs
-without counting them, answer repeats from the study and count them) with a bench that looks each
-config's time up in the sweep instead of running it, so a sampler can be scored over many seeds in
-minutes and without a GPU. Optuna samples exactly the sweep's subspace: the kernel's space with
-VARIANT limited to the swept variant and the parameters that variant ignores fixed.
+it runs the real search loop, ``tuner.search._Search`` (ask, canonicalise, prune invalid configs
+without counting them, answer repeats from the study, stop at the budget or when the sampler has
+converged), with a bench that looks each config's result up in the sweep instead of running it, so
+a sampler is scored over many seeds in minutes and without a GPU; whatever the search counts as a
+trial, the replay counts. Optuna samples exactly the sweep's subspace: the kernel's space with
+VARIANT limited to the swept variant and the parameters that variant ignores fixed. Valid configs
+an incomplete sweep lacks are pruned like invalid ones and reported.
 
     PYTHONPATH=. python scripts/replay.py --sweeps 'benchmarks/sweeps/*.json' --json replay.json
 """
@@ -18,7 +20,6 @@ import functools
 import glob
 import json
 import logging
-import math
 import multiprocessing
 import os
 import statistics
@@ -32,9 +33,10 @@ import optuna
 from optuna.trial import TrialState
 
 import kernels
-from kernels import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace
+from kernels import Config, DeviceInfo, KernelSpec, Problem, SearchSpace
 from tuner.bench import Measurement
-from tuner.search import Budget, Progress, _Search, make_sampler, params_of, study_name
+from tuner.search import Budget, Progress, _Search, make_sampler, measured_trials, study_name
+from tuner.space import params_of
 
 # Sweeps name their GPU; the constraints need its limits (scripts/sweep.py does not record them).
 DEVICES = {d.name: d for d in (
@@ -46,9 +48,6 @@ TARGETS = (0.98, 0.995)
 
 SAMPLERS = ("random", "tpe", "tpe-independent", "gp", "cmaes")
 MODES = ("cold", "seeded")
-
-# Repeats in a row after which a what-if search with free repeats gives up (the sampler has converged).
-MAX_REPEATS_IN_A_ROW = 200
 
 # Reason given to configs the sweep did not time (an incomplete sweep); pruned, not counted.
 NOT_SWEPT = "not in the sweep"
@@ -131,26 +130,6 @@ class SweepBench:
         return self.sweep.results[config]
 
 
-class RepeatsFree(_Search):
-    """What-if: a repeat answered from the study costs no budget; only distinct configs count.
-
-    Stops after ``MAX_REPEATS_IN_A_ROW`` repeats in a row, where a sampler has nothing new to offer.
-    """
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.repeats_in_a_row = 0
-        self._seen = 0
-
-    def measured(self) -> int:
-        return self.budget.trials if self.repeats_in_a_row >= MAX_REPEATS_IN_A_ROW else self.bench.measured
-
-    def _finish(self, trial: optuna.Trial, measurement: Measurement) -> None:
-        self.repeats_in_a_row = self.repeats_in_a_row + 1 if self.bench.measured == self._seen else 0
-        self._seen = self.bench.measured
-        super()._finish(trial, measurement)
-
-
 class BatchOnly:
     """Stands in for tuner.workers.CheckPool: asks ``workers`` configs at a time, prechecks nothing."""
 
@@ -190,15 +169,15 @@ class Run:
     to_target: tuple[int, ...]
     best_fraction: float  # best throughput found / the sweep's best
     measured: int  # distinct configs looked up
-    repeats: int  # trials answered from the study (counted unless --free-repeats)
+    repeats: int  # trials answered from the study, without a lookup
     pruned_invalid: int
     pruned_not_swept: int
-    counted: int  # trials the budget counted; under the budget when the search gave up early
+    counted: int  # trials the budget counted
+    stop: str  # "budget", or why the search stopped before it: "invalid" or "converged" (see tuner.search)
     seconds: float
 
 
-def replay(path: str, sampler: str, mode: str, seed: int, budget: int, batch: int = 1,
-           free_repeats: bool = False) -> Run:
+def replay(path: str, sampler: str, mode: str, seed: int, budget: int, batch: int = 1) -> Run:
     """One search of ``budget`` counted trials against the sweep at ``path``."""
     start = time.perf_counter()
     sweep = load_sweep(path)
@@ -217,15 +196,17 @@ def replay(path: str, sampler: str, mode: str, seed: int, budget: int, batch: in
 
     bench = SweepBench(sweep)
     pool = BatchOnly(batch) if batch > 1 else None
-    search = RepeatsFree if free_repeats else _Search
-    search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial).run()
+    _Search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial).run()
     pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
     not_swept = sum(t.user_attrs.get("reason") == NOT_SWEPT for t in pruned)
     told = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
     done = [t.value for t in told if t.state == TrialState.COMPLETE]
+    counted = len(measured_trials(study))
+    trials = study.get_trials(deepcopy=False)
+    last = trials[-1] if trials else None
+    stop = "budget" if counted >= budget else "invalid" if last and last.state == TrialState.PRUNED else "converged"
     return Run(sampler, mode, seed, tuple(to_target), best_ms / min(done) if done else 0.0, bench.measured,
-               len(told) - bench.measured, len(pruned) - not_swept, not_swept,
-               bench.measured if free_repeats else len(told),
+               len(told) - bench.measured, len(pruned) - not_swept, not_swept, counted, stop,
                time.perf_counter() - start)
 
 
@@ -234,6 +215,7 @@ def _init_worker() -> None:
 
     torch.set_num_threads(1)  # the GP sampler uses torch; one thread per worker process
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("tuner.search").setLevel(logging.ERROR)  # early stops are counted in the table instead
 
 
 def sweep_stats(sweep: Sweep) -> dict:
@@ -262,7 +244,8 @@ def summarize(runs: Sequence[Run], budget: int) -> dict:
         row = {"runs": len(group), "seconds_per_run": statistics.mean(r.seconds for r in group),
                "median_best_fraction": statistics.median(r.best_fraction for r in group),
                "mean_repeats": statistics.mean(r.repeats for r in group),
-               "stopped_early": sum(r.counted < budget for r in group),
+               "stopped_invalid": sum(r.stop == "invalid" for r in group),
+               "stopped_converged": sum(r.stop == "converged" for r in group),
                "mean_pruned_invalid": statistics.mean(r.pruned_invalid for r in group),
                "pruned_not_swept": sum(r.pruned_not_swept for r in group)}
         for i, fraction in enumerate(TARGETS):
@@ -278,7 +261,7 @@ def summarize(runs: Sequence[Run], budget: int) -> dict:
 def markdown_table(summary: dict, budget: int) -> str:
     lines = ["| sampler | mode | runs | trials to 98%: median [quartiles] | reached 98% "
              "| trials to 99.5%: median [quartiles] | reached 99.5% | best found (median) | repeats/run "
-             "| pruned/run | gave up early | s/run |",
+             "| pruned/run | stopped early: invalid, converged | s/run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key, row in summary.items():
         sampler, mode = key.split("/")
@@ -288,7 +271,7 @@ def markdown_table(summary: dict, budget: int) -> str:
             iqr = ", ".join(f">{budget}" if q > budget else f"{q:g}" for q in (q1, q3))
             cells += [f"{row[f'median_to_{fraction:g}']} [{iqr}]", f"{row[f'reached_{fraction:g}']:.0%}"]
         cells += [f"{row['median_best_fraction']:.1%}", f"{row['mean_repeats']:.1f}",
-                  f"{row['mean_pruned_invalid']:.0f}", str(row["stopped_early"]), f"{row['seconds_per_run']:.1f}"]
+                  f"{row['mean_pruned_invalid']:.0f}", f"{row['stopped_invalid']}, {row['stopped_converged']}", f"{row['seconds_per_run']:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -306,8 +289,8 @@ def _print_stats(stats: dict) -> None:
 
 
 def _tasks(paths: Iterable[str], samplers: Sequence[str], modes: Sequence[str], seeds: dict[str, int],
-           budget: int, batch: int, free_repeats: bool) -> list[tuple]:
-    return [(path, sampler, mode, seed, budget, batch, free_repeats) for path in paths for sampler in samplers
+           budget: int, batch: int) -> list[tuple]:
+    return [(path, sampler, mode, seed, budget, batch) for path in paths for sampler in samplers
             for mode in modes for seed in range(seeds[sampler])]
 
 
@@ -315,15 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweeps", default="benchmarks/sweeps/*.json", help="glob of sweep JSON files")
     parser.add_argument("--seeds", type=int, default=20, help="sampler seeds per sampler and mode (default 20)")
-    parser.add_argument("--gp-seeds", type=int, default=10,
-                        help="seeds for the GP sampler, which costs ~0.1-0.3 s a trial (default 10)")
+    parser.add_argument("--gp-seeds", type=int, default=4,
+                        help="seeds for the GP sampler, ~20 s a run here (default 4)")
     parser.add_argument("--budget", type=int, default=100, help="counted trials per search (default 100)")
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of {', '.join(SAMPLERS)}")
     parser.add_argument("--modes", default=",".join(MODES), help="cold (sampler only), seeded (warm configs first)")
     parser.add_argument("--batch", type=int, default=1,
                         help="configs asked before any is told, as with --workers N on the GPU box (default 1)")
-    parser.add_argument("--free-repeats", action="store_true",
-                        help="what-if: repeats answered from the study cost no budget (search.py counts them)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", default=None, help="write the stats, per-run results and summary here")
     args = parser.parse_args(argv)
@@ -336,9 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeds = {s: args.gp_seeds if s == "gp" else args.seeds for s in samplers}
     start = time.perf_counter()
     report: dict = {"command": " ".join(sys.argv), "budget": args.budget, "batch": args.batch,
-                    "free_repeats": args.free_repeats,
                     "targets": TARGETS, "seeds": seeds, "sweeps": []}
-    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.batch, args.free_repeats)
+    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.batch)
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_init_worker) as pool:
@@ -353,18 +333,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         not_swept = sum(r.pruned_not_swept for r in mine)
         if not_swept:
             print(f"NOTE: the sweep is incomplete: {not_swept} valid samples were not in it (pruned, not counted)")
-        print(f"\nbudget {args.budget} counted trials, batch {args.batch}, repeats "
-              f"{'free' if args.free_repeats else 'counted'}; seeds: "
+        print(f"\nbudget {args.budget} counted trials, batch {args.batch}; seeds: "
               + ", ".join(f"{s} {n}" for s, n in seeds.items()))
         print(markdown_table(summary, args.budget) + "\n")
         report["sweeps"].append({"stats": stats, "summary": summary,
                                  "runs": [dataclasses.asdict(r) for r in mine]})
     if len(paths) > 1:
-        print("## all sweeps: medians of the per-problem medians")
-        for key in report["sweeps"][0]["summary"]:
-            medians = [[s["summary"][key][f"median_to_{f:g}"] for s in report["sweeps"]] for f in TARGETS]
-            print(f"{key}: " + ", ".join(f"to {f:.1%}: {_median_text(m, args.budget)}"
-                                         for f, m in zip(TARGETS, medians)))
+        pooled = summarize(runs, args.budget)
+        print(f"## all {len(paths)} sweeps pooled: each run on each problem is one sample")
+        print(markdown_table(pooled, args.budget) + "\n")
+        report["pooled"] = pooled
     wall = time.perf_counter() - start
     report["wall_seconds"] = wall
     print(f"{len(runs)} replays in {wall:.0f} s with {args.jobs} processes")
@@ -372,12 +350,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0
-
-
-def _median_text(medians: Sequence[str], budget: int) -> str:
-    values = [math.inf if m.startswith(">") else float(m) for m in medians]
-    middle = statistics.median(values)
-    return f">{budget}" if middle > budget else f"{middle:g}"
 
 
 if __name__ == "__main__":

@@ -74,26 +74,26 @@ def test_variant_space_fixes_the_variant_and_what_it_ignores() -> None:
     assert space.param("BLOCK_K").values == MATMUL.space.param("BLOCK_K").values
 
 
-def test_random_search_reaches_the_best_within_a_budget_over_the_space_size(sweep_path) -> None:
+def test_random_search_with_the_space_size_as_budget_measures_every_config_and_finds_the_best(sweep_path) -> None:
     size = len(_tiled_configs())
     assert size == 36
-    run = replay.replay(sweep_path, "random", "cold", seed=0, budget=4 * size)  # repeats count, so 4x
+    run = replay.replay(sweep_path, "random", "cold", seed=0, budget=size)
+    assert run.measured == run.counted == size, "repeats are answered from the study and do not count"
     assert run.best_fraction == 1.0
-    assert all(1 <= trials <= 4 * size for trials in run.to_target)
+    assert all(1 <= trials <= size for trials in run.to_target)
     assert run.to_target[0] <= run.to_target[1]
 
 
-def test_random_search_with_free_repeats_measures_every_config_of_the_space(sweep_path) -> None:
-    size = len(_tiled_configs())
-    run = replay.replay(sweep_path, "random", "cold", seed=0, budget=size, free_repeats=True)
-    assert run.measured == run.counted == size
-    assert run.best_fraction == 1.0 and max(run.to_target) <= size
+def test_a_target_never_reached_counts_as_budget_plus_one(sweep_path) -> None:
+    run = replay.replay(sweep_path, "random", "cold", seed=0, budget=1)
+    assert run.counted == 1 and run.best_fraction < 0.98
+    assert run.to_target == (2, 2)
 
 
 def test_invalid_configs_are_pruned_and_not_counted(sweep_path) -> None:
     run = replay.replay(sweep_path, "random", "cold", seed=1, budget=20)
     assert run.pruned_invalid > 0, "BLOCK_M=32 is invalid for M=16 and half the samples have it"
-    assert run.counted == run.measured + run.repeats == 20
+    assert run.counted == run.measured == 20
     assert run.pruned_not_swept == 0
 
 
@@ -109,7 +109,7 @@ def test_failed_configs_count_as_trials(tmp_path, sweep_path) -> None:
     optimum = min(configs, key=_time_ms)
     path = _write_sweep(tmp_path / "failing.json", configs, failing=[c for c in configs if c != optimum])
     assert replay.load_sweep(path).results[configs[0]].status == "compile_error"
-    run = replay.replay(path, "random", "cold", seed=0, budget=len(configs), free_repeats=True)
+    run = replay.replay(path, "random", "cold", seed=0, budget=len(configs))
     assert run.measured == run.counted == len(configs), "every failure was one trial of the budget"
     assert run.best_fraction == 1.0
 
