@@ -9,6 +9,7 @@ study is answered from the study instead of being measured again.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import math
 import time
@@ -86,6 +87,15 @@ def study_name(device: DeviceInfo, problem: Problem) -> str:
     return name
 
 
+def _require(module: str, sampler: str) -> None:
+    """Optuna's GP and CMA-ES samplers need packages this project does not install by default."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f"--sampler {sampler} needs the {module} package; pip install {module}, "
+                         "or use the default sampler, tpe") from None
+
+
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         # constant_liar: trials asked in one batch but not yet told still steer the next asks apart.
@@ -94,8 +104,10 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
+        _require("scipy", name)
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=10)
     if name == "cmaes":
+        _require("cmaes", name)
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=10)
     raise ValueError(f"unknown sampler {name!r}; choose one of {', '.join(SAMPLERS)}")
 
