@@ -28,3 +28,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def torch_device() -> torch.device:
     """Where kernels run in tests: the GPU when there is one, else the CPU under the interpreter."""
     return torch.device("cuda") if HAS_GPU else torch.device("cpu")
+
+
+@pytest.fixture
+def db_url(tmp_path) -> str:
+    """A real SQLite file per test."""
+    return f"sqlite:///{tmp_path / 'tuner.db'}"

@@ -41,11 +41,6 @@ def make_record(m: int = 16, n: int = 4096, k: int = 4096, **changes: Any) -> Re
 
 
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'tuner.db'}"
-
-
-@pytest.fixture
 def store(db_url: str) -> Iterator[Store]:
     with Store(db_url) as opened:
         yield opened

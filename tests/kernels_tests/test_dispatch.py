@@ -42,11 +42,6 @@ def make_record(device: DeviceInfo, key: str, config: Config, kernel: str = "mat
 
 
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'tuner.db'}"
-
-
-@pytest.fixture
 def device(torch_device: torch.device) -> DeviceInfo:
     return kernels.current_device(torch_device)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from pathlib import Path
 
 import optuna
 import pytest
@@ -78,11 +77,6 @@ class Kernel:
             return BASELINE_MS
         self.timed.append(self._last)
         return fake_ms(self._last)
-
-
-@pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'tuner.db'}"
 
 
 def _tune(kernel: Kernel, db_url: str, trials: int, **options):
