@@ -36,6 +36,7 @@ import kernels
 from kernels import Config, DeviceInfo, KernelSpec, Problem, SearchSpace
 from tuner.bench import Measurement
 from tuner.search import Budget, Progress, _Search, make_sampler, measured_trials, study_name
+from tuner.workers import Precheck
 from tuner.space import params_of
 
 # Sweeps name their GPU; the constraints need its limits (scripts/sweep.py does not record them).
@@ -125,19 +126,26 @@ class SweepBench:
         self.problem, self.device, self.sweep = sweep.problem, sweep.device, sweep
         self.measured = 0
 
-    def measure(self, config: Config) -> Measurement:
+    def measure(self, config: Config, incumbent_ms: float | None = None) -> Measurement:
+        # A sweep holds full timings only; an early stop would report about the same time, so the
+        # sampler sees what it would see live.
         self.measured += 1
         return self.sweep.results[config]
 
 
-class BatchOnly:
-    """Stands in for tuner.workers.CheckPool: asks ``workers`` configs at a time, prechecks nothing."""
+class Pipeline:
+    """Stands in for tuner.workers.CheckPool: ``workers`` configs in flight, finishing in the order
+    they were submitted (as if every compile took as long), each precheck passed."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
+        self._queue: list[Config] = []
 
-    def check(self, problem: Problem, configs: list[Config]) -> dict:
-        return {}
+    def submit(self, problem: Problem, config: Config, seed: int = 0) -> None:
+        self._queue.append(config)
+
+    def next_result(self) -> tuple[Config, Precheck]:
+        return self._queue.pop(0), Precheck("ok")
 
 
 def sampler_for(name: str, seed: int) -> optuna.samplers.BaseSampler:
@@ -177,7 +185,7 @@ class Run:
     seconds: float
 
 
-def replay(path: str, sampler: str, mode: str, seed: int, budget: int, batch: int = 1) -> Run:
+def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: int = 1) -> Run:
     """One search of ``budget`` counted trials against the sweep at ``path``."""
     start = time.perf_counter()
     sweep = load_sweep(path)
@@ -195,8 +203,8 @@ def replay(path: str, sampler: str, mode: str, seed: int, budget: int, batch: in
                 to_target[i] = min(to_target[i], progress.trial)
 
     bench = SweepBench(sweep)
-    pool = BatchOnly(batch) if batch > 1 else None
-    _Search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial).run()
+    pool = Pipeline(ahead) if ahead > 1 else None
+    _Search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial, ahead=ahead).run()
     pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
     not_swept = sum(t.user_attrs.get("reason") == NOT_SWEPT for t in pruned)
     told = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
@@ -289,8 +297,8 @@ def _print_stats(stats: dict) -> None:
 
 
 def _tasks(paths: Iterable[str], samplers: Sequence[str], modes: Sequence[str], seeds: dict[str, int],
-           budget: int, batch: int) -> list[tuple]:
-    return [(path, sampler, mode, seed, budget, batch) for path in paths for sampler in samplers
+           budget: int, ahead: int) -> list[tuple]:
+    return [(path, sampler, mode, seed, budget, ahead) for path in paths for sampler in samplers
             for mode in modes for seed in range(seeds[sampler])]
 
 
@@ -303,8 +311,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=100, help="counted trials per search (default 100)")
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of {', '.join(SAMPLERS)}")
     parser.add_argument("--modes", default=",".join(MODES), help="cold (sampler only), seeded (warm configs first)")
-    parser.add_argument("--batch", type=int, default=1,
-                        help="configs asked before any is told, as with --workers N on the GPU box (default 1)")
+    parser.add_argument("--ahead", type=int, default=1,
+                        help="configs in flight (asked, not yet told), as `tuner search --ahead N` (default 1)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", default=None, help="write the stats, per-run results and summary here")
     args = parser.parse_args(argv)
@@ -316,9 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown sampler/mode {', '.join(unknown)}" if unknown else f"no sweep matches {args.sweeps}")
     seeds = {s: args.gp_seeds if s == "gp" else args.seeds for s in samplers}
     start = time.perf_counter()
-    report: dict = {"command": " ".join(sys.argv), "budget": args.budget, "batch": args.batch,
+    report: dict = {"command": " ".join(sys.argv), "budget": args.budget, "ahead": args.ahead,
                     "targets": TARGETS, "seeds": seeds, "sweeps": []}
-    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.batch)
+    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.ahead)
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_init_worker) as pool:
@@ -333,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         not_swept = sum(r.pruned_not_swept for r in mine)
         if not_swept:
             print(f"NOTE: the sweep is incomplete: {not_swept} valid samples were not in it (pruned, not counted)")
-        print(f"\nbudget {args.budget} counted trials, batch {args.batch}; seeds: "
+        print(f"\nbudget {args.budget} counted trials, {args.ahead} ahead; seeds: "
               + ", ".join(f"{s} {n}" for s, n in seeds.items()))
         print(markdown_table(summary, args.budget) + "\n")
         report["sweeps"].append({"stats": stats, "summary": summary,

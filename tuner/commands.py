@@ -12,7 +12,7 @@ from db import Record, Store, StoreError, export_records, import_records
 
 from . import suites
 from .cli import UserError
-from .search import SAMPLERS, Budget, NoWinner, Progress, tune_problem
+from .search import SAMPLERS, Budget, NoWinner, Progress, SearchStats, tune_problem
 from .workers import CheckPool
 
 
@@ -57,12 +57,16 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise UserError(f"--sampler {args.sampler} is not one of {', '.join(SAMPLERS)}")
     if args.trials < 1:
         raise UserError(f"--trials {args.trials} must be at least 1")
+    if args.ahead < 1:
+        raise UserError(f"--ahead {args.ahead} must be at least 1")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
     spec = kernels.get_kernel(args.kernel)
     problems = _problems(args, device)
     failed: list[kernels.Problem] = []
     pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
+    if pool:
+        pool.start()  # the workers import torch and triton while the database and study open
     with _open_store(args.db) as store:
         print(f"tuning {len(problems)} {spec.name} problem(s) on {device.name} ({device.alias}) into {store.url}")
         try:
@@ -71,7 +75,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                 try:
                     record = tune_problem(spec, problem, device, store, budget=Budget(args.trials, args.timeout),
                                           sampler=args.sampler, seed=args.seed, on_trial=_print_progress,
-                                          pool=pool)
+                                          pool=pool, ahead=args.ahead, on_finish=_print_stats)
                 except NoWinner as exc:  # one problem's failure must not end the others' search
                     failed.append(problem)
                     print(f"  no winner: {exc}", flush=True)
@@ -96,6 +100,10 @@ def _no_gpu() -> bool:
 def _print_progress(p: Progress) -> None:
     best = f"{p.best_ms:.4f} ms" if p.best_ms is not None else "-"
     print(f"  trial {p.trial}/{p.budget}  {p.status:<13} best {best}", flush=True)
+
+
+def _print_stats(stats: SearchStats) -> None:
+    print(f"  {stats.summary()}", flush=True)
 
 
 def _winner_text(record: Record) -> str:

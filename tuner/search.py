@@ -45,6 +45,10 @@ WIN_MARGIN = 0.02
 # Repeats of measured configs in a row after which the sampler counts as converged.
 MAX_REPEATS_IN_A_ROW = 100
 
+# New configs compiling at once ahead of the timer. Replayed on the 16x4096x4096 sweep, seeded TPE
+# kept its quality asking 4 at a time and lost it at 14 (docs/SEARCH.md).
+DEFAULT_AHEAD = 4
+
 # Invalid samples in a row after which a search gives up: the space leaves almost nothing valid.
 MAX_INVALID_IN_A_ROW = 500
 
@@ -56,6 +60,8 @@ class NoWinner(RuntimeError):
 def failure_summary(study: optuna.Study, top: int = 3) -> str:
     counts: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
+        if t.user_attrs.get("interrupted"):
+            continue
         reason = f"{t.user_attrs.get('status', '?')}: {t.user_attrs.get('reason', '')[:160]}"
         counts[reason] = counts.get(reason, 0) + 1
     ranked = sorted(counts.items(), key=lambda item: -item[1])[:top]
@@ -71,6 +77,26 @@ class Progress:
     budget: int
     status: str
     best_ms: float | None
+
+
+@dataclass
+class SearchStats:
+    """Where one search's wall time went, for the CLI's summary line and docs/SEARCH.md."""
+
+    measured: int = 0  # configs measured in this run (resumed ones not included)
+    early_stopped: int = 0  # of those, timed only briefly
+    pruned_invalid: int = 0
+    search_s: float = 0.0  # the whole ask-check-time loop
+    sampler_s: float = 0.0  # in Optuna's ask (and the study's storage)
+    compile_wait_s: float = 0.0  # waiting for the workers' compile and check
+    timing_s: float = 0.0  # checking and timing on the device, in this process
+    head_to_head_s: float = 0.0  # the final side-by-side timing against the baseline
+
+    def summary(self) -> str:
+        return (f"{self.measured} measured ({self.early_stopped} stopped early, {self.pruned_invalid} invalid "
+                f"pruned) in {self.search_s + self.head_to_head_s:.1f} s: sampler {self.sampler_s:.1f} s, "
+                f"waiting for compiles {self.compile_wait_s:.1f} s, timing {self.timing_s:.1f} s, "
+                f"head-to-head {self.head_to_head_s:.1f} s")
 
 
 @dataclass(frozen=True)
@@ -125,7 +151,8 @@ def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     but costs nothing and is not counted: ``--trials N`` means N distinct configs measured.
     """
     states = (TrialState.COMPLETE, TrialState.FAIL)
-    return [t for t in study.get_trials(deepcopy=False, states=states) if not t.user_attrs.get("repeat")]
+    return [t for t in study.get_trials(deepcopy=False, states=states)
+            if not t.user_attrs.get("repeat") and not t.user_attrs.get("interrupted")]
 
 
 def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
@@ -156,7 +183,7 @@ def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, s
 def _earlier_result(study: optuna.Study, config_text: str) -> Measurement | None:
     """This study's verdict on a config measured before (a resumed search, or a sampler repeat)."""
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if t.user_attrs.get("config") == config_text:
+        if t.user_attrs.get("config") == config_text and not t.user_attrs.get("interrupted"):
             if t.state == TrialState.COMPLETE:
                 return Measurement("ok", time_ms=t.value, rel_error=t.user_attrs.get("rel_error"))
             return Measurement(t.user_attrs.get("status", "error"), reason=t.user_attrs.get("reason", ""))
@@ -169,6 +196,8 @@ def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) ->
         trial.set_user_attr("reason", measurement.reason)
     if measurement.rel_error is not None:
         trial.set_user_attr("rel_error", measurement.rel_error)
+    if measurement.early_stopped:
+        trial.set_user_attr("timing", "quick")
     if measurement.ok:
         study.tell(trial, float(measurement.time_ms))
     else:
@@ -185,96 +214,160 @@ def best_triton(study: optuna.Study, spec: KernelSpec) -> tuple[Config, float] |
 
 def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store, *,
                  budget: Budget = Budget(), sampler: str = "tpe", seed: int | None = None,
-                 timer: Timer | None = None, storage: optuna.storages.BaseStorage | None = None,
-                 on_trial: Callable[[Progress], None] | None = None, pool: CheckPool | None = None) -> Record:
+                 timer: Timer | None = None, quick_timer: Timer | None = None,
+                 storage: optuna.storages.BaseStorage | None = None,
+                 on_trial: Callable[[Progress], None] | None = None, pool: CheckPool | None = None,
+                 ahead: int = DEFAULT_AHEAD, on_finish: Callable[[SearchStats], None] | None = None) -> Record:
     """Search configs for one problem, then store and return the winner (cuBLAS if nothing beats it)."""
     storage = storage or optuna.storages.RDBStorage(store.url)
     study = open_study(storage, device, problem, sampler, seed)
-    bench = Bench(spec, problem, device, timer=timer, seed=seed or 0)
+    bench = Bench(spec, problem, device, timer=timer, seed=seed or 0, quick_timer=quick_timer)
     if not study.trials:
         for config in warm_start_configs(spec, problem, device, store):
             study.enqueue_trial(params_of(config, spec.space), skip_if_exists=True)
-    _Search(study, spec, bench, budget, pool, on_trial).run()
+    requeue_interrupted(study)
+    stats = _Search(study, spec, bench, budget, pool, on_trial, ahead).run()
     found = best_triton(study, spec)
     if found is None:
         raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
                        f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}")
+    started = time.monotonic()
     if device.is_cpu:  # interpreter times say nothing about speed: no contest with the baseline
         found_ms, baseline_ms = found[1], bench.baseline_ms()
     else:
         found_ms, baseline_ms = bench.head_to_head(found[0])
+    stats.head_to_head_s = time.monotonic() - started
     record = _winner_record(spec, problem, device, (found[0], found_ms), baseline_ms, len(measured_trials(study)))
     store.put(record, on_conflict="replace")
+    if on_finish:
+        on_finish(stats)
     return record
 
 
+def requeue_interrupted(study: optuna.Study) -> int:
+    """Trials a killed search left running are failed as ``interrupted`` and their configs asked again.
+
+    One search per study runs at a time (the CLI tunes problems in turn), so a running trial at
+    the start is a dead process's. Left running, it would count as a pending ask for ever (TPE's
+    constant liar treats it as a bad result); failed and marked, it counts nowhere, and its
+    config is measured first.
+    """
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in stale:
+        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+        study.tell(trial.number, state=TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(trial.params, skip_if_exists=False)
+    return len(stale)
+
+
 class _Search:
-    """Ask a batch of configs, precheck them in parallel (if a pool is given), time them one by one."""
+    """Keep up to ``ahead`` new configs compiling in the pool; time each one as its check comes back.
+
+    Without a pool, one config at a time is asked, measured and told. With one, the search is a
+    pipeline: when a candidate's check returns, it is timed (the GPU serves one at a time), told,
+    and one new config is asked to take its place, so the sampler learns from every result before
+    it asks again. Asking a whole pool's worth of configs blind costs quality: replayed at 14 ahead,
+    seeded TPE needed twice the trials to reach 98% of a sweep's best (docs/SEARCH.md).
+    """
 
     def __init__(self, study: optuna.Study, spec: KernelSpec, bench: Bench, budget: Budget,
-                 pool: CheckPool | None, on_trial: Callable[[Progress], None] | None) -> None:
+                 pool: CheckPool | None, on_trial: Callable[[Progress], None] | None,
+                 ahead: int = DEFAULT_AHEAD) -> None:
         self.study, self.spec, self.bench, self.budget = study, spec, bench, budget
         self.pool, self.on_trial = pool, on_trial
-        self.batch_size = pool.workers if pool else 1
+        self.ahead = max(1, min(pool.workers, ahead)) if pool else 1
+        self.in_flight: dict[Config, list[optuna.Trial]] = {}
         self.invalid_in_a_row = 0
         self.repeats_in_a_row = 0
+        self.stats = SearchStats()
+        found = best_triton(study, spec)
+        self.incumbent_ms = found[1] if found else None
 
     def measured(self) -> int:
         return len(measured_trials(self.study))
 
-    def run(self) -> None:
-        deadline = time.monotonic() + self.budget.seconds if self.budget.seconds else math.inf
-        while self.measured() < self.budget.trials and time.monotonic() < deadline:
-            batch = self._ask_batch()
-            if batch:
-                self._measure_batch(batch)
-            elif self.invalid_in_a_row >= MAX_INVALID_IN_A_ROW:
-                log.warning("%s: %d invalid samples in a row; the space leaves little valid, stopping",
-                            self.bench.problem, self.invalid_in_a_row)
-                return
-            elif self.repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
-                log.info("%s: the sampler proposed only measured configs %d times in a row; it has converged",
-                         self.bench.problem, self.repeats_in_a_row)
-                return
+    def run(self) -> SearchStats:
+        start = time.monotonic()
+        deadline = start + self.budget.seconds if self.budget.seconds else math.inf
+        measured = self.measured()
+        while True:
+            while (len(self.in_flight) < self.ahead and measured + len(self.in_flight) < self.budget.trials
+                   and time.monotonic() < deadline and self._ask_new()):
+                pass
+            if not self.in_flight:
+                break
+            config, measurement = self._next_measurement()
+            measured += 1
+            for trial in self.in_flight.pop(config):
+                self._finish(trial, measurement)
+        if self.invalid_in_a_row >= MAX_INVALID_IN_A_ROW:
+            log.warning("%s: %d invalid samples in a row; the space leaves little valid, stopping",
+                        self.bench.problem, self.invalid_in_a_row)
+        elif self.repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+            log.info("%s: the sampler proposed only measured configs %d times in a row; it has converged",
+                     self.bench.problem, self.repeats_in_a_row)
+        self.stats.search_s = time.monotonic() - start
+        return self.stats
 
-    def _ask_batch(self) -> dict[Config, list[optuna.Trial]]:
-        """Up to batch_size distinct new configs; invalid samples are pruned at once, repeats answered."""
-        batch: dict[Config, list[optuna.Trial]] = {}
-        while (self.measured() + len(batch) < self.budget.trials and len(batch) < self.batch_size
-               and self.invalid_in_a_row < MAX_INVALID_IN_A_ROW and self.repeats_in_a_row < MAX_REPEATS_IN_A_ROW):
-            trial = self.study.ask()
-            config = self.spec.space.canonical(suggest_config(trial, self.spec.space))
-            trial.set_user_attr("config", str(config))
-            reason = self.spec.space.violation(config, self.bench.problem, self.bench.device)
-            if reason:
-                self.invalid_in_a_row += 1
-                trial.set_user_attr("status", "invalid")
-                trial.set_user_attr("reason", reason)
-                self.study.tell(trial, state=TrialState.PRUNED)
-                continue
-            self.invalid_in_a_row = 0
-            earlier = _earlier_result(self.study, str(config))
-            if earlier is not None or config in batch:
-                self.repeats_in_a_row += 1
-                trial.set_user_attr("repeat", True)
+    def _ask_new(self) -> bool:
+        """Ask until one new config goes in flight; invalid samples are pruned at once, repeats answered.
+
+        False when the sampler keeps proposing invalid or measured configs (it gives up or converged).
+        """
+        started = time.monotonic()
+        try:
+            while self.invalid_in_a_row < MAX_INVALID_IN_A_ROW and self.repeats_in_a_row < MAX_REPEATS_IN_A_ROW:
+                trial = self.study.ask()
+                config = self.spec.space.canonical(suggest_config(trial, self.spec.space))
+                trial.set_user_attr("config", str(config))
+                reason = self.spec.space.violation(config, self.bench.problem, self.bench.device)
+                if reason:
+                    self.invalid_in_a_row += 1
+                    self.stats.pruned_invalid += 1
+                    trial.set_user_attr("status", "invalid")
+                    trial.set_user_attr("reason", reason)
+                    self.study.tell(trial, state=TrialState.PRUNED)
+                    continue
+                self.invalid_in_a_row = 0
+                if config in self.in_flight:  # answered with the first ask's result
+                    self.repeats_in_a_row += 1
+                    trial.set_user_attr("repeat", True)
+                    self.in_flight[config].append(trial)
+                    continue
+                earlier = _earlier_result(self.study, str(config))
                 if earlier is not None:
+                    self.repeats_in_a_row += 1
+                    trial.set_user_attr("repeat", True)
                     self._finish(trial, earlier)
                     continue
-            else:
                 self.repeats_in_a_row = 0
-            batch.setdefault(config, []).append(trial)
-        return batch
+                self.in_flight[config] = [trial]
+                if self.pool:
+                    self.pool.submit(self.bench.problem, config, seed=trial.number)
+                return True
+            return False
+        finally:
+            self.stats.sampler_s += time.monotonic() - started
 
-    def _measure_batch(self, batch: dict[Config, list[optuna.Trial]]) -> None:
-        prechecks = self.pool.check(self.bench.problem, list(batch)) if self.pool else {}
-        for config, trials in batch.items():
-            pre = prechecks.get(config)
-            if pre is not None and pre.status != "ok":
-                measurement = Measurement(pre.status, rel_error=pre.rel_error, reason=pre.reason)
-            else:
-                measurement = self.bench.measure(config)
-            for trial in trials:
-                self._finish(trial, measurement)
+    def _next_measurement(self) -> tuple[Config, Measurement]:
+        if self.pool:
+            started = time.monotonic()
+            config, pre = self.pool.next_result()
+            self.stats.compile_wait_s += time.monotonic() - started
+            if pre.status != "ok":
+                return config, Measurement(pre.status, rel_error=pre.rel_error, reason=pre.reason)
+        else:
+            config = next(iter(self.in_flight))
+        started = time.monotonic()
+        measurement = self.bench.measure(config, incumbent_ms=self.incumbent_ms)
+        self.stats.timing_s += time.monotonic() - started
+        self.stats.measured += 1
+        self.stats.early_stopped += measurement.early_stopped
+        if measurement.ok and not measurement.early_stopped and (
+                self.incumbent_ms is None or measurement.time_ms < self.incumbent_ms):
+            self.incumbent_ms = measurement.time_ms
+        return config, measurement
 
     def _finish(self, trial: optuna.Trial, measurement: Measurement) -> None:
         _tell(self.study, trial, measurement)

@@ -10,11 +10,10 @@ a worker with it: the pool is rebuilt and the candidate is reported as ``crashed
 from __future__ import annotations
 
 import logging
-import math
 import multiprocessing
 import os
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -86,20 +85,59 @@ def default_workers() -> int:
     return max(1, min(14, (os.cpu_count() or 2) - 2))
 
 
+def _warm_worker() -> None:
+    """Runs once in each new worker: the imports every candidate needs, paid while the parent sets up."""
+    import torch
+    import triton  # noqa: F401
+
+    import kernels
+    from tuner import bench  # noqa: F401
+
+    if torch.cuda.is_available() and not kernels.interpreter_enabled():
+        torch.cuda.init()  # the CUDA context costs most of a second; not on a candidate's clock
+
+
+def _ready() -> bool:
+    return True
+
+
+@dataclass
+class _Pending:
+    config: Config
+    problem: Problem
+    seed: int
+    deadline: float
+
+
 class CheckPool:
-    """A pool of worker processes that precheck candidates; rebuilt when a candidate kills a worker."""
+    """Worker processes that precheck candidates; rebuilt when a candidate kills or hangs a worker.
+
+    Two ways to use it: ``check(problem, configs)`` for a batch, or ``submit`` and ``next_result``
+    for a pipeline that keeps a few candidates compiling while the parent times the ones done (what
+    the search does). At most ``workers`` candidates are in flight, so each starts at once and its
+    deadline is its own.
+    """
 
     def __init__(self, workers: int | None = None, timeout_s: float = CANDIDATE_TIMEOUT_S) -> None:
         self.workers = workers or default_workers()
         self.timeout_s = timeout_s
         self._pool: ProcessPoolExecutor | None = None
-        self._starting = False
+        self._warming: list[Future] = []  # one per worker of a new pool, done once it has imported
+        self._pending: dict[Future, _Pending] = {}
+        self._suspects: list[_Pending] = []
+        self._done: list[tuple[Config, Precheck]] = []
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-            self._starting = True
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_warm_worker)
+            # Each submit finding no idle worker spawns one: all of them start importing now.
+            self._warming = [self._pool.submit(_ready) for _ in range(self.workers)]
         return self._pool
+
+    def start(self) -> None:
+        """Spawn every worker now, so their imports overlap the parent's own set-up."""
+        self._executor()
 
     def _rebuild(self) -> None:
         if self._pool is not None:
@@ -108,51 +146,86 @@ class CheckPool:
             self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool = None
 
-    def check(self, problem: Problem, configs: list[Config], seed: int = 0) -> dict[Config, Precheck]:
-        """Precheck every config; crashes and hangs are confined to the candidates that caused them."""
-        results: dict[Config, Precheck] = {}
-        suspects = self._run_batch(problem, configs, seed, results)
-        for config in suspects:  # one at a time, so a crash or hang names its culprit, not its bystanders
-            self._run_batch(problem, [config], seed, results)
-        return results
+    @property
+    def in_flight(self) -> int:
+        """Candidates submitted whose verdict ``next_result`` has not returned yet."""
+        return len(self._pending) + len(self._suspects) + len(self._done)
 
-    def _run_batch(self, problem: Problem, configs: list[Config], seed: int,
-                   results: dict[Config, Precheck]) -> list[Config]:
-        """Fill ``results``; return the configs caught in a worker's death or a hang (unless alone)."""
+    def submit(self, problem: Problem, config: Config, seed: int = 0) -> None:
+        if len(self._pending) >= self.workers:
+            raise RuntimeError(f"{self.workers} candidates are in flight already; take a result first")
         pool = self._executor()
-        futures: dict[Config, Future] = {
-            c: pool.submit(_check_in_worker, problem.kernel, problem.key, str(c), seed + i)
-            for i, c in enumerate(configs)}
-        deadline = time.monotonic() + self.timeout_s * math.ceil(len(configs) / self.workers)
-        if self._starting:
-            deadline += WORKER_START_S
-            self._starting = False
-        suspects: list[Config] = []
-        broken = False
-        for config, future in futures.items():
-            try:
-                results[config] = future.result(timeout=max(0.0, deadline - time.monotonic()))
-            except BrokenProcessPool:
-                broken = True
-                if len(configs) == 1:
-                    results[config] = Precheck("crashed", reason="the worker process died running this config")
-                else:
-                    suspects.append(config)
-            except FutureTimeout:
-                broken = True
-                # Hung, or only queued behind a hung one: alone, it gets a fair chance of its own.
-                if len(configs) == 1:
-                    results[config] = Precheck("timeout", reason=f"no result within {self.timeout_s:.0f} s")
-                else:
-                    suspects.append(config)
-        if broken:
+        warming = any(not f.done() for f in self._warming)
+        deadline = time.monotonic() + self.timeout_s + (WORKER_START_S if warming else 0.0)
+        future = pool.submit(_check_in_worker, problem.kernel, problem.key, str(config), seed)
+        self._pending[future] = _Pending(config, problem, seed, deadline)
+
+    def next_result(self) -> tuple[Config, Precheck]:
+        """The next candidate to finish, with its verdict; blocks until there is one.
+
+        When a worker dies or a candidate hangs, every candidate then in flight is re-run alone, so
+        the verdict ``crashed`` or ``timeout`` lands on the culprit only.
+        """
+        while not self._done:
+            if not self._pending and not self._suspects:
+                raise RuntimeError("no candidate in flight; submit one first")
+            if self._suspects:
+                self._run_alone(self._suspects.pop(0))
+                continue
+            wait_s = max(0.0, min(p.deadline for p in self._pending.values()) - time.monotonic())
+            finished, _ = wait(list(self._pending), timeout=wait_s, return_when=FIRST_COMPLETED)
+            for future in finished:
+                try:
+                    result = future.result()
+                except BrokenProcessPool:
+                    self._give_up_on_pool()
+                    break
+                except Exception as exc:  # the call itself failed (pickling, say), not the candidate
+                    result = Precheck("error", reason=f"{type(exc).__name__}: {exc}"[:300])
+                self._done.append((self._pending.pop(future).config, result))
+            else:
+                if not finished:  # a deadline passed: hung, or a bystander of a hung one
+                    self._give_up_on_pool()
+        return self._done.pop(0)
+
+    def _give_up_on_pool(self) -> None:
+        self._suspects.extend(self._pending.values())
+        self._pending.clear()
+        self._rebuild()
+
+    def _run_alone(self, suspect: _Pending) -> None:
+        self.submit(suspect.problem, suspect.config, suspect.seed)
+        future, pending = next(iter(self._pending.items()))
+        try:
+            result = future.result(timeout=max(0.0, pending.deadline - time.monotonic()))
+        except BrokenProcessPool:
+            result = Precheck("crashed", reason="the worker process died running this config")
             self._rebuild()
-        return suspects
+        except FutureTimeout:
+            result = Precheck("timeout", reason=f"no result within {self.timeout_s:.0f} s")
+            self._rebuild()
+        self._pending.clear()
+        self._done.append((suspect.config, result))
+
+    def check(self, problem: Problem, configs: list[Config], seed: int = 0) -> dict[Config, Precheck]:
+        """Precheck every config, ``workers`` at a time; crashes and hangs stay with their culprits."""
+        queue = list(enumerate(configs))
+        results: dict[Config, Precheck] = {}
+        while queue or self.in_flight:
+            while queue and len(self._pending) < self.workers and not self._suspects:
+                index, config = queue.pop(0)
+                self.submit(problem, config, seed + index)
+            config, result = self.next_result()
+            results[config] = result
+        return results
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._pending.clear()
+        self._suspects.clear()
+        self._done.clear()
 
     def __enter__(self) -> CheckPool:
         return self

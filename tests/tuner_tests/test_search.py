@@ -16,8 +16,10 @@ from optuna.trial import TrialState
 from db import Store
 from kernels import BASELINE, CPU, Config, KernelSpec, Param, Problem, SearchSpace
 from kernels.gemm import MATMUL
-from tuner.search import (Budget, NoWinner, Progress, make_sampler, measured_trials, open_study, study_name,
-                          tune_problem)
+from tuner.search import (Budget, NoWinner, Progress, SearchStats, failure_summary, make_sampler, measured_trials,
+                          open_study, study_name, tune_problem)
+from tuner.space import suggest_config
+from tuner.workers import CheckPool
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -51,10 +53,12 @@ class Kernel:
     that ran, so the optimum of the search is known.
     """
 
-    def __init__(self, space: SearchSpace, fails=lambda config: False) -> None:
+    def __init__(self, space: SearchSpace, fails=lambda config: False, slowdown=lambda config: 1.0) -> None:
         self.fails = fails
+        self.slowdown = slowdown
         self.runs: Counter[Config] = Counter()
         self.timed: list[Config] = []
+        self.quick_timed: list[Config] = []
         self._last: Config | None = None
         self.spec: KernelSpec = dataclasses.replace(MATMUL, space=space, seeds=lambda p, d: [],
                                                     run=self._run, baseline=self._baseline)
@@ -76,7 +80,14 @@ class Kernel:
         if self._last == BASELINE:
             return BASELINE_MS
         self.timed.append(self._last)
-        return fake_ms(self._last)
+        return fake_ms(self._last) * self.slowdown(self._last)
+
+    def quick_timer(self, fn) -> float:
+        """Stands in for bench.quick_gpu_timer: a rough time, here 1% off the full one."""
+        self._last = None
+        fn()
+        self.quick_timed.append(self._last)
+        return fake_ms(self._last) * self.slowdown(self._last) * 1.01
 
 
 def _tune(kernel: Kernel, db_url: str, trials: int, **options):
@@ -227,3 +238,60 @@ def test_study_name_is_readable_and_bounded() -> None:
     name = study_name(CPU, huge)
     assert len(name) <= 512 and name != study_name(CPU, Problem("grouped_matmul", "fp16", "nn",
                                                                  tuple((i + 2, 64, 64) for i in range(200))))
+
+
+def test_clearly_slower_candidates_get_only_a_quick_timing(db_url) -> None:
+    kernel = Kernel(_space(), slowdown=lambda config: 3.0 if config["BLOCK_M"] == 16 else 1.0)
+    finished: list[SearchStats] = []
+    record = _tune(kernel, db_url, trials=12, quick_timer=kernel.quick_timer, on_finish=finished.append)
+    assert _is_optimum(record.config)
+    assert _is_optimum(kernel.timed[-1]) or any(_is_optimum(c) for c in kernel.timed), "the winner had a full timing"
+    slow = [c for c in kernel.quick_timed if c["BLOCK_M"] == 16]
+    assert slow, "the six 3x slower configs were all measured"
+    assert not any(c["BLOCK_M"] == 16 for c in kernel.timed[1:]), "a 3x slower config got a full timing"
+    quick = [t for t in _study(db_url).get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs.get("timing")]
+    assert {t.user_attrs["timing"] for t in quick} == {"quick"}
+    assert all("BLOCK_M: 16" in t.user_attrs["config"] for t in quick)
+    assert all(t.value == pytest.approx(3.03 * fake_ms(Config.parse(t.user_attrs["config"]))) for t in quick), \
+        "an early-stopped trial keeps its quick time"
+    assert finished[0].early_stopped == len(quick) and finished[0].measured == 12
+
+
+def test_killed_search_leaves_no_running_trial_behind(db_url) -> None:
+    kernel = Kernel(_space())
+    study = _study(db_url)
+    orphan = study.ask()  # asked, then the process was killed before the tell
+    suggest_config(orphan, kernel.spec.space)
+    record = _tune(kernel, db_url, trials=3)
+    study = _study(db_url)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    dead = study.trials[orphan.number]
+    assert dead.state == TrialState.FAIL and dead.user_attrs["interrupted"]
+    assert record.trials == 3 == len(measured_trials(study)), "the interrupted trial is not counted"
+    remeasured = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.params == dead.params]
+    assert remeasured, "the interrupted config was asked again"
+    assert "interrupted" not in failure_summary(study) and failure_summary(study) == "none recorded"
+
+
+class SpyPool(CheckPool):
+    """A real CheckPool (workers check the real kernel under the interpreter) that records how many
+    candidates were in flight at each submit."""
+
+    peak = 0
+
+    def submit(self, problem, config, seed=0) -> None:
+        super().submit(problem, config, seed)
+        self.peak = max(self.peak, len(self._pending))
+
+
+def test_pipelined_search_with_worker_pool_keeps_ahead_in_flight(db_url) -> None:
+    kernel = Kernel(_space())
+    finished: list[SearchStats] = []
+    with SpyPool(workers=3) as pool:
+        record = _tune(kernel, db_url, trials=12, pool=pool, ahead=2, on_finish=finished.append)
+        assert pool.peak == 2 and pool.in_flight == 0
+    assert _is_optimum(record.config) and record.trials == 12
+    assert len(set(kernel.timed)) == 12
+    stats = finished[0]
+    assert stats.measured == 12 and stats.compile_wait_s > 0 and stats.search_s >= stats.compile_wait_s
+    assert not _study(db_url).get_trials(states=(TrialState.RUNNING,))

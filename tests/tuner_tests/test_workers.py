@@ -90,6 +90,7 @@ def _hang_on_stage_4_or_5(kernel: str, problem_key: str, config_text: str, seed:
 def test_hung_candidate_times_out_and_the_pool_recovers(pool, monkeypatch) -> None:
     monkeypatch.setattr(workers, "_check_in_worker", _hang_on_stage_4_or_5)
     monkeypatch.setattr(pool, "timeout_s", 1.0)
+    monkeypatch.setattr(workers, "WORKER_START_S", 10.0)  # a rebuilt pool's imports take ~4 s here
     hung = GOOD.replace(num_stages=4)
     result = pool.check(MATMUL_PROBLEM, [hung])[hung]
     assert result.status == "timeout" and "no result within 1 s" in result.reason
@@ -100,7 +101,30 @@ def test_hung_candidate_times_out_and_the_pool_recovers(pool, monkeypatch) -> No
 def test_candidate_queued_behind_hung_ones_is_still_checked(pool, monkeypatch) -> None:
     monkeypatch.setattr(workers, "_check_in_worker", _hang_on_stage_4_or_5)
     monkeypatch.setattr(pool, "timeout_s", 1.0)
+    monkeypatch.setattr(workers, "WORKER_START_S", 10.0)  # a rebuilt pool's imports take ~4 s here
     first, second = GOOD.replace(num_stages=4), GOOD.replace(num_stages=5)
     results = pool.check(MATMUL_PROBLEM, [first, second, GOOD])  # two workers, both hung
     assert results[first].status == results[second].status == "timeout"
     assert results[GOOD].status == "ok", results[GOOD].reason
+
+
+def test_pipeline_returns_each_submitted_candidate_once(pool: CheckPool) -> None:
+    pool.submit(MATMUL_PROBLEM, GOOD)
+    pool.submit(MATMUL_PROBLEM, SPLITK)
+    with pytest.raises(RuntimeError, match="in flight already; take a result first"):
+        pool.submit(MATMUL_PROBLEM, GOOD.replace(num_stages=3))
+    assert pool.in_flight == 2
+    results = dict(pool.next_result() for _ in range(2))
+    assert set(results) == {GOOD, SPLITK} and all(r.status == "ok" for r in results.values())
+    assert pool.in_flight == 0
+    with pytest.raises(RuntimeError, match="no candidate in flight"):
+        pool.next_result()
+
+
+def test_pipeline_confines_a_crash_to_its_candidate(pool, monkeypatch) -> None:
+    monkeypatch.setattr(workers, "_check_in_worker", _exit_on_stage_5)
+    killer = GOOD.replace(num_stages=5)
+    pool.submit(MATMUL_PROBLEM, killer)
+    pool.submit(MATMUL_PROBLEM, GOOD)
+    results = dict(pool.next_result() for _ in range(2))
+    assert results[killer].status == "crashed" and results[GOOD].status == "ok"
