@@ -205,14 +205,17 @@ def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: in
     bench = SweepBench(sweep)
     pool = Pipeline(ahead) if ahead > 1 else None
     _Search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial, ahead=ahead).run()
-    pruned = study.get_trials(deepcopy=False, states=(TrialState.PRUNED,))
+    trials = study.get_trials(deepcopy=False)
+    # Invalid configs are pruned, or told as infeasible for the GP sampler (tuner.search._prune_invalid).
+    pruned = [t for t in trials if t.user_attrs.get("status") == "invalid"]
     not_swept = sum(t.user_attrs.get("reason") == NOT_SWEPT for t in pruned)
-    told = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))
+    told = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+            and t.user_attrs.get("status") != "invalid"]
     done = [t.value for t in told if t.state == TrialState.COMPLETE]
     counted = len(measured_trials(study))
-    trials = study.get_trials(deepcopy=False)
     last = trials[-1] if trials else None
-    stop = "budget" if counted >= budget else "invalid" if last and last.state == TrialState.PRUNED else "converged"
+    stop = ("budget" if counted >= budget else "invalid" if last and last.user_attrs.get("status") == "invalid"
+            else "converged")
     return Run(sampler, mode, seed, tuple(to_target), best_ms / min(done) if done else 0.0, bench.measured,
                len(told) - bench.measured, len(pruned) - not_swept, not_swept, counted, stop,
                time.perf_counter() - start)

@@ -152,7 +152,30 @@ def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """
     states = (TrialState.COMPLETE, TrialState.FAIL)
     return [t for t in study.get_trials(deepcopy=False, states=states)
-            if not t.user_attrs.get("repeat") and not t.user_attrs.get("interrupted")]
+            if not t.user_attrs.get("repeat") and not t.user_attrs.get("interrupted")
+            and t.user_attrs.get("status") != "invalid"]
+
+
+def uses_constraints(study: optuna.Study) -> bool:
+    """Optuna's GP sampler fits COMPLETE trials only: a pruned invalid config is invisible to it, and
+    it proposes the same one again and again (docs/SEARCH.md). For it, an invalid config is told as
+    a complete but infeasible trial (``Trial.set_constraint``), which its constrained acquisition
+    learns to avoid. TPE learns from pruned trials directly."""
+    return isinstance(study.sampler, optuna.samplers.GPSampler)
+
+
+def _prune_invalid(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+    trial.set_user_attr("status", "invalid")
+    trial.set_user_attr("reason", reason)
+    if not uses_constraints(study):
+        study.tell(trial, state=TrialState.PRUNED)
+        return
+    trial.set_constraint("valid", 1.0)
+    # The objective's model sees infeasible points too: as bad as the worst measured time, so
+    # that they neither attract nor stretch the scale.
+    done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("status") == "ok"]
+    study.tell(trial, max(done) if done else 1.0)
 
 
 def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
@@ -198,6 +221,8 @@ def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) ->
         trial.set_user_attr("rel_error", measurement.rel_error)
     if measurement.early_stopped:
         trial.set_user_attr("timing", "quick")
+    if uses_constraints(study):
+        trial.set_constraint("valid", 0.0)
     if measurement.ok:
         study.tell(trial, float(measurement.time_ms))
     else:
@@ -205,7 +230,8 @@ def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) ->
 
 
 def best_triton(study: optuna.Study, spec: KernelSpec) -> tuple[Config, float] | None:
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("status") != "invalid"]
     if not done:
         return None
     best = min(done, key=lambda t: t.value)
@@ -325,9 +351,7 @@ class _Search:
                 if reason:
                     self.invalid_in_a_row += 1
                     self.stats.pruned_invalid += 1
-                    trial.set_user_attr("status", "invalid")
-                    trial.set_user_attr("reason", reason)
-                    self.study.tell(trial, state=TrialState.PRUNED)
+                    _prune_invalid(self.study, trial, reason)
                     continue
                 self.invalid_in_a_row = 0
                 if config in self.in_flight:  # answered with the first ask's result

@@ -295,3 +295,17 @@ def test_pipelined_search_with_worker_pool_keeps_ahead_in_flight(db_url) -> None
     stats = finished[0]
     assert stats.measured == 12 and stats.compile_wait_s > 0 and stats.search_s >= stats.compile_wait_s
     assert not _study(db_url).get_trials(states=(TrialState.RUNNING,))
+
+
+def test_gp_sampler_learns_the_constraints_instead_of_repeating_an_invalid_config(db_url) -> None:
+    pytest.importorskip("scipy", reason="Optuna's GP sampler needs scipy (the `samplers` extra)")
+    kernel = Kernel(_space(block_n=(32, 64)))  # BLOCK_N=64 is invalid: half the space
+    record = _tune(kernel, db_url, trials=12, sampler="gp")
+    study = _study(db_url)
+    assert _is_optimum(record.config), "GP found the optimum (and then converged on it)"
+    assert record.trials == len(measured_trials(study)) >= 6
+    invalid = [t for t in study.trials if t.user_attrs.get("status") == "invalid"]
+    assert invalid and all(t.state == TrialState.COMPLETE and t.constraints == {"valid": 1.0} for t in invalid)
+    measured = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs["status"] == "ok"]
+    assert all(t.constraints == {"valid": 0.0} for t in measured)
+    assert len(invalid) < 100, "GP kept proposing invalid configs"
