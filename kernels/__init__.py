@@ -17,14 +17,16 @@ from .dispatch import DISPATCHER, Choice
 from . import grouped
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
 from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_with
+from . import moe
+from .moe import MOE_MATMUL, moe_matmul_with
 
 __all__ = [
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
     "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul", "grouped_matmul_with",
-    "is_baseline", "matmul", "matmul_with", "parse_shape", "resolve_device", "use_database", "validate_record",
+    "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape", "resolve_device", "use_database", "validate_record",
 ]
 
-KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (MATMUL, GROUPED_MATMUL)}
+KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (MATMUL, GROUPED_MATMUL, MOE_MATMUL)}
 
 # Read once: triton decides interpreter or compiler when it is imported, so this cannot change later.
 _INTERPRETED = interpreter_enabled()
@@ -63,6 +65,33 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
     return GROUPED_MATMUL.execute(config, (list(As), list(Bs)))
 
 
+def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Mixture-of-experts GEMM in one launch: rows ``offsets[e-1]:offsets[e]`` of ``x`` times ``w[e]``.
+
+    ``x`` [T, K] holds the tokens sorted by expert, ``w`` [E, K, N] the experts (``w_nk.transpose(1, 2)``
+    for weights stored [E, N, K]), ``offsets`` [E] int32 the running end rows, on the device (as for
+    ``torch._grouped_mm``). Rows at or past ``offsets[-1]`` are not written. The host never reads
+    ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU.
+    """
+    if not moe.operands_ok(x, w, offsets):
+        moe.check_operands(x, w, offsets)
+    if x.device.type == "cpu" and not _INTERPRETED:
+        return _into(out, moe.baseline((x, w, offsets)))
+    key = (x.device, x.dtype, x.shape[0], w.shape[0], w.shape[2], x.shape[1], moe.weight_layout(w))
+    config = DISPATCHER.cached(key)
+    if config is None:
+        problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[-1], *key[2:6])
+        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(x.device))
+    if is_baseline(config):
+        return _into(out, moe.baseline((x, w, offsets)))
+    return moe.run_checked(config, x, w, offsets, out)
+
+
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    return result if out is None else out.copy_(result)
+
+
 def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None) -> Choice:
     """Which config the dispatcher would use for ``problem`` and where it came from."""
     return DISPATCHER.choose(get_kernel(kernel), problem, device or current_device())
@@ -74,6 +103,7 @@ def validate_record(record: Any) -> None:
     problem = Problem.from_key(spec.name, record.problem_key)
     if problem.dtype not in spec.dtypes:
         raise ValueError(f"{spec.name} does not take dtype {problem.dtype}; it takes {', '.join(spec.dtypes)}")
+    spec.check_problem(problem)
     if spec is MATMUL and len(problem.shapes) != 1:
         raise ValueError(f"matmul problem key {record.problem_key!r} names {len(problem.shapes)} GEMMs; "
                          "a dense matmul key has one MxNxK (groups belong to grouped_matmul)")

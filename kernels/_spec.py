@@ -306,6 +306,8 @@ class KernelSpec:
     distance: Callable[[Problem, Problem], float]
     # Configs known to do well on problems like this one: the search's first trials.
     seeds: Callable[[Problem, DeviceInfo], list] = field(default=lambda problem, device: [])
+    # Raises ValueError naming the fix when a well-formed key is still not a problem of this kernel.
+    check_problem: Callable[[Problem], None] = field(default=lambda problem: None)
 
     def execute(self, config: Config, inputs: tuple) -> Any:
         """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""

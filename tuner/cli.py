@@ -55,12 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = with_db(sub.add_parser("search", help="tune problems and store the winners"))
     s.add_argument("--device", default="auto",
                    help="alias (h100), canonical name, 'auto' (this GPU, or cpu without one) or 'cpu'")
-    s.add_argument("--kernel", default="matmul", help="kernel family: matmul or grouped_matmul")
+    s.add_argument("--kernel", default="matmul", help="kernel family: matmul, grouped_matmul or moe_matmul")
     s.add_argument("--dtype", action="append", help="fp16, bf16 or fp32 (repeatable; default fp16)")
     s.add_argument("--layout", action="append",
                    help="operand layout, A then B: nn (row-major) or nt (B = w.t()); repeatable; default nn")
     s.add_argument("--shape", action="append",
-                   help="MxNxK (repeatable); a group for grouped_matmul joins GEMMs with '+': 128x128x128+64x64x64")
+                   help="MxNxK (repeatable); a group (grouped_matmul, moe_matmul) joins GEMMs with '+': 128x128x128+64x64x64")
     s.add_argument("--trials", type=int, default=40, help="measured trials per problem (default 40)")
     s.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
     s.add_argument("--sampler", default="tpe", help="tpe (default), random, gp or cmaes")

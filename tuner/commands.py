@@ -37,6 +37,8 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
         shapes = args.shape
     elif spec.name == "grouped_matmul":
         shapes = tuple((suites.GROUPS_CPU if device.is_cpu else suites.GROUPS_GPU).values())
+    elif spec.name == "moe_matmul":
+        shapes = tuple((suites.MOE_CPU if device.is_cpu else suites.MOE_GPU).values())
     else:
         shapes = suites.DENSE_CPU if device.is_cpu else suites.DENSE_GPU
     problems = []
@@ -45,10 +47,15 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
             raise UserError(f"{spec.name} does not take --dtype {dtype}; it takes {', '.join(spec.dtypes)}")
         key = f"{dtype}:{layout}:{text}"
         try:
-            problems.append(kernels.Problem.from_key(spec.name, key))
+            problem = kernels.Problem.from_key(spec.name, key)
         except ValueError:
             raise UserError(f"--shape {text!r} must be MxNxK with integers >= 0 (groups: join with '+'), "
                             f"--layout one of nn, nt, tn, tt; got {key!r}") from None
+        try:
+            spec.check_problem(problem)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        problems.append(problem)
     return problems
 
 

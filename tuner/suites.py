@@ -21,3 +21,9 @@ GROUPS_GPU = {
                                                              16, 2048, 64, 0, 128, 16, 32, 16)),
 }
 GROUPS_CPU = {"tiny": "16x32x32+8x16x32+0x16x16"}
+
+# The MoE groups above (one N and K over the experts) for moe_matmul, whose operands are one token
+# buffer and one weight tensor.
+MOE_GPU = {name: GROUPS_GPU[name] for name in ("8 experts K=4096 N=1536", "64 experts K=2048 N=768",
+                                                "8 experts skewed+empty", "16 experts skewed")}
+MOE_CPU = {"tiny": "16x32x32+0x32x32+8x32x32"}

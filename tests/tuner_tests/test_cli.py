@@ -130,6 +130,17 @@ def test_grouped_search_tunes_a_group(tmp_path) -> None:
                                                                   ((16, 32, 32), (8, 16, 32)))
 
 
+def test_moe_search_tunes_an_expert_group(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'moe.db'}"
+    group = "16x32x32+0x32x32+8x32x32"
+    done = tuner(tmp_path, "search", "--kernel", "moe_matmul", *SEARCH_ON, "--shape", group,
+                 "--trials", "2", "--seed", "0", "--db", url)
+    assert done.returncode == 0, done.stderr
+    assert "measured" in done.stdout and "waiting for compiles" in done.stdout, "the wall-time summary line"
+    [record] = _records(url)
+    assert (record.kernel, record.problem_key) == ("moe_matmul", f"fp16:nn:{group}")
+
+
 @pytest.mark.skipif(ON_GPU, reason="this machine has the GPU the test pretends is missing")
 def test_gpu_device_without_gpu_exits_2_pointing_to_device_cpu(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'never.db'}"
@@ -148,6 +159,8 @@ def test_gpu_device_without_gpu_exits_2_pointing_to_device_cpu(tmp_path) -> None
     (["--kernel", "conv", "--shape", SHAPE], "unknown kernel 'conv'"),
     (["--trials", "0", "--shape", SHAPE], "--trials 0 must be at least 1"),
     (["--sampler", "annealing", "--shape", SHAPE], "--sampler annealing is not one of"),
+    (["--ahead", "0", "--shape", SHAPE], "--ahead 0 must be at least 1"),
+    (["--kernel", "moe_matmul", "--shape", "16x32x32+8x64x32"], "shares one N and one K"),
 ])
 def test_bad_search_arguments_exit_2_with_a_message(args, message, tmp_path, capsys) -> None:
     # --device auto is this machine's GPU, or cpu (the interpreter tests/conftest.py turned on) without one.

@@ -1,0 +1,296 @@
+"""Mixture-of-experts GEMM: out[rows of e] = x[rows of e] @ w[e] for every expert e, in one launch.
+
+The MoE layout of ``torch._grouped_mm``: tokens sorted by expert in one row-major buffer ``x`` [T, K],
+the experts' weights in one tensor ``w`` [E, K, N] (any strides; ``w = w_nk.transpose(1, 2)`` for
+weights stored [E, N, K]), and ``offsets`` [E] on the device, the running end row of each expert
+(int32 or int64). Nothing about the routing crosses to the host: ``NUM_SM`` programs walk the
+experts' tiles reading ``offsets`` themselves, so a call costs one launch and one output allocation,
+with no pointer table built, copied or even looked up. That is the point of this entry over
+``grouped_matmul``, whose list of separate tensors needs a device table of pointers.
+
+Tuning shares ``grouped_matmul``'s search space (the tile code is the same); a problem is the group of
+the experts' GEMMs, ``M_e x N x K``. At dispatch the split of T over experts is on the device, so the
+config is looked up by what the host knows, (T, E, N, K): the group distance compares GEMM count,
+flops and mean sizes, all of which any split of T shares, so a tuned group with the same T, E, N, K
+is found at distance 0 whatever its skew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from ._device import interpreter_enabled
+from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
+from . import grouped
+from .grouped import _cdiv, default_config, distance
+
+KERNEL = "moe_matmul"
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+_OFFSET_DTYPES = (torch.int32, torch.int64)
+_VECTOR = 8  # fp16/bf16 elements in a 16-byte load
+
+
+
+def _tiles_fit_tokens(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    """grouped_matmul's tile-size rule with M the token count: any one expert may get every token."""
+    tokens = sum(m for m, _, _ in problem.shapes)
+    _, n, k = problem.shapes[0] if problem.shapes else (0, 0, 0)
+    return grouped._tiles_fit_problem(config, Problem(KERNEL, problem.dtype, problem.layout, ((tokens, n, k),)),
+                                      device)
+
+
+# grouped_matmul's space with the rules that depend on each expert's M (the tile-size bound, and
+# "NUM_SM above the tile count is redundant") replaced by what holds for every split of T: the
+# split changes from call to call, and a config tuned on one split must stay usable for any other
+# with the same (T, E, N, K).
+SPACE = dataclasses.replace(grouped.SPACE, constraints=(_tiles_fit_tokens,) + tuple(
+    c for c in grouped.SPACE.constraints if c not in (grouped._num_sm_not_redundant, grouped._tiles_fit_problem)))
+
+
+@triton.jit
+def _moe_kernel(x_ptr, w_ptr, c_ptr, offs_ptr, T, E, N, K, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
+                stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                X_K_UNIT: tl.constexpr, W_K_UNIT: tl.constexpr, W_N_UNIT: tl.constexpr, ALIGNED: tl.constexpr):
+    """Program p takes tiles p, p + num_programs, ... of all experts in order (expert-major, then M, then N)."""
+    if X_K_UNIT:
+        stride_xk = 1
+    if W_K_UNIT:
+        stride_wk = 1
+    if W_N_UNIT:
+        stride_wn = 1
+    if ALIGNED:  # the host checked these; they let loads along the unit axis use 16-byte vectors
+        stride_xm = tl.multiple_of(stride_xm, 8)
+        stride_we = tl.multiple_of(stride_we, 8)
+        stride_cm = tl.multiple_of(stride_cm, 8)
+        N = tl.multiple_of(N, 8)
+        K = tl.multiple_of(K, 8)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tile = tl.program_id(0)
+    tiles_before = tile * 0  # tiles of the experts before this one (an int32 tensor, as the loop needs)
+    row_start = tile * 0
+    w_expert = w_ptr  # advanced one expert per step: 64-bit pointer arithmetic, no int32 product to overflow
+    for e in range(0, E):
+        # Clamped to [row_start, T]: offsets past the buffer or going backwards cannot make a program
+        # read or write outside x and out; such an expert just gets fewer (or no) rows.
+        row_end = tl.maximum(tl.minimum(tl.load(offs_ptr + e).to(tl.int32), T), row_start)
+        expert_tiles = tl.cdiv(row_end - row_start, BLOCK_M) * tiles_n
+        while tile < tiles_before + expert_tiles:
+            local = tile - tiles_before
+            offs_m = row_start + (local // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = (local % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+            offs_k = tl.arange(0, BLOCK_K)
+            a_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+            b_ptrs = w_expert + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
+            mask_m = offs_m[:, None] < row_end
+            mask_n = offs_n[None, :] < N
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for k in range(0, tl.cdiv(K, BLOCK_K)):
+                k_left = K - k * BLOCK_K
+                a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+                b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n, other=0.0)
+                acc = tl.dot(a, b, acc)
+                a_ptrs += BLOCK_K * stride_xk
+                b_ptrs += BLOCK_K * stride_wk
+            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+            tile += tl.num_programs(0)
+        tiles_before += expert_tiles
+        row_start = row_end
+        w_expert += stride_we
+
+
+# -------------------------------------------------------------------------------------------- operands
+
+def check_operands(x: object, w: object, offsets: object) -> None:
+    """Raise the TypeError/ValueError that names the bad operand and the fix."""
+    for name, t in (("x", x), ("w", w), ("offsets", offsets)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"moe_matmul takes torch tensors; {name} is a {type(t).__name__}")
+    if x.dim() != 2 or w.dim() != 3:
+        raise ValueError(f"moe_matmul takes x as [tokens, K] and w as [experts, K, N]; got x {tuple(x.shape)} "
+                         f"and w {tuple(w.shape)}")
+    if x.dtype not in _DTYPE_NAMES or w.dtype != x.dtype:
+        raise TypeError(f"moe_matmul takes float16 or bfloat16 x and w of one dtype; got {x.dtype} and {w.dtype}; "
+                        "cast both with .half() or .bfloat16()")
+    if offsets.dim() != 1 or offsets.dtype not in _OFFSET_DTYPES or offsets.shape[0] != w.shape[0]:
+        raise ValueError(f"moe_matmul takes offsets as a 1-D int32 (or int64) tensor with one end row per expert "
+                         f"({w.shape[0]}); got {offsets.dtype} of shape {tuple(offsets.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has K={x.shape[1]} but w has K={w.shape[1]} (w is [experts, K, N]; for weights "
+                         "stored [experts, N, K] pass w.transpose(1, 2))")
+    if not (x.device == w.device == offsets.device):
+        raise ValueError(f"moe_matmul takes x, w and offsets on one device; got {x.device}, {w.device} and "
+                         f"{offsets.device}")
+
+
+def operands_ok(x: object, w: object, offsets: object) -> bool:
+    """The hot path's check: True when ``check_operands`` would pass, without building messages."""
+    return (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and isinstance(offsets, torch.Tensor)
+            and x.dim() == 2 and w.dim() == 3 and offsets.dim() == 1 and x.dtype in _DTYPE_NAMES
+            and w.dtype == x.dtype and offsets.dtype in _OFFSET_DTYPES and offsets.shape[0] == w.shape[0]
+            and x.shape[1] == w.shape[1] and x.device == w.device == offsets.device)
+
+
+def weight_layout(w: torch.Tensor) -> str:
+    """``n`` for [E, K, N] row-major experts, ``t`` for experts stored [E, N, K] (w = w_nk.transpose(1, 2))."""
+    k, n = w.shape[1], w.shape[2]
+    return "t" if w.stride(1) == 1 and k > 1 and not (w.stride(2) == 1 and n > 1) else "n"
+
+
+def balanced_problem(dtype: str, layout: str, tokens: int, experts: int, n: int, k: int) -> Problem:
+    """The group of E GEMMs with T split as evenly as it goes: what dispatch knows of a call."""
+    base, extra = divmod(tokens, experts)
+    return Problem(KERNEL, dtype, layout, tuple((base + (e < extra), n, k) for e in range(experts)))
+
+
+def problem_of(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> Problem:
+    """The exact group a call poses; reads ``offsets`` on the host (a sync), so the tuner uses it, not dispatch."""
+    check_operands(x, w, offsets)
+    ends = _ends((x, w, offsets))
+    shapes = tuple((end - start, w.shape[2], w.shape[1]) for start, end in zip([0] + ends[:-1], ends))
+    return Problem(KERNEL, _DTYPE_NAMES[x.dtype], "n" + weight_layout(w), shapes)
+
+
+def _check_problem(problem: Problem) -> None:
+    if len({(n, k) for _, n, k in problem.shapes}) != 1:
+        raise ValueError(f"a {KERNEL} group shares one N and one K over its experts; got {problem.key!r}. "
+                         "Groups of unrelated shapes are grouped_matmul's")
+    if problem.layout[0] != "n":
+        raise ValueError(f"{KERNEL} takes x row-major (layout n?); got layout {problem.layout!r}")
+
+
+# --------------------------------------------------------------------------------------------- launcher
+
+def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Launch ``config`` on operands ``operands_ok`` passed. Rows at or past ``offsets[-1]`` are not written."""
+    if x.device.type == "cpu" and not interpreter_enabled():
+        raise ValueError("moe_matmul got CPU tensors, but Triton kernels run on the GPU; move them with .cuda(), "
+                         "or set TRITON_INTERPRET=1 before triton is imported to run the interpreter")
+    tokens, k = x.shape
+    experts, _, n = w.shape
+    if out is None:
+        out = torch.empty((tokens, n), dtype=x.dtype, device=x.device)
+    elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1:
+        raise ValueError(f"out must be a row-major-rows {tokens}x{n} {x.dtype} tensor; got {tuple(out.shape)} "
+                         f"{out.dtype} with strides {out.stride()}")
+    values = config.as_dict()
+    block_m, block_n = int(values["BLOCK_M"]), int(values["BLOCK_N"])
+    # The host does not know the split; each expert adds at most one partial row of tiles.
+    most_tiles = (_cdiv(tokens, block_m) + experts) * _cdiv(n, block_n)
+    if tokens == 0 or n == 0 or experts == 0:
+        return out
+    sxm, sxk = x.stride()
+    swe, swk, swn = w.stride()
+    x_k_unit = sxk == 1 or k <= 1
+    w_n_unit = swn == 1 or n <= 1
+    w_k_unit = not w_n_unit and (swk == 1 or k <= 1)
+    strides = [out.stride(0)] + [s for s, unit in ((sxm, False), (sxk, x_k_unit), (swe, False), (swk, w_k_unit),
+                                                   (swn, w_n_unit)) if not unit]
+    aligned = (all(t.data_ptr() % 16 == 0 for t in (x, w, out)) and n % _VECTOR == 0 and k % _VECTOR == 0
+               and all(s % _VECTOR == 0 for s in strides))
+    grid = (max(1, min(int(values["NUM_SM"]), most_tiles)),)
+    _moe_kernel[grid](x, w, out, offsets, tokens, experts, n, k, sxm, sxk, swe, swk, swn, out.stride(0),
+                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=values["BLOCK_K"], X_K_UNIT=x_k_unit,
+                      W_K_UNIT=w_k_unit, W_N_UNIT=w_n_unit, ALIGNED=aligned,
+                      num_warps=values["num_warps"], num_stages=values["num_stages"])
+    return out
+
+
+def moe_matmul_with(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """``moe_matmul`` with an explicit config (``VARIANT=cublas``: the baseline)."""
+    check_operands(x, w, offsets)
+    if is_baseline(config):
+        return baseline((x, w, offsets))  # reads offsets on the host: a sync
+    reason = SPACE.outside(config)
+    if reason:
+        raise ValueError(f"config '{config}' is not in the {KERNEL} search space: {reason}")
+    return run_checked(config, x, w, offsets, out)
+
+
+# --------------------------------------------------------------------------------------- the rest of the spec
+
+def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple:
+    """x [T, K] sorted by expert, w [E, K, N] (layout ``nt``: stored [E, N, K] and transposed), int32 offsets
+    on the device, and the same end rows on the host, so that the loop baseline needs no sync to read them."""
+    _check_problem(problem)
+    if problem.dtype not in _TORCH_DTYPES:
+        raise ValueError(f"{KERNEL} runs fp16 or bf16, not {problem.dtype}")
+    dtype = _TORCH_DTYPES[problem.dtype]
+    _, n, k = problem.shapes[0]
+    tokens = sum(m for m, _, _ in problem.shapes)
+    gen = torch.Generator().manual_seed(seed)
+    scale = max(k, 1) ** -0.25  # each output element about N(0, 1)
+    x = (torch.randn((tokens, k), generator=gen) * scale).to(dtype=dtype, device=torch_device)
+    experts = len(problem.shapes)
+    if problem.layout[1] == "t":
+        w = (torch.randn((experts, n, k), generator=gen) * scale).to(dtype=dtype, device=torch_device).transpose(1, 2)
+    else:
+        w = (torch.randn((experts, k, n), generator=gen) * scale).to(dtype=dtype, device=torch_device)
+    ends = torch.tensor([m for m, _, _ in problem.shapes]).cumsum(0)
+    return x, w, ends.to(dtype=torch.int32, device=torch_device), tuple(ends.tolist())
+
+
+def _ends(inputs: tuple) -> list[int]:
+    """End rows as the kernel clamps them, from the host copy where the inputs carry one."""
+    x, _, offsets = inputs[:3]
+    raw = inputs[3] if len(inputs) > 3 else offsets.tolist()
+    ends, start = [], 0
+    for value in raw:
+        start = min(max(int(value), start), x.shape[0])
+        ends.append(start)
+    return ends
+
+
+def reference(inputs: tuple) -> torch.Tensor:
+    """float32 product of each expert's rows; rows past the last offset are left zero (and unchecked)."""
+    x, w = inputs[:2]
+    out = torch.zeros((x.shape[0], w.shape[2]), dtype=torch.float32, device=x.device)
+    start = 0
+    for e, end in enumerate(_ends(inputs)):
+        out[start:end] = x[start:end].float() @ w[e].float()
+        start = end
+    return out
+
+
+def baseline(inputs: tuple) -> torch.Tensor:
+    """What a user has without us: ``torch._grouped_mm`` where torch runs it (bf16 on a GPU), else a loop."""
+    x, w, offsets = inputs[:3]
+    if x.is_cuda and x.dtype == torch.bfloat16 and offsets.dtype == torch.int32 and hasattr(torch, "_grouped_mm"):
+        return torch._grouped_mm(x, w, offs=offsets)
+    out = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device)
+    start = 0
+    for e, end in enumerate(_ends(inputs)):
+        if end > start:
+            torch.matmul(x[start:end], w[e], out=out[start:end])
+        start = end
+    return out
+
+
+def run(config: Config, inputs: tuple) -> torch.Tensor:
+    """``inputs`` from ``make_inputs`` (their offsets end at T, so every row is written) or checked operands."""
+    return run_checked(config, *inputs[:3])
+
+
+MOE_MATMUL = KernelSpec(
+    name=KERNEL,
+    space=SPACE,
+    dtypes=("fp16", "bf16"),
+    problem_of=problem_of,
+    make_inputs=make_inputs,
+    reference=reference,
+    run=run,
+    baseline=baseline,
+    default_config=default_config,
+    distance=distance,
+    check_problem=_check_problem,
+)
+
+__all__ = ["MOE_MATMUL", "balanced_problem", "moe_matmul_with", "problem_of", "weight_layout"]

@@ -1,0 +1,148 @@
+"""The MoE GEMM (one token buffer, one weight tensor, device offsets): correctness, safety, errors, dispatch.
+
+Runs under Triton's interpreter on a CPU (fp16: the interpreter's bf16 dot is wrong, GPU.md) or compiled
+on a GPU. Dispatch tests read a real SQLite file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import kernels
+from db import Store
+from kernels import moe
+from kernels._device import interpreter_enabled
+from kernels._spec import BASELINE, Config, Problem
+from kernels.moe import MOE_MATMUL, balanced_problem, moe_matmul_with, problem_of
+
+from test_dispatch import make_record  # tests/kernels_tests is on sys.path (rootdir-relative imports)
+
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
+TOLERANCE = 1e-2  # relative L2 error of an fp16 output; the interpreter measures ~3e-4
+
+# Skewed, with empty experts first, in the middle and last; 40 tokens, N=48 and K=40 not tile multiples.
+SKEWED = (0, 17, 1, 0, 22, 0)
+
+SMALL_CONFIGS = (
+    Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=4, num_warps=2, num_stages=2),  # programs loop
+    Config.make(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, NUM_SM=16, num_warps=4, num_stages=3),  # programs idle
+)
+
+
+def _problem(rows=SKEWED, n: int = 48, k: int = 40, layout: str = "nn", dtype: str = "fp16") -> Problem:
+    return Problem("moe_matmul", dtype, layout, tuple((m, n, k) for m in rows))
+
+
+def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float().cpu() - ref.cpu()).norm() / ref.cpu().norm().clamp_min(1e-6))
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+@pytest.mark.parametrize("config", SMALL_CONFIGS, ids=str)
+def test_skewed_experts_with_empty_ones_match_torch(layout: str, config: Config) -> None:
+    inputs = MOE_MATMUL.make_inputs(_problem(layout=layout), DEVICE, 0)
+    out = MOE_MATMUL.run(config, inputs)
+    assert out.shape == (40, 48) and out.dtype == torch.float16
+    assert _error(out, MOE_MATMUL.reference(inputs)) <= TOLERANCE
+
+
+def test_nt_layout_is_the_transposed_weight_view() -> None:
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(layout="nt"), DEVICE, 0)
+    assert w.stride(1) == 1 and moe.weight_layout(w) == "t"
+    assert problem_of(x, w, offsets) == _problem(layout="nt")
+
+
+def test_offsets_past_the_buffer_or_backwards_are_clamped_not_read_out_of_bounds() -> None:
+    x, w, _, _ = MOE_MATMUL.make_inputs(_problem(rows=(8, 8, 8)), DEVICE, 0)
+    # Expert 1 ends before expert 0 (gets no rows); expert 2 claims rows past the 24 there are.
+    offsets = torch.tensor([10, 4, 1000], dtype=torch.int32, device=DEVICE)
+    out = moe_matmul_with(SMALL_CONFIGS[0], x, w, offsets)
+    expect = torch.cat([x[:10].float() @ w[0].float(), x[10:].float() @ w[2].float()])
+    assert _error(out, expect) <= TOLERANCE
+    assert problem_of(x, w, offsets).shapes == ((10, 48, 40), (0, 48, 40), (14, 48, 40))
+
+
+def test_int64_offsets_and_out_are_accepted() -> None:
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 1)
+    out = torch.full((40, 48), float("nan"), dtype=torch.float16, device=DEVICE)
+    result = moe_matmul_with(SMALL_CONFIGS[1], x, w, offsets.long(), out=out)
+    assert result is out
+    assert _error(out, MOE_MATMUL.reference((x, w, offsets))) <= TOLERANCE
+
+
+def test_baseline_config_and_the_loop_baseline_agree_with_the_reference() -> None:
+    inputs = MOE_MATMUL.make_inputs(_problem(), DEVICE, 2)
+    ref = MOE_MATMUL.reference(inputs)
+    assert _error(MOE_MATMUL.baseline(inputs), ref) <= TOLERANCE
+    assert _error(moe_matmul_with(BASELINE, *inputs[:3]), ref) <= TOLERANCE
+
+
+def test_problem_of_reads_the_exact_split_and_balanced_problem_shares_its_distance_features() -> None:
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 0)
+    exact = problem_of(x, w, offsets)
+    assert exact == _problem()
+    balanced = balanced_problem("fp16", "nn", 40, 6, 48, 40)
+    assert [m for m, _, _ in balanced.shapes] == [7, 7, 7, 7, 6, 6]
+    assert MOE_MATMUL.distance(exact, balanced) == 0.0, "dispatch finds the skewed record at distance 0"
+
+
+@pytest.mark.parametrize("args, error, words", [
+    (lambda x, w, o: (x.unsqueeze(0), w, o), ValueError, ["x as [tokens, K]"]),
+    (lambda x, w, o: (x, w.float(), o), TypeError, ["one dtype", ".half()"]),
+    (lambda x, w, o: (x, w, o.float()), ValueError, ["int32", "one end row per expert"]),
+    (lambda x, w, o: (x, w, o[:-1]), ValueError, ["one end row per expert (6)"]),
+    (lambda x, w, o: (x[:, :8], w, o), ValueError, ["K=8", "transpose(1, 2)"]),
+    (lambda x, w, o: (x, [w], o), TypeError, ["w is a list"]),
+])
+def test_bad_operands_raise_errors_that_name_them(args, error, words) -> None:
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 0)
+    with pytest.raises(error) as info:
+        kernels.moe_matmul(*args(x, w, offsets))
+    assert all(word in str(info.value) for word in words), str(info.value)
+
+
+def test_group_of_unlike_experts_is_not_a_moe_problem() -> None:
+    with pytest.raises(ValueError, match="shares one N and one K"):
+        MOE_MATMUL.check_problem(Problem.from_key("moe_matmul", "fp16:nn:16x32x32+8x64x32"))
+    with pytest.raises(ValueError, match="shares one N and one K"):
+        MOE_MATMUL.make_inputs(Problem.from_key("moe_matmul", "fp16:nn:16x32x32+8x32x64"), DEVICE, 0)
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+
+@pytest.fixture
+def db_dispatch(db_url: str) -> Iterator[str]:
+    kernels.use_database(db_url, use_shipped=False)
+    yield db_url
+    kernels.use_database(None)
+
+
+def test_moe_matmul_runs_the_config_tuned_for_its_tokens_experts_n_and_k(db_dispatch, monkeypatch) -> None:
+    tuned = SMALL_CONFIGS[1]
+    device = kernels.current_device(torch.device(DEVICE))
+    with Store(db_dispatch) as store:  # tuned on the skewed split; the call below has another split
+        store.put(make_record(device, _problem().key, tuned, kernel="moe_matmul"))
+    launched: list[Config] = []
+    real = moe.run_checked
+    monkeypatch.setattr(moe, "run_checked", lambda config, *args: launched.append(config) or real(config, *args))
+    x, w, _, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 3)
+    offsets = torch.tensor([5, 5, 20, 30, 30, 40], dtype=torch.int32, device=DEVICE)
+    out = kernels.moe_matmul(x, w, offsets)
+    assert launched == [tuned]
+    assert _error(out, MOE_MATMUL.reference((x, w, offsets))) <= TOLERANCE
+    assert kernels.explain("moe_matmul", balanced_problem("fp16", "nn", 40, 6, 48, 40), device).source \
+        == f"nearest:{_problem().key}"
+
+
+def test_moe_matmul_with_a_cublas_record_runs_the_baseline(db_dispatch, monkeypatch) -> None:
+    device = kernels.current_device(torch.device(DEVICE))
+    with Store(db_dispatch) as store:
+        store.put(make_record(device, _problem().key, BASELINE, kernel="moe_matmul", triton_config=None))
+    monkeypatch.setattr(moe, "run_checked", lambda *args: pytest.fail("the Triton kernel ran"))
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 4)
+    out = torch.empty((40, 48), dtype=torch.float16, device=DEVICE)
+    assert kernels.moe_matmul(x, w, offsets, out=out) is out
+    assert _error(out, MOE_MATMUL.reference((x, w, offsets))) <= TOLERANCE
