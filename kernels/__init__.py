@@ -104,9 +104,6 @@ def validate_record(record: Any) -> None:
     if problem.dtype not in spec.dtypes:
         raise ValueError(f"{spec.name} does not take dtype {problem.dtype}; it takes {', '.join(spec.dtypes)}")
     spec.check_problem(problem)
-    if spec is MATMUL and len(problem.shapes) != 1:
-        raise ValueError(f"matmul problem key {record.problem_key!r} names {len(problem.shapes)} GEMMs; "
-                         "a dense matmul key has one MxNxK (groups belong to grouped_matmul)")
     for name, values in (("config", record.config), ("triton_config", record.triton_config)):
         if values is None:
             continue

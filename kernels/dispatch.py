@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Hashable
 
+import triton
+
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Problem, is_baseline
 
 log = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ class Dispatcher:
         return config
 
     def choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Choice:
-        table = self._table(device, spec.name)
+        table = self._table(device, spec)
         exact = table.get(problem.key)
         if exact is not None:
             return Choice(exact[0], exact[1])
@@ -90,25 +92,54 @@ class Dispatcher:
     def _fits(spec: KernelSpec, config: Config, problem: Problem, device: DeviceInfo) -> bool:
         return is_baseline(config) or spec.space.violation(config, problem, device) is None
 
-    def _table(self, device: DeviceInfo, kernel: str) -> dict[str, tuple[Config, str]]:
-        table = self._tables.get((device.name, kernel))
+    def _table(self, device: DeviceInfo, spec: KernelSpec) -> dict[str, tuple[Config, str]]:
+        table = self._tables.get((device.name, spec.name))
         if table is None:
             with self._lock:
-                table = self._tables.get((device.name, kernel))
+                table = self._tables.get((device.name, spec.name))
                 if table is None:
-                    table = self._load(device, kernel)
-                    self._tables[(device.name, kernel)] = table
+                    table = self._load(device, spec)
+                    self._tables[(device.name, spec.name)] = table
         return table
 
-    def _load(self, device: DeviceInfo, kernel: str) -> dict[str, tuple[Config, str]]:
+    def _load(self, device: DeviceInfo, spec: KernelSpec) -> dict[str, tuple[Config, str]]:
         table: dict[str, tuple[Config, str]] = {}
+        rows: list[tuple[str, dict, str, str]] = []  # (problem key, config, triton version, source)
         if self._use_shipped:
-            for record in _shipped_records(device.name, kernel):
-                table[record["problem_key"]] = (_config_of(record["config"]), "shipped")
-        for record in _database_records(self._url, device.name, kernel):
-            table[record.problem_key] = (_config_of(record.config), "database")
-        log.debug("loaded %d tuned %s problems for %s", len(table), kernel, device.name)
+            rows += [(r.get("problem_key", ""), r.get("config") or {}, r.get("triton_version", ""), "shipped")
+                     for r in _shipped_records(device.name, spec.name)]
+        rows += [(r.problem_key, r.config, r.triton_version, "database")
+                 for r in _database_records(self._url, device.name, spec.name)]
+        other_versions: dict[str, int] = {}
+        for key, values, version, source in rows:  # the database comes last: it wins
+            reason = _unusable(spec, key, values)
+            if reason:
+                log.warning("skipping the %s record of %s %s on %s: %s", source, spec.name, key, device.alias, reason)
+                continue
+            table[key] = (_config_of(values), source)
+            if version and _minor(version) != _minor(triton.__version__):
+                other_versions[version] = other_versions.get(version, 0) + 1
+        if other_versions:
+            tuned_with = ", ".join(f"{n} with triton {v}" for v, n in sorted(other_versions.items()))
+            log.warning("%s configs for %s were tuned under another triton (%s; this is %s): they run, but may "
+                        "no longer be the fastest; re-tune with `python -m tuner search --kernel %s`",
+                        spec.name, device.alias, tuned_with, triton.__version__, spec.name)
+        log.debug("loaded %d tuned %s problems for %s", len(table), spec.name, device.name)
         return table
+
+
+def _unusable(spec: KernelSpec, key: str, values: dict) -> str | None:
+    """Why a stored record cannot be dispatched (a damaged or hand-edited table), or None."""
+    try:
+        problem = Problem.from_key(spec.name, key)
+        spec.check_problem(problem)
+        return spec.outside(_config_of(values))
+    except (ValueError, TypeError, KeyError) as exc:
+        return str(exc)
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
 
 
 def _config_of(values: dict) -> Config:

@@ -398,6 +398,12 @@ def distance(p: Problem, q: Problem) -> float:
     return log_distance(p.shape, q.shape)
 
 
+def _one_gemm(problem: Problem) -> None:
+    if len(problem.shapes) != 1:
+        raise ValueError(f"matmul problem key {problem.key!r} names {len(problem.shapes)} GEMMs; a dense matmul "
+                         "key has one MxNxK (groups belong to grouped_matmul or moe_matmul)")
+
+
 MATMUL = KernelSpec(
     name=KERNEL,
     space=SPACE,
@@ -410,6 +416,7 @@ MATMUL = KernelSpec(
     default_config=default_config,
     distance=distance,
     seeds=seed_configs,
+    check_problem=_one_gemm,
 )
 
 

@@ -261,9 +261,11 @@ def reference(inputs: tuple) -> torch.Tensor:
 
 
 def baseline(inputs: tuple) -> torch.Tensor:
-    """What a user has without us: ``torch._grouped_mm`` where torch runs it (bf16 on a GPU), else a loop."""
+    """What a user has without us: ``torch._grouped_mm`` where torch runs it (bf16 on a GPU, K-major
+    weights, int32 offsets), else a loop of torch.matmul over the experts."""
     x, w, offsets = inputs[:3]
-    if x.is_cuda and x.dtype == torch.bfloat16 and offsets.dtype == torch.int32 and hasattr(torch, "_grouped_mm"):
+    if (x.is_cuda and x.dtype == torch.bfloat16 and offsets.dtype == torch.int32 and w.stride(1) == 1
+            and hasattr(torch, "_grouped_mm")):
         return torch._grouped_mm(x, w, offs=offsets)
     out = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device)
     start = 0

@@ -121,6 +121,36 @@ def bench_group(name: str, key: str, dtype: str) -> dict:
     return row
 
 
+def bench_moe(name: str, key: str, dtype: str) -> dict:
+    """kernels.moe_matmul against torch._grouped_mm (bf16) and a loop, on the same contiguous operands.
+
+    The weights are stored [E, N, K] and passed transposed (layout nt), the K-major form
+    torch._grouped_mm takes. The loop reads the expert boundaries from a host list, as a caller who
+    has them would; moe_matmul and _grouped_mm read them from the device.
+    """
+    spec = kernels.get_kernel("moe_matmul")
+    problem = Problem.from_key("moe_matmul", f"{dtype}:nt:{key}")
+    x, w, offsets, ends = spec.make_inputs(problem, torch.device("cuda"), 7)
+    ref = spec.reference((x, w, offsets, ends))
+    tol = {"fp16": 5e-3, "bf16": 3e-2}[dtype]
+    out = torch.empty_like(ref, dtype=x.dtype)
+
+    def loop() -> torch.Tensor:
+        start = 0
+        for e, end in enumerate(ends):
+            if end > start:
+                torch.matmul(x[start:end], w[e], out=out[start:end])
+            start = end
+        return out
+
+    row = {"group": name, "problem": problem.key[:60], "dtype": dtype,
+           "ours_ms": timed(lambda: kernels.moe_matmul(x, w, offsets), ref, tol),
+           "loop_ms": timed(loop, ref, tol), "grouped_mm_ms": None}
+    if dtype == "bf16" and hasattr(torch, "_grouped_mm"):
+        row["grouped_mm_ms"] = timed(lambda: torch._grouped_mm(x, w, offs=offsets), ref, tol)
+    return row
+
+
 def geomean(values: list[float]) -> float:
     values = [v for v in values if v and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
@@ -137,6 +167,7 @@ def main() -> int:
     parser.add_argument("--layout", action="append")
     parser.add_argument("--shape", action="append")
     parser.add_argument("--groups", action="store_true", help="also benchmark the grouped GEMM groups")
+    parser.add_argument("--moe", action="store_true", help="also benchmark kernels.moe_matmul on the MoE groups")
     parser.add_argument("--no-dense", action="store_true")
     parser.add_argument("--no-autotune", action="store_true", help="skip the triton.autotune column")
     parser.add_argument("--json", default="bench.json")
@@ -179,8 +210,23 @@ def main() -> int:
                 print(f"| {name} | {dtype} | {fmt(o)} | {fmt(lp)} | {fmt(gm)} | "
                       f"{(lp / o) if o and lp else float('nan'):.2f}x | {(gm / o) if o and gm else float('nan'):.2f}x |",
                       flush=True)
+    moe = []
+    if args.moe:
+        print("| MoE group | dtype | kernels.moe_matmul ms | loop of torch.matmul ms | torch._grouped_mm ms | vs loop | vs _grouped_mm |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for dtype in ("fp16", "bf16"):
+            for name, key in suites.MOE_GPU.items():
+                row = bench_moe(name, key, dtype)
+                moe.append(row)
+                o, lp, gm = row["ours_ms"], row["loop_ms"], row["grouped_mm_ms"]
+                print(f"| {name} | {dtype} | {fmt(o)} | {fmt(lp)} | {fmt(gm)} | "
+                      f"{(lp / o) if o and lp else float('nan'):.2f}x | {(gm / o) if o and gm else float('nan'):.2f}x |",
+                      flush=True)
+        for dtype, column in (("fp16", "loop_ms"), ("bf16", "grouped_mm_ms")):
+            rows = [r for r in moe if r["dtype"] == dtype and r["ours_ms"] and r[column]]
+            print(f"geomean {dtype} moe_matmul vs {column[:-3]}: {geomean([r[column] / r['ours_ms'] for r in rows]):.3f}x")
     with open(args.json, "w") as f:
-        json.dump({"header": header, "dense": dense, "groups": groups}, f, indent=1)
+        json.dump({"header": header, "dense": dense, "groups": groups, "moe": moe}, f, indent=1)
     return 0
 
 

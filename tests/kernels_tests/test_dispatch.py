@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+import triton
 
 import kernels
 from db import Record, Store, load_document
@@ -246,15 +247,31 @@ def test_validate_record_rejects_dtype_the_kernel_does_not_take(device) -> None:
 
 
 def test_validate_record_rejects_dense_key_with_several_gemms(device) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="names 2 GEMMs"):
         kernels.validate_record(make_record(device, "fp16:nn:16x32x32+8x8x8", TILED))
 
 
-def test_unusable_stored_key_does_not_break_dispatch_of_other_problems(db_url, put, device) -> None:
-    put("fp16:nn:16x32x32+8x8x8", TILED)  # reachable through a validated import, see above
+def test_unusable_stored_records_are_skipped_with_a_warning(db_url, put, device, caplog) -> None:
+    put("fp16:nn:16x32x32+8x8x8", TILED)  # Store.put does not validate; an import would refuse these
+    put("fp16:nn:16x32x48", Config.from_dict({**_FULL, "VARIANT": "warp-specialized"}))
     put("fp16:nn:16x32x32", SPLITK)
-    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:16x32x64"), device)
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:16x32x48"), device)
     assert choice.source == "nearest:fp16:nn:16x32x32"
+    skipped = [r.getMessage() for r in caplog.records if "skipping the database record" in r.getMessage()]
+    assert len(skipped) == 2 and any("names 2 GEMMs" in m for m in skipped)
+    assert any("warp-specialized" in m for m in skipped)
+
+
+def test_records_tuned_under_another_triton_warn_once_and_still_run(db_url, put, device, caplog) -> None:
+    put("fp16:nn:16x32x32", SPLITK, triton_version="3.4.0")
+    put("fp16:nn:16x32x48", TILED, triton_version="3.4.1")
+    put("fp16:nn:16x32x64", TILED, triton_version=triton.__version__)
+    dispatcher = Dispatcher(db_url, use_shipped=False)
+    assert dispatcher.choose(MATMUL, _problem("fp16:nn:16x32x32"), device).config == SPLITK
+    dispatcher.choose(MATMUL, _problem("fp16:nn:16x32x48"), device)
+    warnings = [r.getMessage() for r in caplog.records if "tuned under another triton" in r.getMessage()]
+    assert len(warnings) == 1, "one warning per table, not per call"
+    assert "1 with triton 3.4.0, 1 with triton 3.4.1" in warnings[0] and "re-tune" in warnings[0]
 
 
 # ---------------------------------------------------------------------------------------- shipped tables
@@ -293,7 +310,8 @@ def test_shipped_table_answers_for_its_gpu_and_the_database_wins(db_url) -> None
     shipped = Dispatcher(db_url).choose(spec, problem, device)
     assert shipped.source == "shipped" and shipped.config == Config.from_dict(record.config)
     assert Dispatcher(db_url, use_shipped=False).choose(spec, problem, device).source == "default"
+    own = spec.default_config(problem, device)
     with Store(db_url) as store:
-        store.put(make_record(device, record.problem_key, TILED, kernel=record.kernel))
+        store.put(make_record(device, record.problem_key, own, kernel=record.kernel))
     mine = Dispatcher(db_url).choose(spec, problem, device)
-    assert mine.source == "database" and mine.config == TILED
+    assert mine.source == "database" and mine.config == own
