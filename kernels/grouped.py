@@ -1,6 +1,6 @@
 """Persistent grouped GEMM: C_i = A_i @ B_i for a list of differently shaped fp16/bf16 GEMMs in one launch.
 
-The host packs one int64 table per call, copied to the device in one transfer: the running tile count of
+The host packs one int64 table per operand signature, copied to the device in one transfer: the running tile count of
 each problem (a prefix array of group + 1 entries), then one row per problem (``_ROW``). All outputs live in
 one buffer allocated per call, passed as a typed pointer that also tells the kernel the dtype.
 ``NUM_SM`` programs walk the tiles of all problems (program p takes tiles p, p + NUM_SM, ...); since a
@@ -10,13 +10,15 @@ through the prefix array, never by a fresh search.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -211,30 +213,62 @@ def problem_of(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Proble
 
 # --------------------------------------------------------------------------------------------- launcher
 
+# One operand pair as the launch sees it: (A's address, dtype, M, K, stride_am, stride_ak, B's address,
+# dtype, K, N, stride_bk, stride_bn). Everything a table, a layout flag or the alignment promise depends
+# on is in here, so equal signatures may share a cached plan and table. Addresses also tell devices
+# apart: CUDA's unified virtual addressing gives every device (and the host) its own range.
+Signature = tuple
+
+
+def signature(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Signature | None:
+    """One pass over the operands (about 1 us per pair); None when they are not lists of 2-D tensors.
+
+    Cheaper than checking them: a signature that matches one cached after a full check names operands
+    that would pass it again (same dtypes, devices, shapes; a 3-D tensor gives a longer entry).
+    """
+    try:
+        return tuple((a.data_ptr(), a.dtype, *a.shape, *a.stride(), b.data_ptr(), b.dtype, *b.shape, *b.stride())
+                     for a, b in zip(As, Bs, strict=True))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 @dataclass
 class _Plan:
-    """What one pass over a call's operands gives the launcher."""
+    """What one pass over a call's signature gives the launcher."""
 
     table: array  # int64: tile prefix (group + 1 entries), then one _ROW-long row per problem
     outputs: list[tuple[int, int, int]]  # (element offset into the C buffer, M, N) per problem
     c_elements: int
     flags: dict[str, bool]  # the kernel's layout and alignment constexprs
+    stacked_n: int | None  # all problems share this N: C is one (sum M, N) matrix, split by rows
 
     @property
     def total_tiles(self) -> int:
         return self.table[len(self.outputs)]
 
+    @functools.cached_property
+    def _rows(self) -> list[int]:
+        return [m for _, m, _ in self.outputs]
 
-def _plan(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], block_m: int, block_n: int) -> _Plan:
+    def views(self, c: torch.Tensor) -> list[torch.Tensor]:
+        """The per-problem outputs inside the buffer ``c``: one split when stacked (a third of the
+        host time of a view per problem for 64 problems)."""
+        if self.stacked_n is not None:
+            return list(torch.split_with_sizes(c.view(-1, self.stacked_n), self._rows))
+        return [c.as_strided((m, n), (n, 1), offset) for offset, m, n in self.outputs]
+
+
+def _plan(pairs: Signature, block_m: int, block_n: int) -> _Plan:
     """Build the table in one pass, noting which strides are 1 and what is a multiple of 8 for every problem."""
     prefix, rows, outputs = array("q", [0]), array("q"), []
     a_m_unit = a_k_unit = b_k_unit = b_n_unit = True
     ptr_bits = extent_bits = m_bits = am_bits = ak_bits = bk_bits = bn_bits = 0  # OR of values: low bits tell
     offset = 0
-    for a, b in zip(As, Bs):
-        (m, k), n = a.shape, b.shape[1]
-        sam, sak = a.stride()
-        sbk, sbn = b.stride()
+    widths = {pair[9] for pair in pairs}
+    # Stacked outputs start where the previous one ends; N % 8 keeps each start 16-byte aligned too.
+    stacked_n = widths.pop() if len(widths) == 1 and next(iter(widths), 0) > 0 else None
+    for a_ptr, _, m, k, sam, sak, b_ptr, _, _, n, sbk, sbn in pairs:
         # A dimension that never steps may carry any stride: 0 keeps the alignment promise true for it.
         sam, sbn = (sam if m > 1 else 0), (sbn if n > 1 else 0)
         sak, sbk = (sak, sbk) if k > 1 else (0, 0)
@@ -242,7 +276,6 @@ def _plan(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], block_m: int, 
         a_k_unit &= k <= 1 or sak == 1
         b_k_unit &= k <= 1 or sbk == 1
         b_n_unit &= n <= 1 or sbn == 1
-        a_ptr, b_ptr = a.data_ptr(), b.data_ptr()
         ptr_bits |= a_ptr | b_ptr
         extent_bits |= n | k
         m_bits |= m
@@ -250,7 +283,7 @@ def _plan(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], block_m: int, 
         rows.extend((a_ptr, b_ptr, offset, m, n, k, sam, sak, sbk, sbn, n, 1))
         prefix.append(prefix[-1] + _cdiv(m, block_m) * _cdiv(n, block_n))
         outputs.append((offset, m, n))
-        offset += _cdiv(m * n, _VECTOR) * _VECTOR  # each C starts 16-byte aligned
+        offset += m * n if stacked_n is not None else _cdiv(m * n, _VECTOR) * _VECTOR  # 16-byte aligned starts
     # Each operand uses one unit axis (row-major wins when a group is both); the other strides must align.
     flags = dict(A_M_UNIT=a_m_unit and not a_k_unit, A_K_UNIT=a_k_unit,
                  B_K_UNIT=b_k_unit and not b_n_unit, B_N_UNIT=b_n_unit)
@@ -262,7 +295,7 @@ def _plan(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], block_m: int, 
                         and (not flags["A_M_UNIT"] or m_bits % _VECTOR == 0)
                         and all(unit or bits % _VECTOR == 0 for bits, unit in strides))
     prefix.extend(rows)
-    return _Plan(prefix, outputs, offset, flags)
+    return _Plan(prefix, outputs, offset, flags, stacked_n)
 
 
 def _to_device(table: array, device: torch.device) -> torch.Tensor:
@@ -275,33 +308,26 @@ def _to_device(table: array, device: torch.device) -> torch.Tensor:
     return pinned.to(device, non_blocking=True)
 
 
-class _TableCache:
-    """Device copies of pointer tables, keyed by everything a table holds.
+_ABSENT = object()
 
-    A table is a pure function of the operands' addresses, shapes and strides and of the tile shape, so
-    a call with the same operands (static buffers, CUDA-graph style serving, a benchmark loop) reuses the
-    device table and skips the Python pass and the host-to-device copy. Bounded, thread-safe, clearable.
-    """
+
+class _LruCache:
+    """A bounded, thread-safe, clearable map that forgets the least recently used entry first."""
 
     def __init__(self, capacity: int = 256) -> None:
         self._capacity = capacity
-        self._entries: OrderedDict[tuple, tuple[_Plan, torch.Tensor]] = OrderedDict()
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    @staticmethod
-    def key(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], block_m: int, block_n: int) -> tuple:
-        return (As[0].device, block_m, block_n,
-                tuple((a.data_ptr(), *a.shape, *a.stride(), b.data_ptr(), b.shape[1], *b.stride())
-                      for a, b in zip(As, Bs)))
-
-    def get(self, key: tuple) -> tuple[_Plan, torch.Tensor] | None:
+    def get(self, key: Hashable, default: Any = None) -> Any:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
+            entry = self._entries.get(key, _ABSENT)
+            if entry is _ABSENT:
+                return default
+            self._entries.move_to_end(key)
             return entry
 
-    def put(self, key: tuple, entry: tuple[_Plan, torch.Tensor]) -> None:
+    def put(self, key: Hashable, entry: Any) -> None:
         with self._lock:
             self._entries[key] = entry
             while len(self._entries) > self._capacity:
@@ -311,17 +337,26 @@ class _TableCache:
         with self._lock:
             self._entries.clear()
 
+    def __len__(self) -> int:
+        return len(self._entries)
 
-TABLES = _TableCache()
+
+# Device copies of pointer tables, keyed by (signature, BLOCK_M, BLOCK_N). A table is a pure function of
+# those, so a call with the same operands (static buffers, CUDA-graph style serving, a benchmark loop)
+# skips the Python pass and the host-to-device copy; a table reads the live tensors, never a snapshot.
+TABLES = _LruCache()
+
+# What dispatch resolved for a signature: a Launch, or None where cuBLAS won, so that a repeated call
+# of grouped_matmul costs one signature, one lookup, one allocation, the output views and the launch.
+CALLS = _LruCache()
 
 
-def _plan_on_device(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor], block_m: int,
-                    block_n: int) -> tuple[_Plan, torch.Tensor]:
-    key = TABLES.key(As, Bs, block_m, block_n)
+def plan_on_device(pairs: Signature, block_m: int, block_n: int, device: torch.device) -> tuple[_Plan, torch.Tensor]:
+    key = (pairs, block_m, block_n)
     entry = TABLES.get(key)
     if entry is None:
-        plan = _plan(As, Bs, block_m, block_n)
-        entry = (plan, _to_device(plan.table, As[0].device))
+        plan = _plan(pairs, block_m, block_n)
+        entry = (plan, _to_device(plan.table, device))
         TABLES.put(key, entry)
     return entry
 
@@ -332,24 +367,40 @@ def _check_launchable(device: torch.device) -> None:
                          ".cuda(), or set TRITON_INTERPRET=1 before triton is imported to run the interpreter")
 
 
+@dataclass(frozen=True)
+class Launch:
+    """Everything one config needs to run on one operand signature, computed once."""
+
+    plan: _Plan
+    table: torch.Tensor
+    grid: tuple[int]
+    kwargs: dict[str, Any]
+
+    def __call__(self, like: torch.Tensor) -> list[torch.Tensor]:
+        """Allocate the outputs and launch; ``like`` gives dtype and device."""
+        # One buffer for every C: one allocation per call instead of one per problem.
+        c = torch.empty(self.plan.c_elements, dtype=like.dtype, device=like.device)
+        outs = self.plan.views(c)
+        if self.grid[0]:  # no tiles: every product is empty, nothing to write
+            _grouped_matmul_kernel[self.grid](self.table, c, len(outs), **self.kwargs)
+        return outs
+
+
+def prepare(config: Config, pairs: Signature, device: torch.device) -> Launch:
+    values = config.as_dict()
+    plan, table = plan_on_device(pairs, int(values["BLOCK_M"]), int(values["BLOCK_N"]), device)
+    # More programs than tiles would only idle; the kernel strides by the programs actually launched.
+    grid = (min(int(values["NUM_SM"]), plan.total_tiles),)
+    kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
+                  num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
+    return Launch(plan, table, grid, kwargs)
+
+
 def _run_checked(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The launcher behind ``grouped_matmul_with`` and ``run``, for operands already checked."""
-    values = config.as_dict()
     device = As[0].device
     _check_launchable(device)
-    plan, table = _plan_on_device(As, Bs, int(values["BLOCK_M"]), int(values["BLOCK_N"]))
-    # One buffer for every C: one allocation per call instead of one per problem.
-    c = torch.empty(plan.c_elements, dtype=As[0].dtype, device=device)
-    outs = [c.as_strided((m, n), (n, 1), offset) for offset, m, n in plan.outputs]
-    total = plan.total_tiles
-    if total == 0:
-        return outs  # every product is empty: nothing to write
-    # More programs than tiles would only idle; the kernel strides by the programs actually launched.
-    grid = (min(int(values["NUM_SM"]), total),)
-    _grouped_matmul_kernel[grid](
-        table, c, len(As), BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"],
-        BLOCK_K=values["BLOCK_K"], num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
-    return outs
+    return prepare(config, signature(As, Bs), device)(As[0])
 
 
 def grouped_matmul_with(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor],

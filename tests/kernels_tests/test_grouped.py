@@ -77,7 +77,7 @@ def test_operands_with_general_strides_match_torch() -> None:
 
 
 def _flags(As: list[torch.Tensor], Bs: list[torch.Tensor]) -> dict[str, bool]:
-    return grouped._plan(As, Bs, 16, 32).flags
+    return grouped._plan(grouped.signature(As, Bs), 16, 32).flags
 
 
 def test_aligned_group_takes_the_hinted_path_and_matches_torch() -> None:
@@ -305,12 +305,61 @@ def test_same_operands_reuse_the_device_table_and_see_new_values(torch_device) -
     grouped.grouped_matmul_with(config, As, Bs)
     As[0].mul_(2.0)  # same addresses, new values: the cached table must still read the live tensors
     outs = grouped.grouped_matmul_with(config, As, Bs)
-    assert len(grouped.TABLES._entries) == 1, "the second call with the same operands built a new table"
+    assert len(grouped.TABLES) == 1, "the second call with the same operands built a new table"
     for out, a, b in zip(outs, As, Bs):
         ref = a.float() @ b.float()
         assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
     other = [a.clone() for a in As]
     grouped.grouped_matmul_with(config, other, Bs)
-    assert len(grouped.TABLES._entries) == 2, "other operands must get a table of their own"
+    assert len(grouped.TABLES) == 2, "other operands must get a table of their own"
     kernels.clear_cache()
-    assert len(grouped.TABLES._entries) == 0
+    assert len(grouped.TABLES) == 0
+
+
+# ------------------------------------------------------------------------------------ the dispatch hot path
+
+def test_repeated_call_reuses_config_table_and_layout_without_checking_again(torch_device, monkeypatch) -> None:
+    import dataclasses
+
+    import kernels
+
+    kernels.clear_cache()
+    problem = Problem("grouped_matmul", "fp16", "nn", ((16, 32, 32), (8, 32, 16), (0, 32, 8)))
+    As, Bs = grouped.make_inputs(problem, torch_device, 12)
+    checks = []
+    spy = dataclasses.replace(GROUPED_MATMUL, problem_of=lambda *ops: checks.append(1) or problem_of(*ops))
+    monkeypatch.setattr(kernels, "GROUPED_MATMUL", spy)
+    first = kernels.grouped_matmul(As, Bs)
+    As[1].mul_(-1.0)  # same addresses, new values
+    second = kernels.grouped_matmul(As, Bs)
+    assert len(checks) == 1 and len(grouped.CALLS) == 1, "the second call found everything cached"
+    assert first[1].data_ptr() != second[1].data_ptr(), "each call gets fresh outputs"
+    _assert_close(second, [a.float() @ b.float() for a, b in zip(As, Bs)], "fp16")
+    kernels.grouped_matmul([a.clone() for a in As], Bs)
+    assert len(checks) == 2 and len(grouped.CALLS) == 2, "new operands take the checked path"
+    kernels.use_database(None)
+    assert len(grouped.CALLS) == 0, "another database may choose other configs"
+
+
+def test_group_sharing_n_gets_one_stacked_output_buffer(torch_device) -> None:
+    problem = Problem("grouped_matmul", "fp16", "nn", ((16, 32, 32), (0, 32, 16), (8, 32, 64)))
+    As, Bs = grouped.make_inputs(problem, torch_device, 13)
+    outs = grouped.grouped_matmul_with(SMALL_CONFIGS[0], As, Bs)
+    assert [tuple(o.shape) for o in outs] == [(16, 32), (0, 32), (8, 32)]
+    assert outs[2].data_ptr() == outs[0].data_ptr() + 16 * 32 * 2, "rows follow each other in one buffer"
+    assert all(o.is_contiguous() for o in outs)
+    _assert_close(outs, [a.float() @ b.float() for a, b in zip(As, Bs)], "fp16")
+    mixed = grouped._plan(grouped.signature(*grouped.make_inputs(_problem(), torch_device, 0)), 16, 32)
+    assert mixed.stacked_n is None and all(offset % 8 == 0 for offset, _, _ in mixed.outputs)
+
+
+def test_operands_that_change_shape_after_a_cached_call_still_get_the_precise_error(torch_device) -> None:
+    import kernels
+
+    problem = Problem("grouped_matmul", "fp16", "nn", ((16, 32, 32),))
+    As, Bs = grouped.make_inputs(problem, torch_device, 14)
+    kernels.grouped_matmul(As, Bs)
+    with pytest.raises(ValueError, match="2-D matrices"):
+        kernels.grouped_matmul([As[0].unsqueeze(0)], Bs)
+    with pytest.raises(TypeError, match="one dtype"):
+        kernels.grouped_matmul(As, [Bs[0].view(torch.bfloat16)])
