@@ -226,14 +226,14 @@ def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple:
     dtype = _TORCH_DTYPES[problem.dtype]
     _, n, k = problem.shapes[0]
     tokens = sum(m for m, _, _ in problem.shapes)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=torch_device).manual_seed(seed)  # on the device: see grouped.make_inputs
     scale = max(k, 1) ** -0.25  # each output element about N(0, 1)
-    x = (torch.randn((tokens, k), generator=gen) * scale).to(dtype=dtype, device=torch_device)
+    x = (torch.randn((tokens, k), generator=gen, device=torch_device) * scale).to(dtype=dtype)
     experts = len(problem.shapes)
     if problem.layout[1] == "t":
-        w = (torch.randn((experts, n, k), generator=gen) * scale).to(dtype=dtype, device=torch_device).transpose(1, 2)
+        w = (torch.randn((experts, n, k), generator=gen, device=torch_device) * scale).to(dtype=dtype).transpose(1, 2)
     else:
-        w = (torch.randn((experts, k, n), generator=gen) * scale).to(dtype=dtype, device=torch_device)
+        w = (torch.randn((experts, k, n), generator=gen, device=torch_device) * scale).to(dtype=dtype)
     ends = torch.tensor([m for m, _, _ in problem.shapes]).cumsum(0)
     return x, w, ends.to(dtype=torch.int32, device=torch_device), tuple(ends.tolist())
 
