@@ -7,12 +7,17 @@ that a sweep fits a lease). The JSON maps each config to its time or its failure
 
     python scripts/sweep.py --kernel matmul --problem fp16:nn:16x4096x4096 --variant tiled \
         --out benchmarks/sweeps/matmul-fp16-nn-16x4096x4096-tiled.json
+
+The file is rewritten after every chunk, and a sweep whose ``--out`` exists goes on where that file
+stopped: a sweep too long for one GPU lease (or one 10-minute call) is finished by running the same
+command again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -31,16 +36,17 @@ def sweep_timer(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median"))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="matmul")
     parser.add_argument("--problem", required=True, help="problem key, e.g. fp16:nn:16x4096x4096")
     parser.add_argument("--variant", default=None, help="only configs of this VARIANT (a subspace)")
     parser.add_argument("--limit", type=int, default=None, help="a seeded random sample of this many")
     parser.add_argument("--budget-s", type=float, default=300, help="stop timing after this many seconds")
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    device = kernels.resolve_device("auto")
+    parser.add_argument("--device", default="auto", help="auto (this GPU) or cpu (the interpreter, to try it out)")
+    args = parser.parse_args(argv)
+    device = kernels.resolve_device(args.device)
     spec = kernels.get_kernel(args.kernel)
     problem = Problem.from_key(spec.name, args.problem)
     configs = [c for c in spec.space.enumerate(problem, device)
@@ -49,11 +55,17 @@ def main() -> int:
     if args.limit and args.limit < total:
         configs = random.Random(0).sample(configs, args.limit)
     start = time.time()
-    bench = Bench(spec, problem, device, timer=sweep_timer)
-    rows = []
+    bench = Bench(spec, problem, device, timer=None if device.is_cpu else sweep_timer)  # CPU: a wall clock
+    rows = _earlier_rows(args.out, spec, problem, device)
+    done = {spec.space.canonical(kernels.Config.from_dict(r["config"])) for r in rows}
+    todo = [c for c in configs if c not in done]
+    print(f"{problem.key} variant={args.variant}: {len(configs)} configs, {len(configs) - len(todo)} swept before",
+          flush=True)
+    baseline_ms = bench.baseline_ms()
     with CheckPool() as pool:
-        for i in range(0, len(configs), 56):
-            chunk = configs[i:i + 56]
+        chunk_size = 4 * pool.workers
+        for i in range(0, len(todo), chunk_size):
+            chunk = todo[i:i + chunk_size]
             checks = pool.check(problem, chunk)
             for config in chunk:
                 pre = checks[config]
@@ -61,20 +73,40 @@ def main() -> int:
                 rows.append({"config": config.as_dict(), "status": m.status if m else pre.status,
                              "time_ms": m.time_ms if m and m.ok else None,
                              "reason": (m.reason if m else pre.reason)[:200]})
+            _write(args.out, spec, problem, device, args, total, len(configs), baseline_ms, rows)
             if time.time() - start > args.budget_s:
                 break
+    _write(args.out, spec, problem, device, args, total, len(configs), baseline_ms, rows)
     ok = [r for r in rows if r["time_ms"]]
     best = min(ok, key=lambda r: r["time_ms"]) if ok else None
-    document = {"kernel": spec.name, "problem": problem.key, "device": device.name,
-                "variant": args.variant, "space_size": total, "swept": len(rows),
-                "complete": len(rows) == total, "baseline_ms": bench.baseline_ms(),
-                "torch": torch.__version__, "triton": triton.__version__, "date": time.strftime("%Y-%m-%d"),
-                "timer": "do_bench median, warmup 10 ms, rep 30 ms, L2 flushed", "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(document, f, indent=0)
-    print(f"{problem.key} variant={args.variant}: swept {len(rows)}/{total} in {time.time() - start:.0f}s, "
-          f"{len(ok)} ok, best {best and best['time_ms']:.4f} ms, cuBLAS {document['baseline_ms']:.4f} ms")
+    print(f"{problem.key} variant={args.variant}: swept {len(rows)}/{len(configs)} ({time.time() - start:.0f} s "
+          f"this run), {len(ok)} ok, best {best and best['time_ms']:.4f} ms, cuBLAS {baseline_ms:.4f} ms")
     return 0
+
+
+def _earlier_rows(path: str, spec, problem: Problem, device) -> list[dict]:
+    """The rows of an earlier run of the same sweep, or none; a file of another sweep is an error."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        document = json.load(f)
+    if (document["kernel"], document["problem"], document["device"]) != (spec.name, problem.key, device.name):
+        raise SystemExit(f"{path} holds a sweep of {document['kernel']} {document['problem']} on "
+                         f"{document['device']}; pass another --out")
+    return document["rows"]
+
+
+def _write(path: str, spec, problem: Problem, device, args, space_size: int, to_sweep: int, baseline_ms: float,
+           rows: list[dict]) -> None:
+    document = {"kernel": spec.name, "problem": problem.key, "device": device.name,
+                "variant": args.variant, "space_size": space_size, "swept": len(rows),
+                "complete": len(rows) == space_size, "sample_of": to_sweep if to_sweep < space_size else None,
+                "baseline_ms": baseline_ms, "torch": torch.__version__, "triton": triton.__version__,
+                "date": time.strftime("%Y-%m-%d"), "timer": "do_bench median, warmup 10 ms, rep 30 ms, L2 flushed",
+                "rows": rows}
+    with open(path + ".tmp", "w") as f:
+        json.dump(document, f, indent=0)
+    os.replace(path + ".tmp", path)  # a kill mid-write leaves the previous chunk's file whole
 
 
 if __name__ == "__main__":
