@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# One stage of GPU work per call, each under the device tool's 10-minute limit, logs under $OUT.
+#
+#   bash scripts/gpu_session.sh STAGE [DB]
+#
+# Stages, in the order a session with ~30 minutes of device time should run them:
+#   check      the test suite compiled on the GPU (GPU-only tests included)
+#   live       the two live searches of docs/SEARCH.md, timed end to end (the 30 s target)
+#   tune-moe   tune moe_matmul on the MoE groups (fp16 and bf16, weights [E, N, K] transposed)
+#   bench-moe  moe_matmul and grouped_matmul against torch._grouped_mm and the loop
+#   sweep-moe  the full space of one MoE group (resumable: run again to go on)
+#   retune-XY  re-tune the dense suite for one dtype/layout (XY: fp16-nn, fp16-nt, bf16-nn, bf16-nt)
+#
+# The database lives in $OUT so that the next stage (a fresh machine, maybe) can import its export;
+# pass DB to use another. Each stage exports what it tuned to $OUT/<stage>.json.
+set -uo pipefail
+
+stage=${1:?usage: gpu_session.sh STAGE [DB]}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+db=${2:-sqlite:///$out/tuner.db}
+py=python3
+log="$out/$stage.log"
+
+{
+    echo "# $stage, $(date -u +%F), $($py -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)')"
+    nvidia-smi --query-gpu=name --format=csv,noheader
+} | tee "$log"
+
+case "$stage" in
+check)
+    $py -m pytest -q tests -p no:cacheprovider 2>&1 | tail -40 | tee -a "$log" ;;
+live)
+    for shape in 16x4096x4096 1000x1000x1000; do
+        /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --dtype fp16 --shape $shape --trials 25 \
+            --db "sqlite:////tmp/live.db" 2>&1 | tee -a "$log"
+    done ;;
+tune-moe)
+    $py -m tuner search --device h100 --kernel moe_matmul --dtype fp16 --dtype bf16 --layout nt --trials 25 \
+        --db "$db" 2>&1 | tee -a "$log"
+    $py -m tuner export --device h100 --kernel moe_matmul --db "$db" -o "$out/$stage.json" | tee -a "$log" ;;
+bench-moe)
+    $py scripts/bench.py --db "$db" --no-dense --moe --groups --json "$out/$stage.json" 2>&1 | tee -a "$log" ;;
+sweep-moe)
+    mkdir -p benchmarks/sweeps
+    $py scripts/sweep.py --kernel moe_matmul --problem \
+        "bf16:nt:$($py -c 'from tuner import suites; print(suites.MOE_GPU["16 experts skewed"])')" \
+        --budget-s 480 --out "$out/moe_matmul-bf16-nt-16-experts-skewed.json" 2>&1 | tee -a "$log" ;;
+retune-*)
+    dtype_layout=${stage#retune-}
+    $py -m tuner search --device h100 --dtype "${dtype_layout%-*}" --layout "${dtype_layout#*-}" --trials 25 \
+        --db "$db" 2>&1 | tee -a "$log"
+    $py -m tuner export --device h100 --kernel matmul --db "$db" -o "$out/$stage.json" | tee -a "$log" ;;
+*)
+    echo "unknown stage $stage; see the head of $0" >&2
+    exit 2 ;;
+esac
