@@ -103,12 +103,20 @@ def _matmul_tile(row, tile, c_base, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
     tiles_n = tl.cdiv(N, BLOCK_N)
     offs_m = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile_product(a_ptr, b_ptr, c_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def tile_product(a_ptr, b_ptr, c_ptr, offs_m, offs_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """C[offs_m, offs_n] = A[offs_m, :K] @ B[:K, offs_n] with fp32 accumulation; rows >= M and
+    columns >= N are masked. C's column stride is 1: the launchers allocate it row-major."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
     mask_m = offs_m[:, None] < M
     mask_n = offs_n[None, :] < N
-
     # K == 0 runs no step and stores the zeros the product is.
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -118,10 +126,8 @@ def _matmul_tile(row, tile, c_base, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
-
-    # The launcher allocates C row-major, so its column stride is 1.
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_base.dtype.element_ty), mask=mask_m & mask_n)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
 
 
 @triton.jit

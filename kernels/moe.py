@@ -26,7 +26,7 @@ import triton.language as tl
 from ._device import interpreter_enabled
 from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
 from . import grouped
-from .grouped import _cdiv, default_config, distance
+from .grouped import _cdiv, default_config, distance, tile_product
 
 KERNEL = "moe_matmul"
 
@@ -84,21 +84,8 @@ def _moe_kernel(x_ptr, w_ptr, c_ptr, offs_ptr, T, E, N, K, stride_xm, stride_xk,
             local = tile - tiles_before
             offs_m = row_start + (local // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = (local % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-            offs_k = tl.arange(0, BLOCK_K)
-            a_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-            b_ptrs = w_expert + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
-            mask_m = offs_m[:, None] < row_end
-            mask_n = offs_n[None, :] < N
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for k in range(0, tl.cdiv(K, BLOCK_K)):
-                k_left = K - k * BLOCK_K
-                a = tl.load(a_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
-                b = tl.load(b_ptrs, mask=(offs_k[:, None] < k_left) & mask_n, other=0.0)
-                acc = tl.dot(a, b, acc)
-                a_ptrs += BLOCK_K * stride_xk
-                b_ptrs += BLOCK_K * stride_wk
-            c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
-            tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
+            tile_product(x_ptr, w_expert, c_ptr, offs_m, offs_n, row_end, N, K, stride_xm, stride_xk, stride_wk,
+                         stride_wn, stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
             tile += tl.num_programs(0)
         tiles_before += expert_tiles
         row_start = row_end

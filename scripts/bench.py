@@ -151,6 +151,25 @@ def bench_moe(name: str, key: str, dtype: str) -> dict:
     return row
 
 
+def _group_table(ours: str, bench, suite: dict[str, str]) -> list[dict]:
+    """Bench every group in fp16 and bf16; print the rows as they come, then the geomeans."""
+    print(f"| group | dtype | {ours} ms | loop of torch.matmul ms | torch._grouped_mm ms | vs loop | vs _grouped_mm |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    rows = []
+    for dtype in ("fp16", "bf16"):
+        for name, key in suite.items():
+            row = bench(name, key, dtype)
+            rows.append(row)
+            o, lp, gm = row["ours_ms"], row["loop_ms"], row["grouped_mm_ms"]
+            print(f"| {name} | {dtype} | {fmt(o)} | {fmt(lp)} | {fmt(gm)} | "
+                  f"{(lp / o) if o and lp else float('nan'):.2f}x | {(gm / o) if o and gm else float('nan'):.2f}x |",
+                  flush=True)
+    for dtype, column in (("fp16", "loop_ms"), ("bf16", "loop_ms"), ("bf16", "grouped_mm_ms")):
+        done = [r for r in rows if r["dtype"] == dtype and r["ours_ms"] and r[column]]
+        print(f"geomean {dtype} {ours} vs {column[:-3]}: {geomean([r[column] / r['ours_ms'] for r in done]):.3f}x")
+    return rows
+
+
 def geomean(values: list[float]) -> float:
     values = [v for v in values if v and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
@@ -178,7 +197,7 @@ def main() -> int:
     header = (f"{device.name}, {time.strftime('%Y-%m-%d')}, torch {torch.__version__}, triton {triton.__version__}, "
               f"CUDA {torch.version.cuda}")
     print(header)
-    dense, groups = [], []
+    dense = []
     if not args.no_dense:
         print("| problem | cuBLAS ms | kernels.matmul ms | best Triton ms | triton.autotune ms | "
               "dispatch/cuBLAS | Triton/cuBLAS | source |")
@@ -199,32 +218,8 @@ def main() -> int:
               f"best Triton {geomean([r['cublas_ms'] / r['triton_ms'] for r in dense if r['cublas_ms'] and r['triton_ms']]):.3f}x, "
               f"triton.autotune {geomean([r['cublas_ms'] / r['autotune_ms'] for r in dense if r['cublas_ms'] and r['autotune_ms']]):.3f}x; "
               f"cuBLAS chosen for {sum(1 for r in dense if 'cublas' in r['config'])}/{len(dense)} problems")
-    if args.groups:
-        print("| group | dtype | kernels.grouped_matmul ms | loop of torch.matmul ms | torch._grouped_mm ms | vs loop | vs _grouped_mm |")
-        print("|---|---|---:|---:|---:|---:|---:|")
-        for dtype in ("fp16", "bf16"):
-            for name, key in GROUPS.items():
-                row = bench_group(name, key, dtype)
-                groups.append(row)
-                o, lp, gm = row["ours_ms"], row["loop_ms"], row["grouped_mm_ms"]
-                print(f"| {name} | {dtype} | {fmt(o)} | {fmt(lp)} | {fmt(gm)} | "
-                      f"{(lp / o) if o and lp else float('nan'):.2f}x | {(gm / o) if o and gm else float('nan'):.2f}x |",
-                      flush=True)
-    moe = []
-    if args.moe:
-        print("| MoE group | dtype | kernels.moe_matmul ms | loop of torch.matmul ms | torch._grouped_mm ms | vs loop | vs _grouped_mm |")
-        print("|---|---|---:|---:|---:|---:|---:|")
-        for dtype in ("fp16", "bf16"):
-            for name, key in suites.MOE_GPU.items():
-                row = bench_moe(name, key, dtype)
-                moe.append(row)
-                o, lp, gm = row["ours_ms"], row["loop_ms"], row["grouped_mm_ms"]
-                print(f"| {name} | {dtype} | {fmt(o)} | {fmt(lp)} | {fmt(gm)} | "
-                      f"{(lp / o) if o and lp else float('nan'):.2f}x | {(gm / o) if o and gm else float('nan'):.2f}x |",
-                      flush=True)
-        for dtype, column in (("fp16", "loop_ms"), ("bf16", "grouped_mm_ms")):
-            rows = [r for r in moe if r["dtype"] == dtype and r["ours_ms"] and r[column]]
-            print(f"geomean {dtype} moe_matmul vs {column[:-3]}: {geomean([r[column] / r['ours_ms'] for r in rows]):.3f}x")
+    groups = _group_table("kernels.grouped_matmul", bench_group, GROUPS) if args.groups else []
+    moe = _group_table("kernels.moe_matmul", bench_moe, suites.MOE_GPU) if args.moe else []
     with open(args.json, "w") as f:
         json.dump({"header": header, "dense": dense, "groups": groups, "moe": moe}, f, indent=1)
     return 0
