@@ -29,7 +29,7 @@ from kernels.dispatch import Dispatcher
 
 from .bench import Bench, Measurement, Timer
 from .space import params_of, suggest_config
-from .workers import CheckPool
+from .workers import CheckPool, IsolatedBench
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,11 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     """Search configs for one problem, then store and return the winner (cuBLAS if nothing beats it)."""
     storage = storage or optuna.storages.RDBStorage(store.url)
     study = open_study(storage, device, problem, sampler, seed)
-    bench = Bench(spec, problem, device, timer=timer, seed=seed or 0, quick_timer=quick_timer)
+    if pool is not None and timer is None and kernels.KERNELS.get(spec.name) is spec:
+        # Timed in the pool's timing worker: a candidate that faults while timed costs that process only.
+        bench = IsolatedBench(pool.timing, spec.name, problem, device, seed=seed or 0)
+    else:  # in this process: on the CPU, or with a test's timer or spec that a worker cannot import
+        bench = Bench(spec, problem, device, timer=timer, seed=seed or 0, quick_timer=quick_timer)
     if not study.trials:
         for config in warm_start_configs(spec, problem, device, store):
             study.enqueue_trial(params_of(config, spec.space), skip_if_exists=True)

@@ -126,6 +126,7 @@ class CheckPool:
         self._pending: dict[Future, _Pending] = {}
         self._suspects: list[_Pending] = []
         self._done: list[tuple[Config, Precheck]] = []
+        self.timing = TimingWorker(timeout_s)  # where the search times what these workers checked
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
@@ -136,8 +137,9 @@ class CheckPool:
         return self._pool
 
     def start(self) -> None:
-        """Spawn every worker now, so their imports overlap the parent's own set-up."""
+        """Spawn every worker now (and the timing worker), so their imports overlap the parent's set-up."""
         self._executor()
+        self.timing.start()
 
     def _rebuild(self) -> None:
         if self._pool is not None:
@@ -223,6 +225,7 @@ class CheckPool:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self.timing.close()
         self._pending.clear()
         self._suspects.clear()
         self._done.clear()
@@ -232,3 +235,120 @@ class CheckPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+class WorkerLost(RuntimeError):
+    """The timing worker died or hung on a call that was not a candidate's (the baseline, say)."""
+
+
+_BENCHES: dict = {}  # in the timing worker: one Bench per problem, so its input seeds keep counting
+
+
+def _bench_of(kernel: str, problem_key: str, seed: int):
+    from kernels import get_kernel
+    from tuner.bench import Bench
+
+    key = (kernel, problem_key, seed)
+    if key not in _BENCHES:
+        problem = Problem.from_key(kernel, problem_key)
+        device = _worker_device()
+        _BENCHES.clear()  # one problem at a time: the previous one's bench (and inputs) can go
+        _BENCHES[key] = Bench(get_kernel(kernel), problem, device, seed=seed)
+    return _BENCHES[key]
+
+
+def _worker_device():
+    import torch
+
+    import kernels
+
+    if torch.cuda.is_available() and not kernels.interpreter_enabled():
+        return kernels.current_device()
+    return kernels.CPU
+
+
+def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, incumbent_ms: float | None):
+    return _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms)
+
+
+def _baseline_in_worker(kernel: str, problem_key: str, seed: int) -> float:
+    return _bench_of(kernel, problem_key, seed).baseline_ms()
+
+
+def _head_to_head_in_worker(kernel: str, problem_key: str, seed: int, config_text: str) -> tuple[float, float]:
+    return _bench_of(kernel, problem_key, seed).head_to_head(Config.parse(config_text))
+
+
+class TimingWorker:
+    """One process that checks and times candidates, one at a time, so the GPU serves one timing.
+
+    A candidate that passed its check in a compile worker can still fault while being timed (an
+    illegal address at another grid size, a hang). Timed in the search's own process, that would end
+    the search; here it ends this worker, which is restarted for the next candidate, and the trial
+    records ``crashed`` or ``timeout``.
+    """
+
+    def __init__(self, timeout_s: float = CANDIDATE_TIMEOUT_S) -> None:
+        self.timeout_s = timeout_s
+        self._pool: ProcessPoolExecutor | None = None
+        self._warming: Future | None = None
+
+    def start(self) -> None:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_warm_worker)
+            self._warming = self._pool.submit(_ready)
+
+    def call(self, fn, *args):
+        """``fn(*args)`` in the worker; WorkerLost (after a restart) if it dies or outlives the timeout."""
+        self.start()
+        warming = self._warming is not None and not self._warming.done()
+        future = self._pool.submit(fn, *args)
+        try:
+            return future.result(timeout=self.timeout_s + (WORKER_START_S if warming else 0.0))
+        except BrokenProcessPool:
+            self._restart()
+            raise WorkerLost("the timing worker process died") from None
+        except FutureTimeout:
+            self._restart()
+            raise WorkerLost(f"no result within {self.timeout_s:.0f} s") from None
+
+    def _restart(self) -> None:
+        if self._pool is not None:
+            for process in list(getattr(self._pool, "_processes", {}).values()):
+                process.kill()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+class IsolatedBench:
+    """``tuner.bench.Bench``'s interface, run in a TimingWorker: a candidate that kills the process
+    while checked or timed becomes a ``crashed`` (or ``timeout``) measurement, not the search's end."""
+
+    def __init__(self, worker: TimingWorker, kernel: str, problem: Problem, device: object, seed: int = 0) -> None:
+        self.worker, self.kernel, self.problem, self.device, self.seed = worker, kernel, problem, device, seed
+
+    def _call(self, fn, *args):
+        return self.worker.call(fn, self.kernel, self.problem.key, self.seed, *args)
+
+    def measure(self, config: Config, incumbent_ms: float | None = None):
+        from tuner.bench import Measurement
+
+        try:
+            return self._call(_measure_in_worker, str(config), incumbent_ms)
+        except WorkerLost as exc:
+            status = "timeout" if "no result" in str(exc) else "crashed"
+            return Measurement(status, reason=f"while checked and timed: {exc}")
+
+    def baseline_ms(self) -> float:
+        return self._call(_baseline_in_worker)
+
+    def head_to_head(self, config: Config) -> tuple[float, float]:
+        return self._call(_head_to_head_in_worker, str(config))

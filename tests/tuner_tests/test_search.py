@@ -309,3 +309,23 @@ def test_gp_sampler_learns_the_constraints_instead_of_repeating_an_invalid_confi
     measured = [t for t in study.get_trials(states=(TrialState.COMPLETE,)) if t.user_attrs["status"] == "ok"]
     assert all(t.constraints == {"valid": 0.0} for t in measured)
     assert len(invalid) < 100, "GP kept proposing invalid configs"
+
+
+def test_search_with_a_pool_times_in_the_isolated_timing_worker(db_url, monkeypatch) -> None:
+    from tuner import search, workers
+
+    made = []
+
+    class Spy(workers.IsolatedBench):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(search, "IsolatedBench", Spy)
+    problem = Problem("matmul", "fp16", "nn", ((16, 32, 32),))
+    with Store(db_url) as store, CheckPool(workers=2) as pool:
+        record = tune_problem(MATMUL, problem, CPU, store, budget=Budget(3), seed=0, pool=pool)
+    assert len(made) == 1, "the real kernel, with no test timer, is timed in the worker"
+    assert record.trials == 3 and record.time_ms > 0
+    study = open_study(optuna.storages.RDBStorage(db_url), CPU, problem)
+    assert all(t.user_attrs["status"] == "ok" for t in measured_trials(study))

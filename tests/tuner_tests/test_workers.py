@@ -128,3 +128,66 @@ def test_pipeline_confines_a_crash_to_its_candidate(pool, monkeypatch) -> None:
     pool.submit(MATMUL_PROBLEM, GOOD)
     results = dict(pool.next_result() for _ in range(2))
     assert results[killer].status == "crashed" and results[GOOD].status == "ok"
+
+
+# ------------------------------------------------------------------------------------------ timing worker
+
+def _exit_when_timed_on_stage_5(kernel, problem_key, seed, config_text, incumbent_ms):
+    """Stands in for the timing worker's function: dies like a kernel that faults only when timed."""
+    if "num_stages: 5" in config_text:
+        os._exit(1)
+    return _REAL_MEASURE(kernel, problem_key, seed, config_text, incumbent_ms)
+
+
+def _hang_when_timed_on_stage_4(kernel, problem_key, seed, config_text, incumbent_ms):
+    if "num_stages: 4" in config_text:
+        time.sleep(600)
+    return _REAL_MEASURE(kernel, problem_key, seed, config_text, incumbent_ms)
+
+
+_REAL_MEASURE = workers._measure_in_worker
+
+
+@pytest.fixture(scope="module")
+def timing() -> Iterator[workers.TimingWorker]:
+    worker = workers.TimingWorker(timeout_s=60)
+    yield worker
+    worker.close()
+
+
+def test_isolated_bench_checks_and_times_in_its_worker(timing) -> None:
+    bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
+    result = bench.measure(GOOD)
+    assert result.status == "ok" and result.time_ms > 0 and result.rel_error <= TOLERANCE["fp16"]
+    wrong = bench.measure(GOOD.replace(VARIANT="warp-specialized"))
+    assert wrong.status == "invalid" and "warp-specialized" in wrong.reason
+    assert bench.baseline_ms() > 0
+    ours, theirs = bench.head_to_head(GOOD)
+    assert ours > 0 and theirs > 0
+
+
+def test_candidate_that_kills_the_timing_worker_is_crashed_and_the_next_one_is_timed(timing, monkeypatch) -> None:
+    monkeypatch.setattr(workers, "_measure_in_worker", _exit_when_timed_on_stage_5)
+    bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
+    crashed = bench.measure(GOOD.replace(num_stages=5))
+    assert crashed.status == "crashed" and "timing worker process died" in crashed.reason
+    assert bench.measure(GOOD).status == "ok", "a new worker took over"
+
+
+def test_candidate_that_hangs_the_timing_worker_times_out(timing, monkeypatch) -> None:
+    monkeypatch.setattr(workers, "_measure_in_worker", _hang_when_timed_on_stage_4)
+    monkeypatch.setattr(timing, "timeout_s", 1.0)
+    monkeypatch.setattr(workers, "WORKER_START_S", 10.0)
+    bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
+    bench.measure(GOOD)  # a warm worker, so the hung call gets the bare timeout
+    hung = bench.measure(GOOD.replace(num_stages=4))
+    assert hung.status == "timeout" and "no result within 1 s" in hung.reason
+    monkeypatch.setattr(timing, "timeout_s", 60.0)
+    assert bench.measure(GOOD).status == "ok"
+    with pytest.raises(workers.WorkerLost):  # not a candidate's call: the caller decides
+        monkeypatch.setattr(workers, "_baseline_in_worker", _die)
+        bench.baseline_ms()
+
+
+def _die(*args):
+    os._exit(1)
