@@ -49,6 +49,24 @@ def test_skewed_experts_with_empty_ones_match_torch(layout: str, config: Config)
     assert _error(out, MOE_MATMUL.reference(inputs)) <= TOLERANCE
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU: the interpreter's bf16 tl.dot is wrong (GPU.md)")
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_moe_group_matches_torch_and_grouped_mm_on_the_gpu(dtype: str, layout: str) -> None:
+    from tuner.suites import MOE_GPU
+
+    problem = Problem.from_key("moe_matmul", f"{dtype}:{layout}:{MOE_GPU['16 experts skewed']}")
+    inputs = MOE_MATMUL.make_inputs(problem, DEVICE, 5)
+    ref = MOE_MATMUL.reference(inputs)
+    tolerance = 3e-2 if dtype == "bf16" else TOLERANCE
+    configs = SMALL_CONFIGS + (moe.default_config(problem, kernels.current_device(torch.device(DEVICE))),
+                               Config.make(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_SM=132, num_warps=8, num_stages=3))
+    for config in configs:
+        assert _error(MOE_MATMUL.run(config, inputs), ref) <= tolerance, str(config)
+    assert _error(MOE_MATMUL.baseline(inputs), ref) <= tolerance, "torch._grouped_mm or the loop"
+
+
 def test_nt_layout_is_the_transposed_weight_view() -> None:
     x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(layout="nt"), DEVICE, 0)
     assert w.stride(1) == 1 and moe.weight_layout(w) == "t"
