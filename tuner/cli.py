@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MxNxK (repeatable); a group (grouped_matmul, moe_matmul) joins GEMMs with '+': 128x128x128+64x64x64")
     s.add_argument("--trials", type=int, default=40, help="measured trials per problem (default 40)")
     s.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
+    s.add_argument("--budget", action="append", default=None, metavar="N|Ns",
+                   help="per problem: N measured trials, or Ns seconds (30s); repeat for both, the first "
+                        "reached ends the search; replaces --trials and --timeout")
     s.add_argument("--sampler", default="tpe", help="tpe (default), random, gp or cmaes")
     s.add_argument("--seed", type=int, default=None, help="sampler seed, for reproducible searches")
     s.add_argument("--workers", type=int, default=None,

@@ -66,6 +66,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise UserError(f"--trials {args.trials} must be at least 1")
     if args.ahead < 1:
         raise UserError(f"--ahead {args.ahead} must be at least 1")
+    budget = parse_budget(args.budget) if args.budget else Budget(args.trials, args.timeout)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
     spec = kernels.get_kernel(args.kernel)
@@ -80,7 +81,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             for index, problem in enumerate(problems, 1):
                 print(f"[{index}/{len(problems)}] {problem.key}", flush=True)
                 try:
-                    record = tune_problem(spec, problem, device, store, budget=Budget(args.trials, args.timeout),
+                    record = tune_problem(spec, problem, device, store, budget=budget,
                                           sampler=args.sampler, seed=args.seed, on_trial=_print_progress,
                                           pool=pool, ahead=args.ahead, on_finish=_print_stats)
                 except NoWinner as exc:  # one problem's failure must not end the others' search
@@ -96,6 +97,24 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{len(failed)} problem(s) found no correct config: {', '.join(p.key for p in failed)}")
         return 1
     return 0
+
+
+def parse_budget(values: list[str]) -> Budget:
+    """``--budget 40`` (trials), ``--budget 30s`` (seconds), or both; a seconds-only budget has no trial cap."""
+    trials, seconds = None, None
+    for text in values:
+        number = text[:-1] if text.endswith("s") else text
+        try:
+            value = float(number) if text.endswith("s") else int(number)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise UserError(f"--budget {text!r} must be a positive number of trials (40) or seconds (30s)")
+        if text.endswith("s"):
+            seconds = float(value)
+        else:
+            trials = int(value)
+    return Budget(trials if trials is not None else 1_000_000, seconds)
 
 
 def _no_gpu() -> bool:

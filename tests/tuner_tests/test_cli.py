@@ -160,6 +160,8 @@ def test_gpu_device_without_gpu_exits_2_pointing_to_device_cpu(tmp_path) -> None
     (["--trials", "0", "--shape", SHAPE], "--trials 0 must be at least 1"),
     (["--sampler", "annealing", "--shape", SHAPE], "--sampler annealing is not one of"),
     (["--ahead", "0", "--shape", SHAPE], "--ahead 0 must be at least 1"),
+    (["--budget", "ten", "--shape", SHAPE], "--budget 'ten' must be a positive number of trials (40) or seconds"),
+    (["--budget", "0s", "--shape", SHAPE], "--budget '0s' must be"),
     (["--kernel", "moe_matmul", "--shape", "16x32x32+8x64x32"], "shares one N and one K"),
 ])
 def test_bad_search_arguments_exit_2_with_a_message(args, message, tmp_path, capsys) -> None:
@@ -202,3 +204,21 @@ def test_import_with_unknown_on_conflict_exits_2(tmp_path, capsys) -> None:
     document.write_text(json.dumps({"schema": "triton-tuner/records", "schema_version": 1, "records": []}))
     assert main(["import", str(document), "--db", f"sqlite:///{tmp_path / 'x.db'}", "--on-conflict", "newest"]) == 2
     assert "on_conflict 'newest' is not one of" in capsys.readouterr().err
+
+
+def test_budget_takes_trials_seconds_or_both() -> None:
+    from tuner.commands import parse_budget
+    from tuner.search import Budget
+
+    assert parse_budget(["40"]) == Budget(40, None)
+    assert parse_budget(["30s"]) == Budget(1_000_000, 30.0)
+    assert parse_budget(["25", "2.5s"]) == Budget(25, 2.5)
+
+
+def test_search_stops_at_a_seconds_budget(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'budget.db'}"
+    done = tuner(tmp_path, "search", *SEARCH_ON, "--shape", SHAPE, "--budget", "1s", "--budget", "50",
+                 "--seed", "0", "--db", url)
+    assert done.returncode == 0, done.stderr
+    [record] = _records(url)
+    assert 1 <= record.trials < 50
