@@ -46,7 +46,8 @@ WIN_MARGIN = 0.02
 MAX_REPEATS_IN_A_ROW = 100
 
 # New configs compiling at once ahead of the timer. Replayed on the 16x4096x4096 sweep, seeded TPE
-# kept its quality asking 4 at a time and lost it at 14 (docs/SEARCH.md).
+# with 4 in flight stayed within the quality targets (13.5 trials to 98%, 31.5 to 99.5%); with 8 or
+# more it no longer reached 99.5% within 100 trials (docs/SEARCH.md).
 DEFAULT_AHEAD = 4
 
 # Invalid samples in a row after which a search gives up: the space leaves almost nothing valid.
@@ -297,8 +298,9 @@ class _Search:
     Without a pool, one config at a time is asked, measured and told. With one, the search is a
     pipeline: when a candidate's check returns, it is timed (the GPU serves one at a time), told,
     and one new config is asked to take its place, so the sampler learns from every result before
-    it asks again. Asking a whole pool's worth of configs blind costs quality: replayed at 14 ahead,
-    seeded TPE needed twice the trials to reach 98% of a sweep's best (docs/SEARCH.md).
+    it asks again. Asking a whole pool's worth of configs blind costs quality: replayed with 14 in
+    flight, seeded TPE needed a median 33 trials to reach 98% of a sweep's best, against 13.5 with 4
+    and 9 with 1 (docs/SEARCH.md).
     """
 
     def __init__(self, study: optuna.Study, spec: KernelSpec, bench: Bench, budget: Budget,
