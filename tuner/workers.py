@@ -1,10 +1,11 @@
-"""Compile and check candidates in worker processes, in parallel, before the parent times them.
+"""Compile and check candidates in worker processes, in parallel; time them in one more process.
 
 Compiling is CPU work (the GPU box has 16 cores) while timing needs the GPU to itself, so workers
 compile each candidate by running it once on the real problem (filling Triton's on-disk cache) and
-check it against the reference; the parent then loads the compiled kernel from the cache and times
-it alone. A candidate that kills its process (illegal address, a compiler crash) or hangs takes only
-a worker with it: the pool is rebuilt and the candidate is reported as ``crashed`` or ``timeout``.
+check it against the reference; the timing worker then loads the compiled kernel from the cache and
+times it alone. A candidate that kills its process (illegal address, a compiler crash) or hangs
+takes only a worker with it: the worker is replaced and the candidate reported as ``crashed`` or
+``timeout``. The search's own process never runs a candidate on the GPU.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class CheckPool:
     """Worker processes that precheck candidates; rebuilt when a candidate kills or hangs a worker.
 
     Two ways to use it: ``check(problem, configs)`` for a batch, or ``submit`` and ``next_result``
-    for a pipeline that keeps a few candidates compiling while the parent times the ones done (what
+    for a pipeline that keeps a few candidates compiling while the timing worker times the ones done (what
     the search does). At most ``workers`` candidates are in flight, so each starts at once and its
     deadline is its own.
     """
