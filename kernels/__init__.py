@@ -22,8 +22,9 @@ from .moe import MOE_MATMUL, moe_matmul_with
 
 __all__ = [
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
-    "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul", "grouped_matmul_with",
-    "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape", "resolve_device", "use_database", "validate_record",
+    "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul",
+    "grouped_matmul_with", "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape",
+    "resolve_device", "use_database", "validate_record",
 ]
 
 KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (MATMUL, GROUPED_MATMUL, MOE_MATMUL)}
