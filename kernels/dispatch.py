@@ -27,6 +27,15 @@ SHIPPED_TABLES = "tables"  # package folder of exported JSON documents, one per 
 
 
 @dataclass(frozen=True)
+class _Entry:
+    """One loaded record: its problem parsed once, at load, for the nearest-problem search."""
+
+    problem: Problem
+    config: Config
+    source: str  # "database" or "shipped"
+
+
+@dataclass(frozen=True)
 class Choice:
     """What the dispatcher picked for a problem, and why (for ``explain`` and the tests)."""
 
@@ -41,7 +50,7 @@ class Dispatcher:
         self._url = url
         self._use_shipped = use_shipped
         self._lock = threading.Lock()
-        self._tables: dict[tuple[str, str], dict[str, tuple[Config, str]]] = {}
+        self._tables: dict[tuple[str, str], dict[str, _Entry]] = {}
         self._resolved: dict[Hashable, Config] = {}
 
     @property
@@ -75,15 +84,12 @@ class Dispatcher:
         table = self._table(device, spec)
         exact = table.get(problem.key)
         if exact is not None:
-            return Choice(exact[0], exact[1])
+            return Choice(exact.config, exact.source)
         best: tuple[float, str, Config] | None = None
-        for key, (config, _) in table.items():
-            try:
-                d = spec.distance(problem, Problem.from_key(spec.name, key))
-            except ValueError:  # a key this kernel cannot compare with: never the nearest
-                continue
-            if math.isfinite(d) and (best is None or d < best[0]) and self._fits(spec, config, problem, device):
-                best = (d, key, config)
+        for key, entry in table.items():
+            d = spec.distance(problem, entry.problem)
+            if math.isfinite(d) and (best is None or d < best[0]) and self._fits(spec, entry.config, problem, device):
+                best = (d, key, entry.config)
         if best is not None:
             return Choice(best[2], f"nearest:{best[1]}")
         return Choice(spec.default_config(problem, device), "default")
@@ -92,7 +98,7 @@ class Dispatcher:
     def _fits(spec: KernelSpec, config: Config, problem: Problem, device: DeviceInfo) -> bool:
         return is_baseline(config) or spec.space.violation(config, problem, device) is None
 
-    def _table(self, device: DeviceInfo, spec: KernelSpec) -> dict[str, tuple[Config, str]]:
+    def _table(self, device: DeviceInfo, spec: KernelSpec) -> dict[str, _Entry]:
         table = self._tables.get((device.name, spec.name))
         if table is None:
             with self._lock:
@@ -102,8 +108,8 @@ class Dispatcher:
                     self._tables[(device.name, spec.name)] = table
         return table
 
-    def _load(self, device: DeviceInfo, spec: KernelSpec) -> dict[str, tuple[Config, str]]:
-        table: dict[str, tuple[Config, str]] = {}
+    def _load(self, device: DeviceInfo, spec: KernelSpec) -> dict[str, _Entry]:
+        table: dict[str, _Entry] = {}
         rows: list[tuple[str, dict, str, str]] = []  # (problem key, config, triton version, source)
         if self._use_shipped:
             rows += [(r.get("problem_key", ""), r.get("config") or {}, r.get("triton_version", ""), "shipped")
@@ -112,11 +118,11 @@ class Dispatcher:
                  for r in _database_records(self._url, device.name, spec.name)]
         other_versions: dict[str, int] = {}
         for key, values, version, source in rows:  # the database comes last: it wins
-            reason = _unusable(spec, key, values)
-            if reason:
-                log.warning("skipping the %s record of %s %s on %s: %s", source, spec.name, key, device.alias, reason)
+            try:
+                table[key] = _entry(spec, key, values, source)
+            except (ValueError, TypeError, KeyError) as exc:  # a damaged or hand-edited table
+                log.warning("skipping the %s record of %s %s on %s: %s", source, spec.name, key, device.alias, exc)
                 continue
-            table[key] = (_config_of(values), source)
             if version and _minor(version) != _minor(triton.__version__):
                 other_versions[version] = other_versions.get(version, 0) + 1
         if other_versions:
@@ -128,14 +134,15 @@ class Dispatcher:
         return table
 
 
-def _unusable(spec: KernelSpec, key: str, values: dict) -> str | None:
-    """Why a stored record cannot be dispatched (a damaged or hand-edited table), or None."""
-    try:
-        problem = Problem.from_key(spec.name, key)
-        spec.check_problem(problem)
-        return spec.outside(_config_of(values))
-    except (ValueError, TypeError, KeyError) as exc:
-        return str(exc)
+def _entry(spec: KernelSpec, key: str, values: dict, source: str) -> _Entry:
+    """A stored record as dispatch uses it; ValueError (or TypeError, KeyError) if it cannot be used."""
+    problem = Problem.from_key(spec.name, key)
+    spec.check_problem(problem)
+    config = _config_of(values)
+    reason = spec.outside(config)
+    if reason:
+        raise ValueError(reason)
+    return _Entry(problem, config, source)
 
 
 def _minor(version: str) -> str:
