@@ -26,14 +26,11 @@ import triton.language as tl
 from ._device import interpreter_enabled
 from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
 from . import grouped
-from .grouped import _cdiv, default_config, distance, tile_product
+from .grouped import _DTYPE_NAMES, _TORCH_DTYPES, _VECTOR, _cdiv, default_config, distance, tile_product
 
 KERNEL = "moe_matmul"
 
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-_TORCH_DTYPES = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 _OFFSET_DTYPES = (torch.int32, torch.int64)
-_VECTOR = 8  # fp16/bf16 elements in a 16-byte load
 
 
 
@@ -167,12 +164,12 @@ def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch
     elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1:
         raise ValueError(f"out must be a row-major-rows {tokens}x{n} {x.dtype} tensor; got {tuple(out.shape)} "
                          f"{out.dtype} with strides {out.stride()}")
+    if tokens == 0 or n == 0 or experts == 0:
+        return out
     values = config.as_dict()
     block_m, block_n = int(values["BLOCK_M"]), int(values["BLOCK_N"])
     # The host does not know the split; each expert adds at most one partial row of tiles.
     most_tiles = (_cdiv(tokens, block_m) + experts) * _cdiv(n, block_n)
-    if tokens == 0 or n == 0 or experts == 0:
-        return out
     sxm, sxk = x.stride()
     swe, swk, swn = w.stride()
     x_k_unit = sxk == 1 or k <= 1
