@@ -347,24 +347,15 @@ class _LruCache:
         return len(self._entries)
 
 
-# Device copies of pointer tables, keyed by (signature, BLOCK_M, BLOCK_N). A table is a pure function of
-# those, so a call with the same operands (static buffers, CUDA-graph style serving, a benchmark loop)
-# skips the Python pass and the host-to-device copy; a table reads the live tensors, never a snapshot.
+# Ready launches, keyed by (signature, config): the device table with its launch arguments. A table is
+# a pure function of those, so a call with the same operands (static buffers, CUDA-graph style serving,
+# a benchmark loop) skips the Python pass and the host-to-device copy; a table reads the live tensors,
+# never a snapshot.
 TABLES = _LruCache()
 
-# What dispatch resolved for a signature: a Launch, or None where cuBLAS won, so that a repeated call
-# of grouped_matmul costs one signature, one lookup, one allocation, the output views and the launch.
+# What dispatch resolved for a signature alone: a Launch, or None where cuBLAS won, so that a repeated
+# call of grouped_matmul also skips the operand check and the config lookup.
 CALLS = _LruCache()
-
-
-def plan_on_device(pairs: Signature, block_m: int, block_n: int, device: torch.device) -> tuple[_Plan, torch.Tensor]:
-    key = (pairs, block_m, block_n)
-    entry = TABLES.get(key)
-    if entry is None:
-        plan = _plan(pairs, block_m, block_n)
-        entry = (plan, _to_device(plan.table, device))
-        TABLES.put(key, entry)
-    return entry
 
 
 def _check_launchable(device: torch.device) -> None:
@@ -393,13 +384,18 @@ class Launch:
 
 
 def prepare(config: Config, pairs: Signature, device: torch.device) -> Launch:
-    values = config.as_dict()
-    plan, table = plan_on_device(pairs, int(values["BLOCK_M"]), int(values["BLOCK_N"]), device)
-    # More programs than tiles would only idle; the kernel strides by the programs actually launched.
-    grid = (min(int(values["NUM_SM"]), plan.total_tiles),)
-    kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
-                  num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
-    return Launch(plan, table, grid, kwargs)
+    """The launch of ``config`` on operands with signature ``pairs``: from TABLES, or built once."""
+    launch = TABLES.get((pairs, config))
+    if launch is None:
+        values = config.as_dict()
+        plan = _plan(pairs, int(values["BLOCK_M"]), int(values["BLOCK_N"]))
+        # More programs than tiles would only idle; the kernel strides by the programs actually launched.
+        grid = (min(int(values["NUM_SM"]), plan.total_tiles),)
+        kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
+                      num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
+        launch = Launch(plan, _to_device(plan.table, device), grid, kwargs)
+        TABLES.put((pairs, config), launch)
+    return launch
 
 
 def _run_checked(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
