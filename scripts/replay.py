@@ -126,7 +126,8 @@ class SweepBench:
         self.problem, self.device, self.sweep = sweep.problem, sweep.device, sweep
         self.measured = 0
 
-    def measure(self, config: Config, incumbent_ms: float | None = None) -> Measurement:
+    def measure(self, config: Config, incumbent_ms: float | None = None,
+                checked_error: float | None = None) -> Measurement:
         # A sweep holds full timings only; an early stop would report about the same time, so the
         # sampler sees what it would see live.
         self.measured += 1

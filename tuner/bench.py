@@ -150,17 +150,19 @@ class Bench:
         _poison(out)
         return error
 
-    def measure(self, config: Config, incumbent_ms: float | None = None) -> Measurement:
+    def measure(self, config: Config, incumbent_ms: float | None = None,
+                checked_error: float | None = None) -> Measurement:
         """Constraint check, correctness check, then timing; never raises for a bad candidate.
 
         Given the best time so far, a quick timing comes first, and a candidate clearly slower than
-        that keeps its quick time (``early_stopped``) instead of getting the full timing.
+        that keeps its quick time (``early_stopped``) instead of getting the full timing. Given the
+        error a compile worker's check measured (``checked_error``), the check is not run again.
         """
         reason = None if is_baseline(config) else self.spec.space.violation(config, self.problem, self.device)
         if reason:
             return Measurement("invalid", reason=reason)
         try:
-            error = self.check(config)
+            error = self.check(config) if checked_error is None else checked_error
             if not error <= self.tolerance:  # NaN fails too
                 return Measurement("wrong_result", rel_error=error,
                                    reason=f"relative error {error:.3g} over the {self.tolerance:g} allowed")

@@ -381,16 +381,18 @@ class _Search:
             self.stats.sampler_s += time.monotonic() - started
 
     def _next_measurement(self) -> tuple[Config, Measurement]:
+        checked_error = None
         if self.pool:
             started = time.monotonic()
             config, pre = self.pool.next_result()
             self.stats.compile_wait_s += time.monotonic() - started
             if pre.status != "ok":
                 return config, Measurement(pre.status, rel_error=pre.rel_error, reason=pre.reason)
+            checked_error = pre.rel_error  # checked in the worker on fresh inputs: not again, on the serial path
         else:
             config = next(iter(self.in_flight))
         started = time.monotonic()
-        measurement = self.bench.measure(config, incumbent_ms=self.incumbent_ms)
+        measurement = self.bench.measure(config, incumbent_ms=self.incumbent_ms, checked_error=checked_error)
         self.stats.timing_s += time.monotonic() - started
         self.stats.measured += 1
         self.stats.early_stopped += measurement.early_stopped

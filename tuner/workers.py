@@ -270,8 +270,10 @@ def _worker_device():
     return kernels.CPU
 
 
-def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, incumbent_ms: float | None):
-    return _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms)
+def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, incumbent_ms: float | None,
+                       checked_error: float | None = None):
+    return _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms,
+                                                        checked_error=checked_error)
 
 
 def _baseline_in_worker(kernel: str, problem_key: str, seed: int) -> float:
@@ -339,11 +341,11 @@ class IsolatedBench:
     def _call(self, fn, *args):
         return self.worker.call(fn, self.kernel, self.problem.key, self.seed, *args)
 
-    def measure(self, config: Config, incumbent_ms: float | None = None):
+    def measure(self, config: Config, incumbent_ms: float | None = None, checked_error: float | None = None):
         from tuner.bench import Measurement
 
         try:
-            return self._call(_measure_in_worker, str(config), incumbent_ms)
+            return self._call(_measure_in_worker, str(config), incumbent_ms, checked_error)
         except WorkerLost as exc:
             status = "timeout" if "no result" in str(exc) else "crashed"
             return Measurement(status, reason=f"while checked and timed: {exc}")

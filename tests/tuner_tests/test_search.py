@@ -292,6 +292,7 @@ def test_pipelined_search_with_worker_pool_keeps_ahead_in_flight(db_url) -> None
         assert pool.peak == 2 and pool.in_flight == 0
     assert _is_optimum(record.config) and record.trials == 12
     assert len(set(kernel.timed)) == 12
+    assert max(kernel.runs.values()) == 1, "checked in a worker, a candidate is only timed here, not checked again"
     stats = finished[0]
     assert stats.measured == 12 and stats.compile_wait_s > 0 and stats.search_s >= stats.compile_wait_s
     assert not _study(db_url).get_trials(states=(TrialState.RUNNING,))

@@ -132,17 +132,17 @@ def test_pipeline_confines_a_crash_to_its_candidate(pool, monkeypatch) -> None:
 
 # ------------------------------------------------------------------------------------------ timing worker
 
-def _exit_when_timed_on_stage_5(kernel, problem_key, seed, config_text, incumbent_ms):
+def _exit_when_timed_on_stage_5(kernel, problem_key, seed, config_text, *rest):
     """Stands in for the timing worker's function: dies like a kernel that faults only when timed."""
     if "num_stages: 5" in config_text:
         os._exit(1)
-    return _REAL_MEASURE(kernel, problem_key, seed, config_text, incumbent_ms)
+    return _REAL_MEASURE(kernel, problem_key, seed, config_text, *rest)
 
 
-def _hang_when_timed_on_stage_4(kernel, problem_key, seed, config_text, incumbent_ms):
+def _hang_when_timed_on_stage_4(kernel, problem_key, seed, config_text, *rest):
     if "num_stages: 4" in config_text:
         time.sleep(600)
-    return _REAL_MEASURE(kernel, problem_key, seed, config_text, incumbent_ms)
+    return _REAL_MEASURE(kernel, problem_key, seed, config_text, *rest)
 
 
 _REAL_MEASURE = workers._measure_in_worker
