@@ -90,19 +90,13 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     if not moe.operands_ok(x, w, offsets):
         moe.check_operands(x, w, offsets)
     if x.device.type == "cpu" and not _INTERPRETED:
-        return _into(out, moe.baseline((x, w, offsets)))
+        return moe.launch(BASELINE, x, w, offsets, out)
     key = (x.device, x.dtype, x.shape[0], w.shape[0], w.shape[2], x.shape[1], moe.weight_layout(w))
     config = DISPATCHER.cached(key)
     if config is None:
         problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[-1], *key[2:6])
         config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(x.device))
-    if is_baseline(config):
-        return _into(out, moe.baseline((x, w, offsets)))
-    return moe.run_checked(config, x, w, offsets, out)
-
-
-def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
-    return result if out is None else out.copy_(result)
+    return moe.launch(config, x, w, offsets, out)
 
 
 def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None) -> Choice:

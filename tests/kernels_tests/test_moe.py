@@ -96,6 +96,8 @@ def test_baseline_config_and_the_loop_baseline_agree_with_the_reference() -> Non
     ref = MOE_MATMUL.reference(inputs)
     assert _error(MOE_MATMUL.baseline(inputs), ref) <= TOLERANCE
     assert _error(moe_matmul_with(BASELINE, *inputs[:3]), ref) <= TOLERANCE
+    out = torch.full_like(ref, float("nan"), dtype=torch.float16)
+    assert moe_matmul_with(BASELINE, *inputs[:3], out=out) is out and _error(out, ref) <= TOLERANCE
 
 
 def test_problem_of_reads_the_exact_split_and_balanced_problem_shares_its_distance_features() -> None:
