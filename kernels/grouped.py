@@ -535,6 +535,23 @@ def default_config(problem: Problem, device: DeviceInfo) -> Config:
     return smallest
 
 
+# Tile shapes that are good on Hopper for GEMMs of moderate M: the large-M rows of the dense kernel's
+# seeds (kernels/gemm.py seed_configs), each with one program per SM. Measured first by the search.
+_HOPPER_TILES = (dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
+                 dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                 dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4))
+
+
+def seed_configs(problem: Problem, device: DeviceInfo, space: SearchSpace = SPACE) -> list[Config]:
+    """Hopper-good tiles for ``problem``, those that ``space`` allows on ``device``; none for the interpreter,
+    whose time grows with tile size."""
+    if device.is_cpu:
+        return []
+    num_sm = _largest_at_most("NUM_SM", device.sm_count)
+    configs = [space.canonical(_config(**tile, NUM_SM=num_sm)) for tile in _HOPPER_TILES]
+    return [c for c in configs if space.violation(c, problem, device) is None]
+
+
 def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Random normal operands laid out as the problem says, scaled so each output element is about N(0, 1)."""
     if problem.dtype not in _TORCH_DTYPES:
@@ -597,6 +614,7 @@ GROUPED_MATMUL = KernelSpec(
     baseline=baseline,
     default_config=default_config,
     distance=distance,
+    seeds=seed_configs,
 )
 
 __all__ = ["GROUPED_MATMUL", "SPACE", "NUM_SM_VALUES", "grouped_matmul_with", "problem_of", "default_config"]

@@ -272,6 +272,11 @@ def run(config: Config, inputs: tuple) -> torch.Tensor:
     return run_checked(config, *inputs[:3])
 
 
+def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
+    """grouped_matmul's Hopper-good tiles, kept where this kernel's space allows them."""
+    return grouped.seed_configs(problem, device, SPACE)
+
+
 MOE_MATMUL = KernelSpec(
     name=KERNEL,
     space=SPACE,
@@ -283,6 +288,7 @@ MOE_MATMUL = KernelSpec(
     baseline=baseline,
     default_config=default_config,
     distance=distance,
+    seeds=seed_configs,
     check_problem=_check_problem,
 )
 

@@ -1,13 +1,14 @@
 """The shared values: Config printing and parsing, Problem keys, SearchSpace checks and enumeration,
-and the soundness of the dense GEMM's default and seed configs."""
+and the soundness of the kernels' default and seed configs."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
-from kernels import grouped
+from kernels import grouped, moe
 from kernels._device import CPU
 from kernels._spec import BASELINE, Config, DeviceInfo, Param, Problem, SearchSpace, is_baseline, parse_shape
 from kernels.gemm import MATMUL, SPACE, default_config, seed_configs
@@ -300,6 +301,21 @@ def test_gemm_seed_configs_are_valid_canonical_and_distinct(device: DeviceInfo) 
             assert SPACE.violation(config, problem, device) is None, (problem.key, str(config))
             assert SPACE.canonical(config) == config
     assert seed_configs(_gemm(16, 4096, 4096), H100), "a Hopper problem of the public suite has seeds"
+
+
+@pytest.mark.parametrize("device", [CPU, H100, A100, A10], ids=lambda d: d.alias)
+@pytest.mark.parametrize("spec", [grouped.GROUPED_MATMUL, moe.MOE_MATMUL], ids=lambda s: s.name)
+def test_grouped_and_moe_seed_configs_are_valid_canonical_and_distinct(spec, device: DeviceInfo) -> None:
+    for problem in _random_problems("grouped_matmul", 200, seed=4):
+        problem = dataclasses.replace(problem, kernel=spec.name)
+        seeds = spec.seeds(problem, device)
+        assert len(seeds) == len(set(seeds))
+        for config in seeds:
+            assert spec.space.violation(config, problem, device) is None, (problem.key, str(config))
+            assert spec.space.canonical(config) == config
+    group = Problem(spec.name, "bf16", "nt", tuple((m, 768, 2048) for m in (1024, 16, 0, 512)))
+    assert spec.seeds(group, H100), "a Hopper MoE group has seeds"
+    assert spec.seeds(group, CPU) == [], "no large tiles for the interpreter"
 
 
 def test_gemm_distance_is_infinite_across_dtype_or_layout() -> None:
