@@ -482,6 +482,27 @@ def _num_sm_not_redundant(config: Config, problem: Problem, device: DeviceInfo) 
     return None
 
 
+# With a tile for every SM, fewer programs than SMs leave SMs idle. In the H100 sweep of the bf16
+# 16-expert MoE group (benchmarks/sweeps), every tile shape ran at least 1.24x slower with NUM_SM < 66
+# than at its best NUM_SM, which was always 128, 132 or 264. The 10% slack keeps a power of two just
+# under the SM count (128 of 132), which was among the best.
+_BUSY_SHARE = 0.9
+
+
+def idle_sms(tiles: int, num_sm: int, device: DeviceInfo) -> str | None:
+    """Why ``num_sm`` programs waste a device that has ``tiles`` tiles to hand out, or None."""
+    least = math.ceil(_BUSY_SHARE * device.sm_count)
+    if tiles >= device.sm_count and num_sm < least:
+        return (f"NUM_SM={num_sm} leaves SMs idle: {tiles} tiles for {device.sm_count} SMs; "
+                f"use NUM_SM >= {least}")
+    return None
+
+
+def _num_sm_fills_device(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    tiles = _total_tiles(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"]))
+    return idle_sms(tiles, int(config["NUM_SM"]), device)
+
+
 SPACE = SearchSpace(
     params=(
         Param("BLOCK_M", (16, 32, 64, 128, 256)),
@@ -492,7 +513,7 @@ SPACE = SearchSpace(
         Param("num_stages", (2, 3, 4, 5)),
     ),
     constraints=(_fits_shared_memory, _tiles_fit_problem, _fits_registers, _num_sm_fits_device,
-                 _num_sm_not_redundant),
+                 _num_sm_not_redundant, _num_sm_fills_device),
 )
 
 

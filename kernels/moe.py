@@ -42,12 +42,21 @@ def _tiles_fit_tokens(config: Config, problem: Problem, device: DeviceInfo) -> s
                                       device)
 
 
-# grouped_matmul's space with the rules that depend on each expert's M (the tile-size bound, and
-# "NUM_SM above the tile count is redundant") replaced by what holds for every split of T: the
-# split changes from call to call, and a config tuned on one split must stay usable for any other
-# with the same (T, E, N, K).
-SPACE = dataclasses.replace(grouped.SPACE, constraints=(_tiles_fit_tokens,) + tuple(
-    c for c in grouped.SPACE.constraints if c not in (grouped._num_sm_not_redundant, grouped._tiles_fit_problem)))
+def _num_sm_fills_device(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    """grouped_matmul's idle-SM rule, on the fewest tiles any split of the tokens has (all in one expert)."""
+    tokens = sum(m for m, _, _ in problem.shapes)
+    n = problem.shapes[0][1] if problem.shapes else 0
+    fewest = _cdiv(tokens, int(config["BLOCK_M"])) * _cdiv(n, int(config["BLOCK_N"]))
+    return grouped.idle_sms(fewest, int(config["NUM_SM"]), device)
+
+
+# grouped_matmul's space with the rules that depend on each expert's M (the tile-size bound, "NUM_SM
+# above the tile count is redundant", "enough programs for the SMs") replaced by what holds for every
+# split of T: the split changes from call to call, and a config tuned on one split must stay usable
+# for any other with the same (T, E, N, K).
+_PER_EXPERT_RULES = (grouped._num_sm_not_redundant, grouped._tiles_fit_problem, grouped._num_sm_fills_device)
+SPACE = dataclasses.replace(grouped.SPACE, constraints=(_tiles_fit_tokens, _num_sm_fills_device) + tuple(
+    c for c in grouped.SPACE.constraints if c not in _PER_EXPERT_RULES))
 
 
 @triton.jit

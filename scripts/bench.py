@@ -4,7 +4,9 @@ Dense problems: cuBLAS (torch.matmul), kernels.matmul as dispatched (tuned), the
 found by the search (cuBLAS excluded), and triton.autotune over the matmul tutorial's configs.
 Groups: kernels.grouped_matmul, a loop of torch.matmul, and torch._grouped_mm (bf16 only).
 Every timed kernel is first checked against a float32 reference on fresh random inputs.
-Times: median of triton.testing.do_bench (L2 flushed), all columns measured side by side in this run.
+Times: median of triton.testing.do_bench (L2 flushed), all columns measured side by side in this run;
+with --rounds N, the columns of a row are timed in N interleaved rounds and each figure is the median
+over rounds (the JSON keeps each column's slowest-over-fastest round as "spread").
 
     python scripts/bench.py --db sqlite:///h100.db --dtype fp16 --layout nn --layout nt --json out.json
 """
@@ -14,8 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import triton
@@ -58,17 +62,35 @@ def rel_err(out, ref) -> float:
     return math.sqrt(num / den) if den else 0.0
 
 
-def timed(fn, ref, tol: float) -> float | None:
-    """Median ms of fn after checking its output; None (with a message) if it is wrong or fails."""
+def checked(fn, ref, tol: float) -> bool:
+    """Whether fn's output matches ref; a failure or a wrong result is reported and the column skipped."""
     try:
         err = rel_err(fn(), ref)
     except Exception as exc:  # report and move on: one broken column must not sink the table
         print(f"    failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
-        return None
+        return False
     if not err <= tol:
         print(f"    wrong result: rel err {err:.3g}", file=sys.stderr)
-        return None
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return False
+    return True
+
+
+# Rounds of side-by-side timing per row (--rounds). One do_bench median per column and round, the
+# columns interleaved (A B C, A B C, ...): a drift in clocks or host load then hits every column alike.
+ROUNDS = 1
+
+
+def side_by_side(columns: dict[str, Callable | None], ref, tol: float) -> dict[str, float | None]:
+    """Median ms per column over ROUNDS interleaved rounds, for the columns whose output is right; None
+    for the others. ``spread`` is each column's slowest round over its fastest."""
+    good = {name: fn for name, fn in columns.items() if fn is not None and checked(fn, ref, tol)}
+    rounds: dict[str, list[float]] = {name: [] for name in good}
+    for _ in range(ROUNDS):
+        for name, fn in good.items():
+            rounds[name].append(float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")))
+    times: dict = {name: statistics.median(rounds[name]) if name in good else None for name in columns}
+    times["spread"] = {name: max(ms) / min(ms) for name, ms in rounds.items()}
+    return times
 
 
 def bench_dense(problem: Problem, dispatcher: Dispatcher, device, autotune: bool = True) -> dict:
@@ -78,16 +100,17 @@ def bench_dense(problem: Problem, dispatcher: Dispatcher, device, autotune: bool
     tol = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 5e-3}[problem.dtype]
     choice = dispatcher.choose(spec, problem, device)
     record = _record(dispatcher, device, problem)
+    cfg = kernels.Config.from_dict(record.triton_config) if record and record.triton_config else None
     row = {"problem": problem.key, "source": choice.source, "config": str(choice.config),
-           "cublas_ms": timed(lambda: torch.matmul(a, b), ref, tol),
-           "dispatch_ms": timed(lambda: kernels.matmul(a, b), ref, tol),
-           "autotune_ms": timed(lambda: autotune_matmul(a, b), ref, tol) if autotune and problem.dtype != "fp32" else None}
-    if record and record.triton_config:
-        cfg = kernels.Config.from_dict(record.triton_config)
-        row["triton_config"] = str(cfg)
-        row["triton_ms"] = timed(lambda: kernels.matmul_with(cfg, a, b), ref, tol)
-    else:
-        row["triton_ms"] = row["dispatch_ms"] if not kernels.is_baseline(choice.config) else None
+           "triton_config": str(cfg) if cfg else None}
+    row.update(side_by_side({
+        "cublas_ms": lambda: torch.matmul(a, b),
+        "dispatch_ms": lambda: kernels.matmul(a, b),
+        "triton_ms": (lambda: kernels.matmul_with(cfg, a, b)) if cfg else None,
+        "autotune_ms": (lambda: autotune_matmul(a, b)) if autotune and problem.dtype != "fp32" else None,
+    }, ref, tol))
+    if cfg is None and not kernels.is_baseline(choice.config):
+        row["triton_ms"] = row["dispatch_ms"]
     return row
 
 
@@ -104,20 +127,21 @@ def bench_group(name: str, key: str, dtype: str) -> dict:
     As, Bs = spec.make_inputs(problem, torch.device("cuda"), 5)
     ref = [a.float() @ b.float() for a, b in zip(As, Bs)]
     tol = {"fp16": 5e-3, "bf16": 3e-2}[dtype]
-    row = {"group": name, "problem": problem.key[:60], "dtype": dtype,
-           "ours_ms": timed(lambda: kernels.grouped_matmul(As, Bs), ref, tol),
-           "loop_ms": timed(lambda: [torch.matmul(a, b) for a, b in zip(As, Bs)], ref, tol),
-           "grouped_mm_ms": None}
+    grouped_mm: Callable | None = None
     if dtype == "bf16" and hasattr(torch, "_grouped_mm") and len({b.shape for b in Bs}) == 1:
         a_cat = torch.cat(As)
         b_stack = torch.stack([b.t().contiguous() for b in Bs]).transpose(1, 2)  # (G, K, N), K-major
         offs = torch.tensor([a.shape[0] for a in As], device="cuda").cumsum(0).to(torch.int32)
         sizes = [a.shape[0] for a in As]
 
-        def grouped_mm() -> list[torch.Tensor]:
+        def grouped_mm_split() -> list[torch.Tensor]:
             return list(torch._grouped_mm(a_cat, b_stack, offs=offs).split(sizes))
+        grouped_mm = grouped_mm_split
 
-        row["grouped_mm_ms"] = timed(grouped_mm, ref, tol)
+    row = {"group": name, "problem": problem.key[:60], "dtype": dtype}
+    row.update(side_by_side({"ours_ms": lambda: kernels.grouped_matmul(As, Bs),
+                             "loop_ms": lambda: [torch.matmul(a, b) for a, b in zip(As, Bs)],
+                             "grouped_mm_ms": grouped_mm}, ref, tol))
     return row
 
 
@@ -143,11 +167,11 @@ def bench_moe(name: str, key: str, dtype: str) -> dict:
             start = end
         return out
 
-    row = {"group": name, "problem": problem.key[:60], "dtype": dtype,
-           "ours_ms": timed(lambda: kernels.moe_matmul(x, w, offsets), ref, tol),
-           "loop_ms": timed(loop, ref, tol), "grouped_mm_ms": None}
-    if dtype == "bf16" and hasattr(torch, "_grouped_mm"):
-        row["grouped_mm_ms"] = timed(lambda: torch._grouped_mm(x, w, offs=offsets), ref, tol)
+    grouped_mm = (lambda: torch._grouped_mm(x, w, offs=offsets)) if dtype == "bf16" and hasattr(torch, "_grouped_mm") \
+        else None
+    row = {"group": name, "problem": problem.key[:60], "dtype": dtype}
+    row.update(side_by_side({"ours_ms": lambda: kernels.moe_matmul(x, w, offsets), "loop_ms": loop,
+                             "grouped_mm_ms": grouped_mm}, ref, tol))
     return row
 
 
@@ -189,8 +213,12 @@ def main() -> int:
     parser.add_argument("--moe", action="store_true", help="also benchmark kernels.moe_matmul on the MoE groups")
     parser.add_argument("--no-dense", action="store_true")
     parser.add_argument("--no-autotune", action="store_true", help="skip the triton.autotune column")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="interleaved timing rounds per row; each figure is the median over rounds (default 1)")
     parser.add_argument("--json", default="bench.json")
     args = parser.parse_args()
+    global ROUNDS
+    ROUNDS = args.rounds
     kernels.use_database(args.db)
     dispatcher = Dispatcher(args.db)
     device = kernels.current_device()
@@ -221,7 +249,12 @@ def main() -> int:
     groups = _group_table("kernels.grouped_matmul", bench_group, GROUPS) if args.groups else []
     moe = _group_table("kernels.moe_matmul", bench_moe, suites.MOE_GPU) if args.moe else []
     with open(args.json, "w") as f:
-        json.dump({"header": header, "dense": dense, "groups": groups, "moe": moe}, f, indent=1)
+        json.dump({"header": header, "rounds": ROUNDS, "dense": dense, "groups": groups, "moe": moe}, f, indent=1)
+    spreads = [(ratio, row.get("problem"), column) for row in dense + groups + moe
+               for column, ratio in row["spread"].items()]
+    if ROUNDS > 1 and spreads:
+        ratio, problem, column = max(spreads)
+        print(f"largest round-to-round spread over {ROUNDS} rounds: {ratio:.2f}x ({column}, {problem})")
     return 0
 
 

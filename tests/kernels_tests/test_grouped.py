@@ -269,10 +269,10 @@ def test_constraints_rule_out_tiles_far_larger_than_the_problem() -> None:
 def test_constraints_rule_out_configs_the_hardware_cannot_hold() -> None:
     big = _problem([(8192, 8192, 8192)])
     assert "shared memory" in _why(big, BLOCK_M=256, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=2)
-    assert "shared memory" in _why(big, A10, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4)
-    assert _why(big, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4) is None
+    assert "shared memory" in _why(big, A10, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, NUM_SM=132)
+    assert _why(big, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_stages=4, NUM_SM=132) is None
     assert "accumulators" in _why(big, BLOCK_M=256, BLOCK_N=256, num_warps=4)
-    assert _why(big, BLOCK_M=256, BLOCK_N=256, num_warps=8) is None
+    assert _why(big, BLOCK_M=256, BLOCK_N=256, num_warps=8, NUM_SM=132) is None
 
 
 def test_constraints_bound_num_sm_by_device_and_by_tile_count() -> None:
@@ -284,6 +284,16 @@ def test_constraints_bound_num_sm_by_device_and_by_tile_count() -> None:
     tiny = _problem([(20, 20, 20)])  # 1 tile of 64x64: NUM_SM=4 already gives each tile a program
     assert "like NUM_SM=4" in _why(tiny, BLOCK_M=32, BLOCK_N=32, NUM_SM=8)
     assert _why(tiny, BLOCK_M=32, BLOCK_N=32, NUM_SM=4) is None
+
+
+def test_constraints_rule_out_idle_sms_only_when_there_are_tiles_for_all() -> None:
+    big = _problem([(8192, 8192, 8192)])  # 16,384 tiles of 64x64
+    assert "leaves SMs idle" in _why(big, NUM_SM=66) and ">= 119" in _why(big, NUM_SM=66)
+    assert _why(big, NUM_SM=128) is None, "a power of two just under the 132 SMs stays"
+    assert _why(big, A10, NUM_SM=66) is None, "66 programs fill most of an A10's 72 SMs"
+    assert _why(big, CPU, NUM_SM=4) is None
+    group = _problem([(512, 512, 512)] * 4)  # 64 tiles of 128x128: fewer than the SMs
+    assert _why(group, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, NUM_SM=16) is None
 
 
 def test_distance_grows_with_size_and_is_infinite_across_dtype_or_layout() -> None:

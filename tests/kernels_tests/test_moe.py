@@ -166,3 +166,17 @@ def test_moe_matmul_with_a_cublas_record_runs_the_baseline(db_dispatch, monkeypa
     out = torch.empty((40, 48), dtype=torch.float16, device=DEVICE)
     assert kernels.moe_matmul(x, w, offsets, out=out) is out
     assert _error(out, MOE_MATMUL.reference((x, w, offsets))) <= TOLERANCE
+
+
+def test_the_idle_sm_rule_counts_the_fewest_tiles_of_any_split_of_the_tokens() -> None:
+    from kernels._spec import DeviceInfo
+
+    h100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
+                      shared_memory_bytes=232_448)
+    # 4,208 tokens over 16 experts, N = 768. All tokens in one expert is the split with the fewest tiles.
+    group = Problem("moe_matmul", "bf16", "nt", tuple((m, 768, 2048) for m in [4208] + [0] * 15))
+    small_tiles = Config.make(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, NUM_SM=64, num_warps=4, num_stages=3)
+    assert "leaves SMs idle" in moe.SPACE.violation(small_tiles, group, h100)  # 66 x 12 tiles at the least
+    assert moe.SPACE.violation(small_tiles.replace(NUM_SM=128), group, h100) is None
+    big_tiles = Config.make(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_SM=64, num_warps=8, num_stages=3)
+    assert moe.SPACE.violation(big_tiles, group, h100) is None, "33 x 3 = 99 tiles cannot fill 132 SMs"
