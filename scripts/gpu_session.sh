@@ -7,7 +7,8 @@
 #   check      the test suite compiled on the GPU (GPU-only tests included)
 #   live       the two live searches of docs/SEARCH.md, timed end to end (the 30 s target)
 #   tune-moe   tune moe_matmul on the MoE groups (fp16 and bf16, weights [E, N, K] transposed)
-#   bench-moe  moe_matmul and grouped_matmul against torch._grouped_mm and the loop
+#   tune-grouped  tune grouped_matmul on the groups of GPU.md and the MoE groups (fp16 and bf16)
+#   bench-moe  moe_matmul and grouped_matmul against torch._grouped_mm and the loop, 3 interleaved rounds
 #   sweep-moe  the full space of one MoE group (resumable: run again to go on)
 #   retune-XY  re-tune the dense suite for one dtype/layout (XY: fp16-nn, fp16-nt, bf16-nn, bf16-nt)
 #
@@ -39,8 +40,13 @@ tune-moe)
     $py -m tuner search --device h100 --kernel moe_matmul --dtype fp16 --dtype bf16 --layout nt --trials 25 \
         --db "$db" 2>&1 | tee -a "$log"
     $py -m tuner export --device h100 --kernel moe_matmul --db "$db" -o "$out/$stage.json" | tee -a "$log" ;;
+tune-grouped)
+    $py -m tuner search --device h100 --kernel grouped_matmul --dtype bf16 --dtype fp16 --trials 25 \
+        --db "$db" 2>&1 | tee -a "$log"
+    $py -m tuner export --device h100 --kernel grouped_matmul --db "$db" -o "$out/$stage.json" | tee -a "$log" ;;
 bench-moe)
-    $py scripts/bench.py --db "$db" --no-dense --moe --groups --json "$out/$stage.json" 2>&1 | tee -a "$log" ;;
+    # Small groups are host-bound on the GPU box (docs/BENCHMARKS.md): interleaved rounds, median over them.
+    $py scripts/bench.py --db "$db" --no-dense --moe --groups --rounds 3 --json "$out/$stage.json" 2>&1 | tee -a "$log" ;;
 sweep-moe)
     mkdir -p benchmarks/sweeps
     $py scripts/sweep.py --kernel moe_matmul --problem \
