@@ -3,7 +3,8 @@
 Tables load once per process from the user's database (read only; ``TUNER_DB`` or the default
 SQLite file) and from the tables shipped inside the package; the user's database wins. A problem
 nobody tuned takes the config of the nearest tuned problem of the same kernel on the same device
-(where that config is valid for it), else the kernel's default. Each resolved problem is cached, so
+(where that config is valid for it; the same shapes in the other of fp16/bf16 count as near), else
+the kernel's default. Each resolved problem is cached, so
 the hot path of a repeated call is one dict lookup.
 """
 
@@ -87,7 +88,7 @@ class Dispatcher:
             return Choice(exact.config, exact.source)
         best: tuple[float, str, Config] | None = None
         for key, entry in table.items():
-            d = spec.distance(problem, entry.problem)
+            d = spec.transfer_distance(problem, entry.problem)
             if math.isfinite(d) and (best is None or d < best[0]) and self._fits(spec, entry.config, problem, device):
                 best = (d, key, entry.config)
         if best is not None:

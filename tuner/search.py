@@ -15,7 +15,6 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
-import dataclasses
 from dataclasses import dataclass
 
 import optuna
@@ -180,22 +179,6 @@ def _prune_invalid(study: optuna.Study, trial: optuna.Trial, reason: str) -> Non
     study.tell(trial, max(done) if done else 1.0)
 
 
-# fp16 and bf16 share element size, tile limits and tensor-core rate, so the winner for the same shapes
-# in the other one is a strong first guess (on the H100 the bf16 MoE group's best of 5,418 configs was
-# the fp16 search's winner). Such a record counts as this much farther than its shapes are: a factor 2
-# in one dimension, on spec.distance's scale.
-_SIBLING_DTYPES = {"fp16": "bf16", "bf16": "fp16"}
-SIBLING_DTYPE_PENALTY = 1.0
-
-
-def seed_distance(spec: KernelSpec, problem: Problem, other: Problem) -> float:
-    """How far a tuned ``other`` is from ``problem`` as a source of first trials; infinite if unrelated."""
-    if other.dtype == _SIBLING_DTYPES.get(problem.dtype):
-        same_dtype = dataclasses.replace(other, dtype=problem.dtype)
-        return spec.distance(problem, same_dtype) + SIBLING_DTYPE_PENALTY
-    return spec.distance(problem, other)
-
-
 def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
     """First trials: what dispatch would pick today (the database, the shipped table or the nearest
     tuned problem), the winners of the nearest tuned problems (the other of fp16/bf16 included), the
@@ -204,7 +187,7 @@ def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, s
     for record in store.records(device=device.name, kernel=spec.name):
         if record.problem_key == problem.key or not record.triton_config:
             continue
-        distance = seed_distance(spec, problem, Problem.from_key(spec.name, record.problem_key))
+        distance = spec.transfer_distance(problem, Problem.from_key(spec.name, record.problem_key))
         if math.isfinite(distance):
             tuned.append((distance, Config.from_dict(record.triton_config)))
     tuned.sort(key=lambda pair: pair[0])

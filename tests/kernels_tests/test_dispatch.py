@@ -114,6 +114,13 @@ def test_other_dtype_or_layout_is_never_nearest(db_url, put, device) -> None:
     assert choice.source == "default" and choice.config == MATMUL.default_config(problem, device)
 
 
+def test_the_same_shapes_in_the_other_half_type_are_nearer_than_other_shapes(db_url, put, device) -> None:
+    put("bf16:nn:16x32x64", SPLITK)
+    put("fp16:nn:64x32x64", TILED)  # two factors of 2 in M away: distance 2 against bf16's 1
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:16x32x64"), device)
+    assert choice.source == "nearest:bf16:nn:16x32x64" and choice.config == SPLITK
+
+
 def test_records_of_another_device_are_not_used(db_url, device) -> None:
     other = DeviceInfo("NVIDIA A100-SXM4-80GB", "a100", "8.0", 108, 166_912)
     with Store(db_url) as store:

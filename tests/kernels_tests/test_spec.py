@@ -10,7 +10,8 @@ import pytest
 
 from kernels import grouped, moe
 from kernels._device import CPU
-from kernels._spec import BASELINE, Config, DeviceInfo, Param, Problem, SearchSpace, is_baseline, parse_shape
+from kernels._spec import (BASELINE, HALF_SIBLING_PENALTY, Config, DeviceInfo, Param, Problem, SearchSpace, is_baseline,
+                           parse_shape)
 from kernels.gemm import MATMUL, SPACE, default_config, seed_configs
 
 H100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
@@ -316,6 +317,17 @@ def test_grouped_and_moe_seed_configs_are_valid_canonical_and_distinct(spec, dev
     group = Problem(spec.name, "bf16", "nt", tuple((m, 768, 2048) for m in (1024, 16, 0, 512)))
     assert spec.seeds(group, H100), "a Hopper MoE group has seeds"
     assert spec.seeds(group, CPU) == [], "no large tiles for the interpreter"
+
+
+def test_transfer_distance_reaches_the_other_half_type_but_not_fp32_or_another_layout() -> None:
+    fp16 = _gemm(16, 32, 32)
+    bf16 = _gemm(16, 32, 32, dtype="bf16")
+    assert MATMUL.transfer_distance(fp16, fp16) == 0
+    assert MATMUL.transfer_distance(fp16, bf16) == HALF_SIBLING_PENALTY
+    assert MATMUL.transfer_distance(bf16, _gemm(32, 32, 32)) == pytest.approx(1.0 + HALF_SIBLING_PENALTY)
+    assert MATMUL.transfer_distance(fp16, _gemm(32, 32, 32)) == pytest.approx(1.0)
+    assert MATMUL.transfer_distance(fp16, _gemm(16, 32, 32, dtype="fp32")) == float("inf"), "fp32 tiles differ"
+    assert MATMUL.transfer_distance(fp16, _gemm(16, 32, 32, dtype="bf16", layout="nt")) == float("inf")
 
 
 def test_gemm_distance_is_infinite_across_dtype_or_layout() -> None:

@@ -16,9 +16,8 @@ from optuna.trial import TrialState
 from db import Store
 from kernels import BASELINE, CPU, Config, KernelSpec, Param, Problem, SearchSpace
 from kernels.gemm import MATMUL
-from tuner.search import (SIBLING_DTYPE_PENALTY, Budget, NoWinner, Progress, SearchStats, failure_summary,
-                          make_sampler, measured_trials, open_study, seed_distance, study_name, tune_problem,
-                          warm_start_configs)
+from tuner.search import (Budget, NoWinner, Progress, SearchStats, failure_summary, make_sampler, measured_trials,
+                          open_study, study_name, tune_problem, warm_start_configs)
 from tuner.space import suggest_config
 from tuner.workers import CheckPool
 
@@ -228,17 +227,6 @@ def test_the_same_shapes_in_the_other_half_precision_dtype_are_a_warm_start(db_u
         first = warm_start_configs(kernel.spec, bf16, CPU, store)
     assert _is_optimum(fp16_winner.config)
     assert Config.from_dict(fp16_winner.config) in first[:2], "fp16's winner is among bf16's first trials"
-
-
-def test_seed_distance_prefers_same_dtype_and_ignores_unrelated_dtypes() -> None:
-    fp16 = dataclasses.replace(PROBLEM, dtype="fp16")
-    bf16, fp32 = (dataclasses.replace(fp16, dtype=dtype) for dtype in ("bf16", "fp32"))
-    twice_m = Problem("matmul", "fp16", "nn", ((64, 32, 32),))
-    assert seed_distance(MATMUL, fp16, fp16) == 0
-    assert seed_distance(MATMUL, fp16, bf16) == SIBLING_DTYPE_PENALTY
-    assert seed_distance(MATMUL, fp16, twice_m) == pytest.approx(1.0)
-    assert seed_distance(MATMUL, fp16, fp32) == float("inf"), "fp32 tiles do not carry over to fp16"
-    assert seed_distance(MATMUL, fp16, dataclasses.replace(bf16, layout="nt")) == float("inf")
 
 
 def test_time_budget_stops_the_search(db_url) -> None:
