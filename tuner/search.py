@@ -165,7 +165,7 @@ def uses_constraints(study: optuna.Study) -> bool:
     return isinstance(study.sampler, optuna.samplers.GPSampler)
 
 
-def _prune_invalid(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+def _prune_invalid(study: optuna.Study, trial: optuna.Trial, reason: str, worst_ok_ms: float | None) -> None:
     trial.set_user_attr("status", "invalid")
     trial.set_user_attr("reason", reason)
     if not uses_constraints(study):
@@ -174,9 +174,7 @@ def _prune_invalid(study: optuna.Study, trial: optuna.Trial, reason: str) -> Non
     trial.set_constraint("valid", 1.0)
     # The objective's model sees infeasible points too: as bad as the worst measured time, so
     # that they neither attract nor stretch the scale.
-    done = [t.value for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("status") == "ok"]
-    study.tell(trial, max(done) if done else 1.0)
+    study.tell(trial, worst_ok_ms if worst_ok_ms is not None else 1.0)
 
 
 def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
@@ -205,14 +203,26 @@ def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, s
     return chosen
 
 
-def _earlier_result(study: optuna.Study, config_text: str) -> Measurement | None:
-    """This study's verdict on a config measured before (a resumed search, or a sampler repeat)."""
+def _verdicts(study: optuna.Study) -> dict[str, Measurement]:
+    """This study's verdict on each config measured before (a resumed search), by config text."""
+    verdicts: dict[str, Measurement] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        if t.user_attrs.get("config") == config_text and not t.user_attrs.get("interrupted"):
-            if t.state == TrialState.COMPLETE:
-                return Measurement("ok", time_ms=t.value, rel_error=t.user_attrs.get("rel_error"))
-            return Measurement(t.user_attrs.get("status", "error"), reason=t.user_attrs.get("reason", ""))
-    return None
+        config_text = t.user_attrs.get("config")
+        if config_text is None or t.user_attrs.get("interrupted") or t.user_attrs.get("status") == "invalid":
+            continue
+        if t.state == TrialState.COMPLETE:
+            verdict = Measurement("ok", time_ms=t.value, rel_error=t.user_attrs.get("rel_error"))
+        else:
+            verdict = Measurement(t.user_attrs.get("status", "error"), reason=t.user_attrs.get("reason", ""))
+        verdicts.setdefault(config_text, verdict)
+    return verdicts
+
+
+def _verdict_of(measurement: Measurement) -> Measurement:
+    """What a repeat of a measured config is told: its time or its failure, without the timing's flags."""
+    if measurement.ok:
+        return Measurement("ok", time_ms=measurement.time_ms, rel_error=measurement.rel_error)
+    return Measurement(measurement.status, reason=measurement.reason)
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) -> None:
@@ -316,14 +326,17 @@ class _Search:
         self.stats = SearchStats()
         found = best_triton(study, spec)
         self.incumbent_ms = found[1] if found else None
-
-    def measured(self) -> int:
-        return len(measured_trials(self.study))
+        # What the study knows, read once and then kept up to date as results are told, so that an
+        # ask does not scan every trial of the study (a long or resumed search has thousands).
+        self.verdicts = _verdicts(study)
+        self.measured_count = len(measured_trials(study))
+        self.best_ms = self.incumbent_ms
+        self.worst_ok_ms = max((m.time_ms for m in self.verdicts.values() if m.ok), default=None)
 
     def run(self) -> SearchStats:
         start = time.monotonic()
         deadline = start + self.budget.seconds if self.budget.seconds else math.inf
-        measured = self.measured()
+        measured = self.measured_count
         while True:
             while (len(self.in_flight) < self.ahead and measured + len(self.in_flight) < self.budget.trials
                    and time.monotonic() < deadline and self._ask_new()):
@@ -358,7 +371,7 @@ class _Search:
                 if reason:
                     self.invalid_in_a_row += 1
                     self.stats.pruned_invalid += 1
-                    _prune_invalid(self.study, trial, reason)
+                    _prune_invalid(self.study, trial, reason, self.worst_ok_ms)
                     continue
                 self.invalid_in_a_row = 0
                 if config in self.in_flight:  # answered with the first ask's result
@@ -366,7 +379,7 @@ class _Search:
                     trial.set_user_attr("repeat", True)
                     self.in_flight[config].append(trial)
                     continue
-                earlier = _earlier_result(self.study, str(config))
+                earlier = self.verdicts.get(str(config))
                 if earlier is not None:
                     self.repeats_in_a_row += 1
                     trial.set_user_attr("repeat", True)
@@ -404,10 +417,17 @@ class _Search:
 
     def _finish(self, trial: optuna.Trial, measurement: Measurement) -> None:
         _tell(self.study, trial, measurement)
-        if self.on_trial and not trial.user_attrs.get("repeat"):
-            best = best_triton(self.study, self.spec)
-            self.on_trial(Progress(self.bench.problem, self.measured(), self.budget.trials,
-                                   measurement.status, best[1] if best else None))
+        if trial.user_attrs.get("repeat"):
+            return
+        self.verdicts.setdefault(trial.user_attrs["config"], _verdict_of(measurement))
+        self.measured_count += 1
+        if measurement.ok:
+            ms = float(measurement.time_ms)
+            self.best_ms = ms if self.best_ms is None else min(self.best_ms, ms)
+            self.worst_ok_ms = ms if self.worst_ok_ms is None else max(self.worst_ok_ms, ms)
+        if self.on_trial:
+            self.on_trial(Progress(self.bench.problem, self.measured_count, self.budget.trials,
+                                   measurement.status, self.best_ms))
 
 
 def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found: tuple[Config, float],
