@@ -39,6 +39,8 @@ class Config:
         # Lookups happen in every constraint check; a dict built once keeps enumeration fast.
         values = {**dict(self.kwargs), "num_warps": self.num_warps, "num_stages": self.num_stages}
         object.__setattr__(self, "_values", values)
+        # Dispatch hashes the config on every call of moe_matmul; a frozenset per call costs microseconds.
+        object.__setattr__(self, "_hash", hash(frozenset(values.items())))
 
     @classmethod
     def make(cls, num_warps: int = 4, num_stages: int = 3, **kwargs: Value) -> Config:
@@ -59,7 +61,7 @@ class Config:
         return isinstance(other, Config) and self._values == other._values
 
     def __hash__(self) -> int:
-        return hash(frozenset(self._values.items()))
+        return self._hash
 
     def get(self, name: str, default: Value | None = None) -> Value | None:
         return self._values.get(name, default)

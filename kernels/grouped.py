@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ._device import interpreter_enabled
+from ._launch import DirectLaunch
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 
 logger = logging.getLogger(__name__)
@@ -370,16 +371,15 @@ class Launch:
 
     plan: _Plan
     table: torch.Tensor
-    grid: tuple[int]
-    kwargs: dict[str, Any]
+    kernel: DirectLaunch  # the table, a fresh C buffer and the group size specialize alike on every call
 
     def __call__(self, like: torch.Tensor) -> list[torch.Tensor]:
         """Allocate the outputs and launch; ``like`` gives dtype and device."""
         # One buffer for every C: one allocation per call instead of one per problem.
         c = torch.empty(self.plan.c_elements, dtype=like.dtype, device=like.device)
         outs = self.plan.views(c)
-        if self.grid[0]:  # no tiles: every product is empty, nothing to write
-            _grouped_matmul_kernel[self.grid](self.table, c, len(outs), **self.kwargs)
+        if self.kernel.grid[0]:  # no tiles: every product is empty, nothing to write
+            self.kernel(self.table, c, len(self.plan.outputs))
         return outs
 
 
@@ -393,7 +393,7 @@ def prepare(config: Config, pairs: Signature, device: torch.device) -> Launch:
         grid = (min(int(values["NUM_SM"]), plan.total_tiles),)
         kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
                       num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
-        launch = Launch(plan, _to_device(plan.table, device), grid, kwargs)
+        launch = Launch(plan, _to_device(plan.table, device), DirectLaunch(_grouped_matmul_kernel, grid, kwargs))
         TABLES.put((pairs, config), launch)
     return launch
 

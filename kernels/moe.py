@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ._device import interpreter_enabled
+from ._launch import DirectLaunch
 from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
 from . import grouped
 from .grouped import _DTYPE_NAMES, _TORCH_DTYPES, _VECTOR, _cdiv, default_config, distance, tile_product
@@ -175,6 +176,24 @@ def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch
                          f"{out.dtype} with strides {out.stride()}")
     if tokens == 0 or n == 0 or experts == 0:
         return out
+    args = (x, w, out, offsets, tokens, experts, n, k, *x.stride(), *w.stride(), out.stride(0))
+    # Triton specializes a launch on its integers and on each tensor's dtype and 16-byte alignment;
+    # a key holding all of them names calls that one compiled kernel serves alike.
+    key = (config, x.dtype, x.device, *args[4:], x.data_ptr() % 16, w.data_ptr() % 16, out.data_ptr() % 16,
+           offsets.data_ptr() % 16)
+    kernel = LAUNCHES.get(key)
+    if kernel is None:
+        kernel = _prepare(config, x, w, out, offsets)
+        LAUNCHES.put(key, kernel)
+    kernel(*args)
+    return out
+
+
+def _prepare(config: Config, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, offsets: torch.Tensor
+             ) -> DirectLaunch:
+    """The grid and constexprs of ``config`` for operands like these."""
+    tokens, k = x.shape
+    experts, _, n = w.shape
     values = config.as_dict()
     block_m, block_n = int(values["BLOCK_M"]), int(values["BLOCK_N"])
     # The host does not know the split; each expert adds at most one partial row of tiles.
@@ -189,11 +208,13 @@ def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch
     aligned = (all(t.data_ptr() % 16 == 0 for t in (x, w, out)) and n % _VECTOR == 0 and k % _VECTOR == 0
                and all(s % _VECTOR == 0 for s in strides))
     grid = (max(1, min(int(values["NUM_SM"]), most_tiles)),)
-    _moe_kernel[grid](x, w, out, offsets, tokens, experts, n, k, sxm, sxk, swe, swk, swn, out.stride(0),
-                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=values["BLOCK_K"], X_K_UNIT=x_k_unit,
-                      W_K_UNIT=w_k_unit, W_N_UNIT=w_n_unit, ALIGNED=aligned,
-                      num_warps=values["num_warps"], num_stages=values["num_stages"])
-    return out
+    return DirectLaunch(_moe_kernel, grid, dict(
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=values["BLOCK_K"], X_K_UNIT=x_k_unit, W_K_UNIT=w_k_unit,
+        W_N_UNIT=w_n_unit, ALIGNED=aligned, num_warps=values["num_warps"], num_stages=values["num_stages"]))
+
+
+# Ready launches of run_checked, by config and everything Triton specializes on (see there).
+LAUNCHES = grouped._LruCache()
 
 
 def moe_matmul_with(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,

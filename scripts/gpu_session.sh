@@ -5,7 +5,9 @@
 #
 # Stages, in the order a session with ~30 minutes of device time should run them:
 #   check      the test suite compiled on the GPU (GPU-only tests included)
-#   live       the two live searches of docs/SEARCH.md, timed end to end (the 30 s target)
+#   live       the two live dense searches of docs/SEARCH.md, timed end to end (the 30 s target);
+#              fresh databases, no shipped table; SEED=N picks the sampler seed (default 0)
+#   live-moe   live searches of the swept MoE group: two cold, one warm-started by the fp16 winner
 #   tune-moe   tune moe_matmul on the MoE groups (fp16 and bf16, weights [E, N, K] transposed)
 #   tune-grouped  tune grouped_matmul on the groups of GPU.md and the MoE groups (fp16 and bf16)
 #   bench-moe  moe_matmul and grouped_matmul against torch._grouped_mm and the loop, 3 interleaved rounds
@@ -34,7 +36,20 @@ check)
 live)
     for shape in 16x4096x4096 1000x1000x1000; do
         /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --dtype fp16 --shape $shape --trials 25 \
-            --db "sqlite:////tmp/live.db" 2>&1 | tee -a "$log"
+            --seed "${SEED:-0}" --no-shipped --db "sqlite:///$out/live-$shape-${SEED:-0}.db" 2>&1 | tee -a "$log"
+    done ;;
+live-moe)
+    # The MoE group of the committed sweep: two cold searches (seeds 0 and 1, fresh databases, --no-shipped so
+    # that the shipped table does not start them), then a bf16 search warm-started by the fp16 winner of
+    # the same group, as a tuning session runs them.
+    group=$($py -c 'from tuner import suites; print(suites.MOE_GPU["16 experts skewed"])')
+    for seed in 0 1; do
+        /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --kernel moe_matmul --dtype bf16 --layout nt \
+            --shape "$group" --trials 25 --seed $seed --no-shipped --db "sqlite:///$out/live-moe-$seed.db" 2>&1 | tee -a "$log"
+    done
+    for dtype in fp16 bf16; do
+        /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --kernel moe_matmul --dtype $dtype --layout nt \
+            --shape "$group" --trials 25 --no-shipped --db "sqlite:///$out/live-moe-warm.db" 2>&1 | tee -a "$log"
     done ;;
 tune-moe)
     $py -m tuner search --device h100 --kernel moe_matmul --dtype fp16 --dtype bf16 --layout nt --trials 25 \

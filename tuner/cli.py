@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=None, help="sampler seed, for reproducible searches")
     s.add_argument("--workers", type=int, default=None,
                    help="processes that compile and check candidates in parallel on a GPU (0: in-process)")
+    s.add_argument("--no-shipped", action="store_true",
+                   help="do not start from the tables shipped in the package (with a fresh --db: what the "
+                        "search finds by itself, for measuring it)")
     s.add_argument("--ahead", type=int, default=4,
                    help="new configs compiling at once ahead of the timer (default 4; more is faster to "
                         "compile but the sampler learns less between asks)")

@@ -83,7 +83,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                 try:
                     record = tune_problem(spec, problem, device, store, budget=budget,
                                           sampler=args.sampler, seed=args.seed, on_trial=_print_progress,
-                                          pool=pool, ahead=args.ahead, on_finish=_print_stats)
+                                          pool=pool, ahead=args.ahead, on_finish=_print_stats,
+                                          use_shipped=not args.no_shipped)
                 except NoWinner as exc:  # one problem's failure must not end the others' search
                     failed.append(problem)
                     print(f"  no winner: {exc}", flush=True)

@@ -177,10 +177,11 @@ def _prune_invalid(study: optuna.Study, trial: optuna.Trial, reason: str, worst_
     study.tell(trial, worst_ok_ms if worst_ok_ms is not None else 1.0)
 
 
-def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store) -> list[Config]:
-    """First trials: what dispatch would pick today (the database, the shipped table or the nearest
-    tuned problem), the winners of the nearest tuned problems (the other of fp16/bf16 included), the
-    kernel's default and its seeds."""
+def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store,
+                       use_shipped: bool = True) -> list[Config]:
+    """First trials: what dispatch would pick today (the database, the shipped table unless
+    ``use_shipped`` is false, or the nearest tuned problem), the winners of the nearest tuned problems
+    (the other of fp16/bf16 included), the kernel's default and its seeds."""
     tuned = []
     for record in store.records(device=device.name, kernel=spec.name):
         if record.problem_key == problem.key or not record.triton_config:
@@ -189,9 +190,14 @@ def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, s
         if math.isfinite(distance):
             tuned.append((distance, Config.from_dict(record.triton_config)))
     tuned.sort(key=lambda pair: pair[0])
-    dispatched = Dispatcher(store.url).choose(spec, problem, device).config
+    dispatched = Dispatcher(store.url, use_shipped=use_shipped).choose(spec, problem, device).config
     candidates = ([dispatched] + [config for _, config in tuned[:3]] + [spec.default_config(problem, device)]
                   + spec.seeds(problem, device))
+    return _valid_unique(spec, problem, device, candidates)
+
+
+def _valid_unique(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates: list[Config]) -> list[Config]:
+    """The candidates in order, once each, without cuBLAS and without configs the space rules out."""
     seen: set[Config] = set()
     chosen = []
     for config in candidates:
@@ -255,8 +261,12 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
                  timer: Timer | None = None, quick_timer: Timer | None = None,
                  storage: optuna.storages.BaseStorage | None = None,
                  on_trial: Callable[[Progress], None] | None = None, pool: CheckPool | None = None,
-                 ahead: int = DEFAULT_AHEAD, on_finish: Callable[[SearchStats], None] | None = None) -> Record:
-    """Search configs for one problem, then store and return the winner (cuBLAS if nothing beats it)."""
+                 ahead: int = DEFAULT_AHEAD, on_finish: Callable[[SearchStats], None] | None = None,
+                 use_shipped: bool = True) -> Record:
+    """Search configs for one problem, then store and return the winner (cuBLAS if nothing beats it).
+
+    ``use_shipped=False`` keeps the tables shipped in the package out of the first trials: on a fresh
+    database the search then finds what it finds by itself (for measuring it)."""
     storage = storage or optuna.storages.RDBStorage(store.url)
     study = open_study(storage, device, problem, sampler, seed)
     if pool is not None and timer is None and kernels.KERNELS.get(spec.name) is spec:
@@ -265,7 +275,7 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     else:  # in this process: on the CPU, or with a test's timer or spec that a worker cannot import
         bench = Bench(spec, problem, device, timer=timer, seed=seed or 0, quick_timer=quick_timer)
     if not study.trials:
-        for config in warm_start_configs(spec, problem, device, store):
+        for config in warm_start_configs(spec, problem, device, store, use_shipped):
             study.enqueue_trial(params_of(config, spec.space), skip_if_exists=True)
     requeue_interrupted(study)
     stats = _Search(study, spec, bench, budget, pool, on_trial, ahead).run()

@@ -14,7 +14,9 @@ import pytest
 from optuna.trial import TrialState
 
 from db import Store
-from kernels import BASELINE, CPU, Config, KernelSpec, Param, Problem, SearchSpace
+import kernels
+from kernels import BASELINE, CPU, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace
+from kernels.dispatch import Dispatcher
 from kernels.gemm import MATMUL
 from tuner.search import (Budget, NoWinner, Progress, SearchStats, failure_summary, make_sampler, measured_trials,
                           open_study, study_name, tune_problem, warm_start_configs)
@@ -227,6 +229,23 @@ def test_the_same_shapes_in_the_other_half_precision_dtype_are_a_warm_start(db_u
         first = warm_start_configs(kernel.spec, bf16, CPU, store)
     assert _is_optimum(fp16_winner.config)
     assert Config.from_dict(fp16_winner.config) in first[:2], "fp16's winner is among bf16's first trials"
+
+
+def test_without_the_shipped_table_a_fresh_database_starts_from_default_and_seeds(db_url) -> None:
+    """The shipped h100 table has this problem; ``use_shipped=False`` keeps its winner out of the start."""
+    spec = kernels.get_kernel("matmul")
+    problem = Problem.from_key("matmul", "fp16:nn:16x4096x4096")
+    h100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
+                      shared_memory_bytes=232_448)
+    shipped = Dispatcher(db_url).choose(spec, problem, h100)
+    assert shipped.source == "shipped" and not kernels.is_baseline(shipped.config), \
+        "the test needs a problem the shipped table has, with a Triton winner"
+    with Store(db_url) as store:
+        warm = warm_start_configs(spec, problem, h100, store)
+        cold = warm_start_configs(spec, problem, h100, store, use_shipped=False)
+    assert warm[0] == spec.space.canonical(shipped.config)
+    assert spec.space.canonical(shipped.config) not in cold
+    assert cold == warm[1:]
 
 
 def test_time_budget_stops_the_search(db_url) -> None:

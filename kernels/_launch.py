@@ -1,0 +1,97 @@
+"""Launch a compiled Triton kernel straight through its launcher once the call's specialization is known.
+
+``kernel[grid](*args)`` binds and specializes every argument, hashes a cache key, looks up the device and
+stream, builds launch metadata and calls the (empty) launch hook chains: 30-40 us per call on the H100
+box's host, more than a small group's whole kernel (docs/BENCHMARKS.md, "Small groups are host-bound").
+A caller that knows its arguments specialize the same way on every call (the same tensors or fresh ones
+from torch's allocator, the same integers) launches the ``CompiledKernel`` that its first call returned,
+through that kernel's own launcher: what Triton itself does after the lookups.
+
+The first call, and every call where the shortcut is not known to be right, takes Triton's path: under
+the interpreter, with launch hooks installed (profilers such as proton), with another CUDA device current
+than the first call's, or on a triton whose ``CompiledKernel`` lacks the attributes (3.6 has them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+# KERNELS_DIRECT_LAUNCH=0 keeps every launch on Triton's own path (to rule the shortcut out when
+# debugging); scripts/host_vs_gpu_time.py flips it to time both paths in one process.
+ENABLED = os.environ.get("KERNELS_DIRECT_LAUNCH", "1") != "0"
+
+try:
+    from triton import knobs as _knobs
+except ImportError:  # an older triton without knobs: hooks cannot be installed this way
+    _knobs = None
+
+# What Triton itself calls for the current stream's handle: cheaper than torch.cuda.current_stream().
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda device: torch.cuda.current_stream(device).cuda_stream)
+
+
+def _listening(hook: Any) -> bool:
+    """triton 3.6 keeps hooks in a chain (``.calls``); an older one in a plain attribute."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else True
+
+
+def _hooks_installed() -> bool:
+    """Whether anything listens to kernel launches; the shortcut would skip their calls."""
+    runtime = getattr(_knobs, "runtime", None)
+    return runtime is not None and (_listening(runtime.launch_enter_hook) or _listening(runtime.launch_exit_hook))
+
+
+class DirectLaunch:
+    """One kernel, one grid and one set of constexprs; ``__call__(*runtime_args)`` launches it.
+
+    The caller promises that every call passes runtime arguments that Triton would specialize alike
+    (equal integers, tensors of one dtype with 16-byte aligned data). Triton's launcher then takes
+    the runtime arguments followed by the constexprs, in the kernel's parameter order.
+    """
+
+    def __init__(self, kernel: Any, grid: tuple[int, ...], options: dict[str, Any]) -> None:
+        self.kernel = kernel
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.options = options
+        self._compiled: Any = None
+        self._constexprs: tuple = ()
+        self._device = -1
+        self.direct_calls = 0  # launches that took the shortcut (the GPU tests read it)
+
+    def __call__(self, *args: Any) -> None:
+        compiled = self._compiled
+        if (compiled is not None and ENABLED and torch.cuda.current_device() == self._device
+                and not _hooks_installed()):
+            stream = _raw_stream(self._device)
+            compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *args, *self._constexprs)
+            self.direct_calls += 1
+            return
+        result = self.kernel[self.grid](*args, **self.options)
+        if compiled is None:
+            self._adopt(result, len(args))
+
+    def _adopt(self, compiled: Any, runtime_args: int) -> None:
+        """Keep what the first launch compiled, if this triton lets it be launched directly."""
+        names = getattr(self.kernel, "arg_names", None)
+        if names is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+            return  # the interpreter returns no CompiledKernel; Triton's path stays
+        tail = names[runtime_args:]
+        if any(name not in self.options for name in tail):
+            logger.debug("%s: constexprs %s not all given; keeping Triton's launch path", names, tail)
+            return
+        if compiled.function is None:  # not loaded onto a device: nothing ran
+            return
+        self._constexprs = tuple(self.options[name] for name in tail)
+        self._device = torch.cuda.current_device()
+        self._compiled = compiled

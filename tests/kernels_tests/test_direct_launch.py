@@ -1,0 +1,181 @@
+"""The direct launch path (kernels/_launch.py): after a kernel's first launch, calls go straight to the
+compiled kernel's launcher, with the runtime arguments and then the constexprs in parameter order.
+
+The CPU tests replace what cannot run here, the CUDA launcher of a compiled kernel and the CUDA device and
+stream queries, by recording stand-ins: they check which path a call takes and what it passes. The GPU
+tests run the real path and check the results of the direct calls against a float32 reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels import _launch, grouped, moe
+from kernels._launch import DirectLaunch
+
+
+class _Compiled:
+    """Stands in for triton's CompiledKernel: records what its launcher was called with."""
+
+    function = "function-handle"
+    packed_metadata = "metadata"
+
+    def __init__(self) -> None:
+        self.launches: list[tuple] = []
+
+    def run(self, *args) -> None:
+        self.launches.append(args)
+
+
+class _Kernel:
+    """Stands in for a @triton.jit function with parameters (x, n, BLOCK, FLAG)."""
+
+    arg_names = ["x", "n", "BLOCK", "FLAG"]
+
+    def __init__(self, compiled: object) -> None:
+        self.compiled = compiled
+        self.jit_calls: list[tuple] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.jit_calls.append((grid, args, kwargs))
+            return self.compiled
+        return launch
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict:
+    device = {"current": 0}
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device["current"])
+    monkeypatch.setattr(_launch, "_raw_stream", lambda index: 1000 + index)
+    return device
+
+
+def test_first_call_takes_triton_path_then_the_launcher_directly(fake_cuda: dict) -> None:
+    compiled = _Compiled()
+    kernel = _Kernel(compiled)
+    launch = DirectLaunch(kernel, (7,), dict(BLOCK=64, FLAG=True, num_warps=4, num_stages=3))
+    launch("x0", 5)
+    assert kernel.jit_calls == [((7, 1, 1), ("x0", 5), dict(BLOCK=64, FLAG=True, num_warps=4, num_stages=3))]
+    assert compiled.launches == []
+    launch("x1", 5)
+    launch("x2", 5)
+    assert len(kernel.jit_calls) == 1
+    assert launch.direct_calls == 2
+    # grid, stream, function, metadata, no launch metadata or hooks, runtime args, constexprs by parameter order
+    assert compiled.launches[0] == (7, 1, 1, 1000, "function-handle", "metadata", None, None, None, "x1", 5, 64, True)
+
+
+def test_another_current_device_or_a_launch_hook_takes_triton_path(fake_cuda: dict,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = _Compiled()
+    kernel = _Kernel(compiled)
+    launch = DirectLaunch(kernel, (2, 3), dict(BLOCK=16, FLAG=False))
+    launch("x", 1)
+    fake_cuda["current"] = 1
+    launch("x", 1)
+    assert (len(kernel.jit_calls), launch.direct_calls) == (2, 0)
+    fake_cuda["current"] = 0
+    hooks = _launch._knobs.runtime.launch_enter_hook
+    monkeypatch.setattr(hooks, "calls", [lambda metadata: None])  # a profiler listening
+    launch("x", 1)
+    assert (len(kernel.jit_calls), launch.direct_calls) == (3, 0)
+    monkeypatch.setattr(hooks, "calls", [])
+    launch("x", 1)
+    assert (len(kernel.jit_calls), launch.direct_calls) == (3, 1)
+
+
+def test_switched_off_or_missing_constexprs_keep_triton_path(fake_cuda: dict,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    compiled = _Compiled()
+    kernel = _Kernel(compiled)
+    partial = DirectLaunch(kernel, (1,), dict(BLOCK=16))  # FLAG left to its default: order unknown
+    partial("x", 1)
+    partial("x", 1)
+    assert (len(kernel.jit_calls), partial.direct_calls) == (2, 0)
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    full = DirectLaunch(kernel, (1,), dict(BLOCK=16, FLAG=True))
+    full("x", 1)
+    full("x", 1)
+    assert (len(kernel.jit_calls), full.direct_calls) == (4, 0)
+
+
+def test_interpreter_launches_stay_on_triton_path() -> None:
+    """Under the interpreter a launch returns no compiled kernel, so there is nothing to adopt."""
+    if not kernels.interpreter_enabled():
+        pytest.skip("runs the kernel under the interpreter")
+    spec = kernels.get_kernel("grouped_matmul")
+    problem = kernels.Problem("grouped_matmul", "fp16", "nn", ((5, 8, 16), (3, 8, 16)))
+    config = spec.default_config(problem, kernels.current_device())
+    As, Bs = spec.make_inputs(problem, "cpu", 0)
+    for _ in range(2):
+        outs = kernels.grouped_matmul_with(config, As, Bs)
+    launch = grouped.prepare(config, grouped.signature(As, Bs), As[0].device)
+    assert launch.kernel.direct_calls == 0
+    assert torch.allclose(outs[0].float(), As[0].float() @ Bs[0].float(), atol=1e-2, rtol=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------- GPU
+
+def _refill(*tensors: torch.Tensor) -> None:
+    for t in tensors:
+        t.copy_(torch.randn(t.shape, device=t.device).to(t.dtype) * 0.3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_grouped_direct_calls_compute_the_new_operands(dtype: torch.dtype) -> None:
+    spec = kernels.get_kernel("grouped_matmul")
+    problem = kernels.Problem("grouped_matmul", grouped._DTYPE_NAMES[dtype], "nn",
+                              ((128, 256, 512), (0, 256, 512), (200, 64, 96)))
+    config = spec.default_config(problem, kernels.current_device())
+    As, Bs = spec.make_inputs(problem, "cuda", 0)
+    kernels.grouped_matmul_with(config, As, Bs)
+    launch = grouped.prepare(config, grouped.signature(As, Bs), As[0].device)
+    for _ in range(2):  # same tensors, new contents: the signature matches, the launch is direct
+        _refill(*As, *Bs)
+        outs = kernels.grouped_matmul_with(config, As, Bs)
+        for a, b, c in zip(As, Bs, outs):
+            torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=2e-2, rtol=2e-2)
+    assert launch.kernel.direct_calls == 2
+
+
+@pytest.mark.gpu
+def test_moe_direct_calls_compute_the_new_operands() -> None:
+    spec = kernels.get_kernel("moe_matmul")
+    problem = kernels.Problem("moe_matmul", "bf16", "nt", ((100, 256, 512), (0, 256, 512), (300, 256, 512)))
+    config = spec.default_config(problem, kernels.current_device())
+    inputs = spec.make_inputs(problem, "cuda", 0)
+    x, w, offsets = inputs[:3]
+    moe.LAUNCHES.clear()
+    kernels.moe_matmul_with(config, x, w, offsets)
+    (launch,) = [entry for entry in moe.LAUNCHES._entries.values()]
+    for _ in range(2):
+        _refill(x, w)
+        out = kernels.moe_matmul_with(config, x, w, offsets)
+        torch.testing.assert_close(out.float(), spec.reference(inputs), atol=5e-2, rtol=5e-2)
+    assert launch.direct_calls == 2
+
+
+@pytest.mark.gpu
+def test_a_launch_hook_sees_every_launch() -> None:
+    """A profiler's hook must not miss the launches the shortcut would take."""
+    from triton import knobs
+
+    spec = kernels.get_kernel("grouped_matmul")
+    problem = kernels.Problem("grouped_matmul", "fp16", "nn", ((64, 64, 64), (64, 64, 64)))
+    config = spec.default_config(problem, kernels.current_device())
+    As, Bs = spec.make_inputs(problem, "cuda", 0)
+    kernels.grouped_matmul_with(config, As, Bs)
+    seen: list[object] = []
+    hook = seen.append
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        kernels.grouped_matmul_with(config, As, Bs)
+        kernels.grouped_matmul_with(config, As, Bs)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    torch.cuda.synchronize()
+    assert len(seen) == 2
