@@ -35,6 +35,7 @@ from optuna.trial import TrialState
 import kernels
 from kernels import Config, DeviceInfo, KernelSpec, Problem, SearchSpace
 from tuner.bench import Measurement
+from tuner import search
 from tuner.search import Budget, Progress, _Search, make_sampler, measured_trials, study_name
 from tuner.workers import Precheck
 from tuner.space import params_of
@@ -186,9 +187,13 @@ class Run:
     seconds: float
 
 
-def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: int = 1) -> Run:
-    """One search of ``budget`` counted trials against the sweep at ``path``."""
+def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: int = 1,
+           polish: tuple[int, int] | None = None) -> Run:
+    """One search of ``budget`` counted trials against the sweep at ``path``; ``polish`` (every, after)
+    overrides tuner.search's POLISH_EVERY and POLISH_AFTER."""
     start = time.perf_counter()
+    if polish is not None:
+        search.POLISH_EVERY, search.POLISH_AFTER = polish
     sweep = load_sweep(path)
     best_ms = sweep.best[1]
     study = optuna.create_study(study_name=study_name(sweep.device, sweep.problem), direction="minimize",
@@ -301,8 +306,8 @@ def _print_stats(stats: dict) -> None:
 
 
 def _tasks(paths: Iterable[str], samplers: Sequence[str], modes: Sequence[str], seeds: dict[str, int],
-           budget: int, ahead: int) -> list[tuple]:
-    return [(path, sampler, mode, seed, budget, ahead) for path in paths for sampler in samplers
+           budget: int, ahead: int, polish: tuple[int, int] | None = None) -> list[tuple]:
+    return [(path, sampler, mode, seed, budget, ahead, polish) for path in paths for sampler in samplers
             for mode in modes for seed in range(seeds[sampler])]
 
 
@@ -317,6 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--modes", default=",".join(MODES), help="cold (sampler only), seeded (warm configs first)")
     parser.add_argument("--ahead", type=int, default=1,
                         help="configs in flight (asked, not yet told), as `tuner search --ahead N` (default 1)")
+    parser.add_argument("--polish", default=None, metavar="EVERY,AFTER",
+                        help="the search's local polish: every EVERY-th new config a neighbour of the best, "
+                             f"after AFTER measured trials; 0,0 turns it off (default: tuner.search's, "
+                             f"{search.POLISH_EVERY},{search.POLISH_AFTER})")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", default=None, help="write the stats, per-run results and summary here")
     args = parser.parse_args(argv)
@@ -330,7 +339,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     report: dict = {"command": " ".join(sys.argv), "budget": args.budget, "ahead": args.ahead,
                     "targets": TARGETS, "seeds": seeds, "sweeps": []}
-    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.ahead)
+    polish = tuple(int(v) for v in args.polish.split(",")) if args.polish else None
+    if polish is not None and len(polish) != 2:
+        parser.error(f"--polish takes EVERY,AFTER (two integers), e.g. 2,8; got {args.polish}")
+    report["polish"] = polish or (search.POLISH_EVERY, search.POLISH_AFTER)
+    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.ahead, polish)
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_init_worker) as pool:

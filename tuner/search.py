@@ -53,6 +53,17 @@ DEFAULT_AHEAD = 4
 # Invalid samples in a row after which a search gives up: the space leaves almost nothing valid.
 MAX_INVALID_IN_A_ROW = 500
 
+# Local polish: after POLISH_AFTER measured trials, every POLISH_EVERY-th new config is an untried
+# neighbour of the best so far (one parameter one step away) instead of the sampler's. TPE finds the
+# right tile early and then wanders; the last percent sits in the knobs next to it (the MoE sweep's
+# best differs from a typical 25-trial winner in num_stages and NUM_SM only). POLISH_EVERY = 0 turns
+# it off. Chosen by replaying the committed sweeps (docs/SEARCH.md, "Polish").
+POLISH_AFTER = 5
+POLISH_EVERY = 2
+
+# Which parameters the polish steps first: the cheap-to-get-wrong knobs before the tile shape.
+POLISH_ORDER = ("num_stages", "NUM_SM", "num_warps", "BLOCK_K", "GROUP_SIZE_M", "SPLIT_K", "BLOCK_N", "BLOCK_M")
+
 
 class NoWinner(RuntimeError):
     """Every measured config of a problem failed; the message says how."""
@@ -342,6 +353,10 @@ class _Search:
         self.measured_count = len(measured_trials(study))
         self.best_ms = self.incumbent_ms
         self.worst_ok_ms = max((m.time_ms for m in self.verdicts.values() if m.ok), default=None)
+        best_text = min((text for text, m in self.verdicts.items() if m.ok),
+                        key=lambda text: self.verdicts[text].time_ms, default=None)
+        self.best_config = Config.parse(best_text) if best_text else None
+        self.new_asks = 0  # configs put in flight by this run, the sampler's and the polish's
 
     def run(self) -> SearchStats:
         start = time.monotonic()
@@ -373,6 +388,9 @@ class _Search:
         """
         started = time.monotonic()
         try:
+            polish = self._polish_step()
+            if polish is not None:
+                self.study.enqueue_trial(params_of(polish, self.spec.space), user_attrs={"polish": True})
             while self.invalid_in_a_row < MAX_INVALID_IN_A_ROW and self.repeats_in_a_row < MAX_REPEATS_IN_A_ROW:
                 trial = self.study.ask()
                 config = self.spec.space.canonical(suggest_config(trial, self.spec.space))
@@ -396,6 +414,7 @@ class _Search:
                     self._finish(trial, earlier)
                     continue
                 self.repeats_in_a_row = 0
+                self.new_asks += 1
                 self.in_flight[config] = [trial]
                 if self.pool:
                     self.pool.submit(self.bench.problem, config, seed=trial.number)
@@ -403,6 +422,17 @@ class _Search:
             return False
         finally:
             self.stats.sampler_s += time.monotonic() - started
+
+    def _polish_step(self) -> Config | None:
+        """The next untried neighbour of the best config, when this ask is the polish's turn."""
+        if (not POLISH_EVERY or self.best_config is None or self.measured_count < POLISH_AFTER
+                or self.new_asks % POLISH_EVERY != POLISH_EVERY - 1):
+            return None
+        for neighbour in _neighbours(self.best_config, self.spec.space):
+            if (neighbour not in self.in_flight and str(neighbour) not in self.verdicts
+                    and self.spec.space.violation(neighbour, self.bench.problem, self.bench.device) is None):
+                return neighbour
+        return None
 
     def _next_measurement(self) -> tuple[Config, Measurement]:
         checked_error = None
@@ -433,11 +463,32 @@ class _Search:
         self.measured_count += 1
         if measurement.ok:
             ms = float(measurement.time_ms)
+            if self.best_ms is None or ms < self.best_ms:
+                self.best_config = Config.parse(trial.user_attrs["config"])
             self.best_ms = ms if self.best_ms is None else min(self.best_ms, ms)
             self.worst_ok_ms = ms if self.worst_ok_ms is None else max(self.worst_ok_ms, ms)
         if self.on_trial:
             self.on_trial(Progress(self.bench.problem, self.measured_count, self.budget.trials,
                                    measurement.status, self.best_ms))
+
+
+def _neighbours(config: Config, space: kernels.SearchSpace) -> list[Config]:
+    """Configs one step away from ``config`` in one parameter (the next value up or down), canonical
+    and distinct, the parameters of POLISH_ORDER first; validity is the caller's to check."""
+    order = {name: i for i, name in enumerate(POLISH_ORDER)}
+    params = sorted(space.params, key=lambda p: order.get(p.name, len(order)))
+    found: list[Config] = []
+    for param in params:
+        value = config.get(param.name)
+        if value not in param.values:
+            continue
+        index = param.values.index(value)
+        for step in (1, -1):
+            if 0 <= index + step < len(param.values):
+                neighbour = space.canonical(config.replace(**{param.name: param.values[index + step]}))
+                if neighbour != config and neighbour not in found:
+                    found.append(neighbour)
+    return found
 
 
 def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found: tuple[Config, float],

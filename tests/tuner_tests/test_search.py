@@ -18,8 +18,9 @@ import kernels
 from kernels import BASELINE, CPU, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace
 from kernels.dispatch import Dispatcher
 from kernels.gemm import MATMUL
-from tuner.search import (Budget, NoWinner, Progress, SearchStats, failure_summary, make_sampler, measured_trials,
-                          open_study, study_name, tune_problem, warm_start_configs)
+from tuner import search
+from tuner.search import (Budget, NoWinner, Progress, SearchStats, _neighbours, failure_summary, make_sampler,
+                          measured_trials, open_study, study_name, tune_problem, warm_start_configs)
 from tuner.space import suggest_config
 from tuner.workers import CheckPool
 
@@ -243,9 +244,49 @@ def test_without_the_shipped_table_a_fresh_database_starts_from_default_and_seed
     with Store(db_url) as store:
         warm = warm_start_configs(spec, problem, h100, store)
         cold = warm_start_configs(spec, problem, h100, store, use_shipped=False)
-    assert warm[0] == spec.space.canonical(shipped.config)
-    assert spec.space.canonical(shipped.config) not in cold
-    assert cold == warm[1:]
+    shipped_config = spec.space.canonical(shipped.config)
+    default_and_seeds = search._valid_unique(spec, problem, h100, [spec.default_config(problem, h100)]
+                                             + spec.seeds(problem, h100))
+    assert cold == default_and_seeds
+    assert warm == [shipped_config] + [c for c in default_and_seeds if c != shipped_config]
+
+
+def _steps_apart(a: Config, b: Config, space: SearchSpace) -> list[int]:
+    """How many value steps each differing parameter of ``a`` and ``b`` lies apart."""
+    return [abs(p.values.index(a[p.name]) - p.values.index(b[p.name])) for p in space.params
+            if a[p.name] != b[p.name]]
+
+
+def test_neighbours_are_one_step_in_one_parameter_knobs_first() -> None:
+    space = MATMUL.space
+    config = space.canonical(Config.make(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8,
+                                         SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                                         num_warps=8, num_stages=3))
+    found = _neighbours(config, space)
+    assert found and all(_steps_apart(config, n, space) == [1] for n in found)
+    assert len(found) == len(set(found)) and config not in found
+    assert {n.num_stages for n in found[:2]} == {2, 4}, "num_stages is stepped first"
+    assert all(space.canonical(n) == n for n in found)
+
+
+def test_polish_tries_neighbours_of_the_best_so_far(db_url) -> None:
+    kernel = Kernel(_space(block_n=(32, 64, 128, 256)))
+    _tune(kernel, db_url, trials=20)
+    trials = sorted(_study(db_url).trials, key=lambda t: t.number)
+    polished = [t for t in trials if t.user_attrs.get("polish")]
+    assert polished, "the polish took some asks"
+    space = kernel.spec.space
+    for t in polished:
+        done = [u for u in trials if u.number < t.number and u.state == TrialState.COMPLETE]
+        assert len(done) >= search.POLISH_AFTER
+        best = Config.parse(min(done, key=lambda u: u.value).user_attrs["config"])
+        assert _steps_apart(best, Config.parse(t.user_attrs["config"]), space) == [1]
+
+
+def test_polish_off_leaves_every_ask_to_the_sampler(db_url, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "POLISH_EVERY", 0)
+    _tune(Kernel(_space(block_n=(32, 64, 128, 256))), db_url, trials=20)
+    assert not [t for t in _study(db_url).trials if t.user_attrs.get("polish")]
 
 
 def test_time_budget_stops_the_search(db_url) -> None:
