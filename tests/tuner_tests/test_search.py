@@ -289,6 +289,30 @@ def test_polish_off_leaves_every_ask_to_the_sampler(db_url, monkeypatch: pytest.
     assert not [t for t in _study(db_url).trials if t.user_attrs.get("polish")]
 
 
+class _ContestBench:
+    """Stands in for the GPU bench's side-by-side timing (no GPU here): returns the given times in turn."""
+
+    problem = PROBLEM
+
+    def __init__(self, *results: tuple[float, float]) -> None:
+        self.results = list(results)
+        self.calls = 0
+
+    def head_to_head(self, config: Config) -> tuple[float, float]:
+        self.calls += 1
+        return self.results.pop(0)
+
+
+def test_head_to_head_far_off_the_search_is_timed_again() -> None:
+    config = Config.make(BLOCK_M=16)
+    disturbed = _ContestBench((0.0691, 0.0227), (0.0204, 0.0227))
+    assert search.head_to_head(disturbed, config, search_ms=0.0203) == (0.0204, 0.0227)
+    assert disturbed.calls == 2
+    calm = _ContestBench((0.0210, 0.0227))
+    assert search.head_to_head(calm, config, search_ms=0.0203) == (0.0210, 0.0227)
+    assert calm.calls == 1
+
+
 def test_time_budget_stops_the_search(db_url) -> None:
     kernel = Kernel(_space())
     with Store(db_url) as store:
