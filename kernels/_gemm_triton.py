@@ -23,16 +23,23 @@ def _grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 
 @triton.jit
-def _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
-              pid_m, pid_n, k_begin, k_end,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """fp32 accumulator of one output tile over the K blocks [k_begin, k_end)."""
+def _tile_offsets(pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
+    """Row and column indices of one output tile; 64-bit where an index may pass 2**31."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if INDEX_64:
         offs_m = offs_m.to(tl.int64)
         offs_n = offs_n.to(tl.int64)
+    return offs_m, offs_n
+
+
+@triton.jit
+def _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+              pid_m, pid_n, k_begin, k_end,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """fp32 accumulator of one output tile over the K blocks [k_begin, k_end)."""
+    offs_m, offs_n = _tile_offsets(pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
     # Wrapping rows/columns past the edge back into range keeps every load in bounds without a mask
     # on M or N (the wrapped results are never stored), so loads stay wide.
     offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
@@ -58,11 +65,7 @@ def _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
 @triton.jit
 def _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if INDEX_64:
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
+    offs_m, offs_n = _tile_offsets(pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
     c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Any
 
 import torch
@@ -95,3 +98,36 @@ class DirectLaunch:
         self._constexprs = tuple(self.options[name] for name in tail)
         self._device = torch.cuda.current_device()
         self._compiled = compiled
+
+
+_ABSENT = object()
+
+
+class LruCache:
+    """A bounded, thread-safe, clearable map that forgets the least recently used entry first."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._capacity = capacity
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        with self._lock:
+            entry = self._entries.get(key, _ABSENT)
+            if entry is _ABSENT:
+                return default
+            self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: Hashable, entry: Any) -> None:
+        with self._lock:
+            self._entries[key] = entry
+            while len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -26,6 +26,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import _splitk_kernel, _tiled_kernel, _tma_kernel
+from ._launch import DirectLaunch, LruCache
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, log_distance
 
 KERNEL = "matmul"
@@ -161,16 +162,30 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)  # triton.cdiv is a jitted function: ~1.6 us per host call in triton 3.6
 
 
+# Ready launches of the tiled and split-K kernels (kernels/_launch.py), keyed by _launch_key.
+_LAUNCHES = LruCache()
+
+
+def _launch_key(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
+    """Everything a launch's grid, constexprs and Triton's specialization depend on: the config, the
+    device, the dtype, every size and stride, and each tensor's 16-byte alignment."""
+    return (config, a.device, a.dtype, *a.shape, b.shape[1], *a.stride(), *b.stride(), *c.stride(),
+            a.data_ptr() % 16, b.data_ptr() % 16, c.data_ptr() % 16)
+
+
 def _launch_tiled(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     m, k = a.shape
     n = b.shape[1]
-    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    grid = (_cdiv(m, bm) * _cdiv(n, bn),)
-    _tiled_kernel[grid](
-        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
-        EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+    key = _launch_key(config, a, b, c)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        launch = DirectLaunch(_tiled_kernel, (_cdiv(m, bm) * _cdiv(n, bn),), dict(
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
+            EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
+            num_warps=config.num_warps, num_stages=config.num_stages))
+        _LAUNCHES.put(key, launch)
+    launch(a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
 
 class _SplitKWorkspace:
@@ -200,13 +215,18 @@ def _launch_splitk(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     n = b.shape[1]
     bm, bn, bk, split = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
+    # The workspace may be reallocated between calls; a fresh allocation has the same alignment.
     partial, arrivals = _WORKSPACE.get(a.device, tiles * split * bm * bn, tiles)
-    _splitk_kernel[(tiles, split)](
-        a, b, c, partial, arrivals, m, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"], SPLIT_K=split,
-        EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+    key = _launch_key(config, a, b, c)
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        launch = DirectLaunch(_splitk_kernel, (tiles, split), dict(
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"], SPLIT_K=split,
+            EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
+            num_warps=config.num_warps, num_stages=config.num_stages))
+        _LAUNCHES.put(key, launch)
+    launch(a, b, c, partial, arrivals, m, n, k,
+           a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
 
 def _tma_ready(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:

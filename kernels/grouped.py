@@ -13,19 +13,16 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import threading
 from array import array
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
 from ._device import interpreter_enabled
-from ._launch import DirectLaunch
+from ._launch import DirectLaunch, LruCache
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 
 logger = logging.getLogger(__name__)
@@ -315,48 +312,15 @@ def _to_device(table: array, device: torch.device) -> torch.Tensor:
     return pinned.to(device, non_blocking=True)
 
 
-_ABSENT = object()
-
-
-class _LruCache:
-    """A bounded, thread-safe, clearable map that forgets the least recently used entry first."""
-
-    def __init__(self, capacity: int = 256) -> None:
-        self._capacity = capacity
-        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        with self._lock:
-            entry = self._entries.get(key, _ABSENT)
-            if entry is _ABSENT:
-                return default
-            self._entries.move_to_end(key)
-            return entry
-
-    def put(self, key: Hashable, entry: Any) -> None:
-        with self._lock:
-            self._entries[key] = entry
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
 # Ready launches, keyed by (signature, config): the device table with its launch arguments. A table is
 # a pure function of those, so a call with the same operands (static buffers, CUDA-graph style serving,
 # a benchmark loop) skips the Python pass and the host-to-device copy; a table reads the live tensors,
 # never a snapshot.
-TABLES = _LruCache()
+TABLES = LruCache()
 
 # What dispatch resolved for a signature alone: a Launch, or None where cuBLAS won, so that a repeated
 # call of grouped_matmul also skips the operand check and the config lookup.
-CALLS = _LruCache()
+CALLS = LruCache()
 
 
 def _check_launchable(device: torch.device) -> None:

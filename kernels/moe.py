@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ._device import interpreter_enabled
-from ._launch import DirectLaunch
+from ._launch import DirectLaunch, LruCache
 from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
 from . import grouped
 from .grouped import _DTYPE_NAMES, _TORCH_DTYPES, _VECTOR, _cdiv, default_config, distance, tile_product
@@ -214,7 +214,7 @@ def _prepare(config: Config, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor
 
 
 # Ready launches of run_checked, by config and everything Triton specializes on (see there).
-LAUNCHES = grouped._LruCache()
+LAUNCHES = LruCache()
 
 
 def moe_matmul_with(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,

@@ -7,7 +7,8 @@
 
 When host us/call exceeds the GPU time, do_bench measures the host, and it varies with the host's load.
 Our calls are timed twice: with the direct launch (kernels/_launch.py, the default) and with every launch
-on Triton's own path (``KERNELS_DIRECT_LAUNCH=0``). A last table splits one grouped call's host time.
+on Triton's own path (``KERNELS_DIRECT_LAUNCH=0``), for the groups and for one dense problem (fp16, B
+transposed). A last table splits one grouped call's host time.
 
     python scripts/host_vs_gpu_time.py --db sqlite:////tmp/h100.db --rounds 3
 """
@@ -27,6 +28,7 @@ from kernels import Problem, _launch, grouped
 from tuner import suites
 
 GROUPS = ("4x128^3", "4x512^3", "16 experts skewed", "64 experts K=2048 N=768")
+DENSE = ("16x4096x4096",)
 
 
 def host_us(fn: Callable[[], object], calls: int = 200) -> float:
@@ -119,6 +121,17 @@ def main() -> None:
                     path = ("direct" if direct else "Triton") if ours else "-"
                     print(f"| {name} | {dtype} | {column} | {path} | {median[0]:.4f} | {median[1]:.4f} | "
                           f"{median[2]:.1f} |", flush=True)
+    for shape in DENSE:  # dense problems where the shipped table picks a Triton kernel
+        m, n, k = (int(v) for v in shape.split("x"))
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.float16).t()
+        for column, fn in (("kernels.matmul", lambda: kernels.matmul(a, b)), ("torch.matmul", lambda: torch.matmul(a, b))):
+            for direct in ((True, False) if column == "kernels.matmul" else (True,)):
+                rounds = [figures(fn, direct) for _ in range(args.rounds)]
+                median = [sorted(values)[len(values) // 2] for values in zip(*rounds)]
+                path = ("direct" if direct else "Triton") if column == "kernels.matmul" else "-"
+                print(f"| {shape} nt | fp16 | {column} | {path} | {median[0]:.4f} | {median[1]:.4f} | {median[2]:.1f} |",
+                      flush=True)
     for dtype in ("bf16", "fp16"):
         host_split(dtype)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import _launch, grouped, moe
+from kernels import _launch, gemm, grouped, moe
 from kernels._launch import DirectLaunch
 
 
@@ -157,6 +157,27 @@ def test_moe_direct_calls_compute_the_new_operands() -> None:
         out = kernels.moe_matmul_with(config, x, w, offsets)
         torch.testing.assert_close(out.float(), spec.reference(inputs), atol=5e-2, rtol=5e-2)
     assert launch.direct_calls == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant,split", [("tiled", 1), ("splitk", 4)])
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_dense_direct_calls_compute_the_new_operands(variant: str, split: int, layout: str) -> None:
+    config = kernels.Config.make(VARIANT=variant, BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_SIZE_M=4,
+                                 SPLIT_K=split, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                                 num_warps=4, num_stages=3)
+    a = torch.empty(100, 512, device="cuda", dtype=torch.float16)
+    b = torch.empty(512, 200, device="cuda", dtype=torch.float16)
+    if layout == "nt":
+        b = torch.empty(200, 512, device="cuda", dtype=torch.float16).t()
+    _refill(a, b)
+    c = kernels.matmul_with(config, a, b)
+    launch = gemm._LAUNCHES.get(gemm._launch_key(config, a, b, c))
+    for _ in range(2):
+        _refill(a, b)
+        c = kernels.matmul_with(config, a, b)
+        torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=2e-2, rtol=2e-2)
+    assert launch is not None and launch.direct_calls == 2
 
 
 @pytest.mark.gpu
