@@ -178,9 +178,10 @@ def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch
         return out
     args = (x, w, out, offsets, tokens, experts, n, k, *x.stride(), *w.stride(), out.stride(0))
     # Triton specializes a launch on its integers and on each tensor's dtype and 16-byte alignment;
-    # a key holding all of them names calls that one compiled kernel serves alike.
-    key = (config, x.dtype, x.device, *args[4:], x.data_ptr() % 16, w.data_ptr() % 16, out.data_ptr() % 16,
-           offsets.data_ptr() % 16)
+    # a key holding all of them names calls that one compiled kernel serves alike (x, w and out share
+    # one dtype; offsets may be int32 or int64).
+    key = (config, x.dtype, offsets.dtype, x.device, *args[4:], x.data_ptr() % 16, w.data_ptr() % 16,
+           out.data_ptr() % 16, offsets.data_ptr() % 16)
     kernel = LAUNCHES.get(key)
     if kernel is None:
         kernel = _prepare(config, x, w, out, offsets)
