@@ -217,8 +217,9 @@ def test_budget_takes_trials_seconds_or_both() -> None:
 
 def test_search_stops_at_a_seconds_budget(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'budget.db'}"
+    # --no-shipped rides along: the flag reaches the search (tests/tuner_tests/test_search.py checks what it does)
     done = tuner(tmp_path, "search", *SEARCH_ON, "--shape", SHAPE, "--budget", "1s", "--budget", "50",
-                 "--seed", "0", "--db", url)
+                 "--seed", "0", "--no-shipped", "--db", url)
     assert done.returncode == 0, done.stderr
     [record] = _records(url)
     assert 1 <= record.trials < 50
