@@ -1,8 +1,9 @@
 """Launch a compiled Triton kernel straight through its launcher once the call's specialization is known.
 
 ``kernel[grid](*args)`` binds and specializes every argument, hashes a cache key, looks up the device and
-stream, builds launch metadata and calls the (empty) launch hook chains: 30-40 us per call on the H100
-box's host, more than a small group's whole kernel (docs/BENCHMARKS.md, "Small groups are host-bound").
+stream, builds launch metadata and calls the (empty) launch hook chains: 16-30 us per launch on the H100
+box's host against 7-11 us direct, while a small group's whole kernel takes 4-7 us (docs/BENCHMARKS.md,
+fifth session).
 A caller that knows its arguments specialize the same way on every call (the same tensors or fresh ones
 from torch's allocator, the same integers) launches the ``CompiledKernel`` that its first call returned,
 through that kernel's own launcher: what Triton itself does after the lookups.
