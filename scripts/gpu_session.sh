@@ -12,6 +12,7 @@
 #   tune-grouped  tune grouped_matmul on the groups of GPU.md and the MoE groups (fp16 and bf16)
 #   bench-moe  moe_matmul and grouped_matmul against torch._grouped_mm and the loop, 3 interleaved rounds
 #   sweep-moe  the full space of one MoE group (resumable: run again to go on)
+#   sweep-dense  part of the full space of one dense problem (SWEEP_PROBLEM), resumed across sessions
 #   retune-XY  re-tune the dense suite for one dtype/layout (XY: fp16-nn, fp16-nt, bf16-nn, bf16-nt)
 #
 # The database lives in $OUT so that the next stage (a fresh machine, maybe) can import its export;
@@ -67,6 +68,15 @@ sweep-moe)
     $py scripts/sweep.py --kernel moe_matmul --problem \
         "bf16:nt:$($py -c 'from tuner import suites; print(suites.MOE_GPU["16 experts skewed"])')" \
         --budget-s 480 --out "$out/moe_matmul-bf16-nt-16-experts-skewed.json" 2>&1 | tee -a "$log" ;;
+sweep-dense)
+    # The full space of one dense problem (SWEEP_PROBLEM, default fp16:nn:16x4096x4096), in a seeded
+    # random order, resumed from the committed part: 18,768 to 73,280 configs do not fit one lease, so
+    # each session adds about 480 s of it. Commit $out/<name>.json back to benchmarks/sweeps/.
+    problem=${SWEEP_PROBLEM:-fp16:nn:16x4096x4096}
+    name="matmul-${problem//:/-}-full.json"
+    [ -f "benchmarks/sweeps/$name" ] && cp "benchmarks/sweeps/$name" "$out/$name"
+    $py scripts/sweep.py --kernel matmul --problem "$problem" --shuffle --budget-s 480 --out "$out/$name" \
+        2>&1 | tee -a "$log" ;;
 retune-*)
     dtype_layout=${stage#retune-}
     $py -m tuner search --device h100 --dtype "${dtype_layout%-*}" --layout "${dtype_layout#*-}" --trials 25 \

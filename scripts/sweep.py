@@ -10,7 +10,8 @@ that a sweep fits a lease). The JSON maps each config to its time or its failure
 
 The file is rewritten after every chunk, and a sweep whose ``--out`` exists goes on where that file
 stopped: a sweep too long for one GPU lease (or one 10-minute call) is finished by running the same
-command again.
+command again. With ``--shuffle`` the configs go in a seeded random order, so a sweep that spans
+several leases is, at every stop, a uniform sample of the whole space (``complete: false`` in the file).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problem", required=True, help="problem key, e.g. fp16:nn:16x4096x4096")
     parser.add_argument("--variant", default=None, help="only configs of this VARIANT (a subspace)")
     parser.add_argument("--limit", type=int, default=None, help="a seeded random sample of this many")
+    parser.add_argument("--shuffle", action="store_true",
+                        help="sweep in a seeded random order, so that a sweep stopped part-way (and resumed "
+                             "later) has covered a uniform sample of the space, not its first variants")
     parser.add_argument("--budget-s", type=float, default=300, help="stop timing after this many seconds")
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="auto", help="auto (this GPU) or cpu (the interpreter, to try it out)")
@@ -54,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     total = len(configs)
     if args.limit and args.limit < total:
         configs = random.Random(0).sample(configs, args.limit)
+    elif args.shuffle:
+        random.Random(0).shuffle(configs)  # the same order on every resume
     start = time.time()
     bench = Bench(spec, problem, device, timer=None if device.is_cpu else sweep_timer)  # CPU: a wall clock
     rows = _earlier_rows(args.out, spec, problem, device)

@@ -39,3 +39,29 @@ def test_file_of_another_sweep_is_refused(tmp_path) -> None:
     out.write_text(json.dumps({"kernel": "matmul", "problem": "fp16:nn:8x8x8", "device": "cpu", "rows": []}))
     with pytest.raises(SystemExit, match="pass another --out"):
         _sweep(out)
+
+
+def test_shuffled_sweep_covers_a_seeded_sample_and_resumes_in_the_same_order(tmp_path) -> None:
+    import random
+
+    import kernels
+    from kernels import Problem
+
+    spec = kernels.get_kernel("moe_matmul")
+    ordered = [c.as_dict() for c in spec.space.enumerate(Problem.from_key(spec.name, PROBLEM), kernels.CPU)]
+    expected = list(ordered)
+    random.Random(0).shuffle(expected)
+
+    def shuffled(out, *extra: str) -> dict:
+        assert sweep.main(["--device", "cpu", "--kernel", "moe_matmul", "--problem", PROBLEM, "--shuffle",
+                           "--out", str(out), *extra]) == 0
+        return json.loads(out.read_text())
+
+    first = shuffled(tmp_path / "a.json", "--budget-s", "0")
+    again = shuffled(tmp_path / "b.json", "--budget-s", "0")
+    n = first["swept"]
+    assert 0 < n < len(ordered) and not first["complete"]
+    assert [r["config"] for r in first["rows"]] == [r["config"] for r in again["rows"]] == expected[:n]
+    assert expected[:n] != ordered[:n], "not the enumeration's first configs"
+    resumed = shuffled(tmp_path / "a.json", "--budget-s", "0")
+    assert [r["config"] for r in resumed["rows"]] == expected[:resumed["swept"]] and resumed["swept"] > n
