@@ -375,6 +375,7 @@ class _Search:
                         key=lambda text: self.verdicts[text].time_ms, default=None)
         self.best_config = Config.parse(best_text) if best_text else None
         self.new_asks = 0  # configs put in flight by this run, the sampler's and the polish's
+        self.polished: set[Config] = set()  # neighbours the polish enqueued (an enqueued trial waits its turn)
 
     def run(self) -> SearchStats:
         start = time.monotonic()
@@ -447,8 +448,10 @@ class _Search:
                 or self.new_asks % POLISH_EVERY != POLISH_EVERY - 1):
             return None
         for neighbour in _neighbours(self.best_config, self.spec.space):
-            if (neighbour not in self.in_flight and str(neighbour) not in self.verdicts
+            if (neighbour not in self.polished and neighbour not in self.in_flight
+                    and str(neighbour) not in self.verdicts
                     and self.spec.space.violation(neighbour, self.bench.problem, self.bench.device) is None):
+                self.polished.add(neighbour)
                 return neighbour
         return None
 
