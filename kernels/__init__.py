@@ -17,6 +17,7 @@ from .dispatch import DISPATCHER, Choice
 from . import grouped
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
 from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_with
+from . import gemm
 from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with
 
@@ -120,10 +121,13 @@ def validate_record(record: Any) -> None:
 
 
 def clear_cache() -> None:
-    """Forget loaded tables, e.g. after tuning in this process; the next call reloads them."""
+    """Forget loaded tables, e.g. after tuning in this process, and the ready launches; the next call
+    reloads and rebuilds them."""
     DISPATCHER.clear()
     grouped.TABLES.clear()
     grouped.CALLS.clear()
+    moe.LAUNCHES.clear()
+    gemm.LAUNCHES.clear()
 
 
 def use_database(url: str | None = None, use_shipped: bool = True) -> None:

@@ -163,7 +163,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 # Ready launches of the tiled and split-K kernels (kernels/_launch.py), keyed by _launch_key.
-_LAUNCHES = LruCache()
+LAUNCHES = LruCache()
 
 
 def _launch_key(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple:
@@ -177,14 +177,14 @@ def _launch_tiled(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Ten
     m, k = a.shape
     n = b.shape[1]
     key = _launch_key(config, a, b, c)
-    launch = _LAUNCHES.get(key)
+    launch = LAUNCHES.get(key)
     if launch is None:
         bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
         launch = DirectLaunch(_tiled_kernel, (_cdiv(m, bm) * _cdiv(n, bn),), dict(
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
             EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
             num_warps=config.num_warps, num_stages=config.num_stages))
-        _LAUNCHES.put(key, launch)
+        LAUNCHES.put(key, launch)
     launch(a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
 
@@ -218,13 +218,13 @@ def _launch_splitk(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     # The workspace may be reallocated between calls; a fresh allocation has the same alignment.
     partial, arrivals = _WORKSPACE.get(a.device, tiles * split * bm * bn, tiles)
     key = _launch_key(config, a, b, c)
-    launch = _LAUNCHES.get(key)
+    launch = LAUNCHES.get(key)
     if launch is None:
         launch = DirectLaunch(_splitk_kernel, (tiles, split), dict(
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"], SPLIT_K=split,
             EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
             num_warps=config.num_warps, num_stages=config.num_stages))
-        _LAUNCHES.put(key, launch)
+        LAUNCHES.put(key, launch)
     launch(a, b, c, partial, arrivals, m, n, k,
            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 

@@ -117,6 +117,22 @@ def test_interpreter_launches_stay_on_triton_path() -> None:
     assert torch.allclose(outs[0].float(), As[0].float() @ Bs[0].float(), atol=1e-2, rtol=1e-2)
 
 
+def test_clear_cache_forgets_ready_launches() -> None:
+    if not kernels.interpreter_enabled():
+        pytest.skip("runs the kernels under the interpreter")
+    a, b = torch.randn(8, 16, dtype=torch.float16), torch.randn(16, 8, dtype=torch.float16)
+    kernels.matmul_with(kernels.Config.make(VARIANT="tiled", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1,
+                                            SPLIT_K=1, NUM_SM=4, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                                            num_warps=4, num_stages=2), a, b)
+    spec = kernels.get_kernel("moe_matmul")
+    problem = kernels.Problem("moe_matmul", "fp16", "nn", ((5, 8, 16), (3, 8, 16)))
+    kernels.moe_matmul_with(spec.default_config(problem, kernels.current_device()),
+                            *spec.make_inputs(problem, "cpu", 0)[:3])
+    assert len(gemm.LAUNCHES) and len(moe.LAUNCHES)
+    kernels.clear_cache()
+    assert len(gemm.LAUNCHES) == len(moe.LAUNCHES) == len(grouped.TABLES) == 0
+
+
 # ---------------------------------------------------------------------------------------------- GPU
 
 def _refill(*tensors: torch.Tensor) -> None:
@@ -172,7 +188,7 @@ def test_dense_direct_calls_compute_the_new_operands(variant: str, split: int, l
         b = torch.empty(200, 512, device="cuda", dtype=torch.float16).t()
     _refill(a, b)
     c = kernels.matmul_with(config, a, b)
-    launch = gemm._LAUNCHES.get(gemm._launch_key(config, a, b, c))
+    launch = gemm.LAUNCHES.get(gemm._launch_key(config, a, b, c))
     for _ in range(2):
         _refill(a, b)
         c = kernels.matmul_with(config, a, b)
