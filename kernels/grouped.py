@@ -225,13 +225,15 @@ Signature = tuple
 
 
 def signature(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Signature | None:
-    """One pass over the operands (about 1 us per pair); None when they are not lists of 2-D tensors.
+    """One pass over the operands (under 1 us per pair); None when they are not lists of tensors.
 
     Cheaper than checking them: a signature that matches one cached after a full check names operands
-    that would pass it again (same dtypes, devices, shapes; a 3-D tensor gives a longer entry).
+    that would pass it again (same dtypes, devices, shapes; a 3-D tensor has a longer shape). Shapes
+    and strides stay the tuples torch returns: unpacking them made the signature of 64 pairs 55 us
+    instead of 41 on the CPU machine (scripts/host_overhead.py, 2026-11-23).
     """
     try:
-        return tuple((a.data_ptr(), a.dtype, *a.shape, *a.stride(), b.data_ptr(), b.dtype, *b.shape, *b.stride())
+        return tuple((a.data_ptr(), a.dtype, a.shape, a.stride(), b.data_ptr(), b.dtype, b.shape, b.stride())
                      for a, b in zip(As, Bs, strict=True))
     except (AttributeError, TypeError, ValueError):
         return None
@@ -269,10 +271,10 @@ def _plan(pairs: Signature, block_m: int, block_n: int) -> _Plan:
     a_m_unit = a_k_unit = b_k_unit = b_n_unit = True
     ptr_bits = extent_bits = m_bits = am_bits = ak_bits = bk_bits = bn_bits = 0  # OR of values: low bits tell
     offset = 0
-    widths = {pair[9] for pair in pairs}
+    widths = {pair[6][1] for pair in pairs}
     # Stacked outputs start where the previous one ends; N % 8 keeps each start 16-byte aligned too.
     stacked_n = widths.pop() if len(widths) == 1 and next(iter(widths), 0) > 0 else None
-    for a_ptr, _, m, k, sam, sak, b_ptr, _, _, n, sbk, sbn in pairs:
+    for a_ptr, _, (m, k), (sam, sak), b_ptr, _, (_, n), (sbk, sbn) in pairs:
         # A dimension that never steps may carry any stride: 0 keeps the alignment promise true for it.
         sam, sbn = (sam if m > 1 else 0), (sbn if n > 1 else 0)
         sak, sbk = (sak, sbk) if k > 1 else (0, 0)
