@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,17 +183,25 @@ class Bench:
         return self.timer(lambda: self.spec.baseline(inputs))
 
     def head_to_head(self, config: Config, rounds: int = HEAD_TO_HEAD_ROUNDS) -> tuple[float, float]:
-        """(config ms, baseline ms): medians of alternating timings on the same inputs.
+        """(config ms, baseline ms): medians of alternating timings on the same inputs."""
+        times, baseline = self.contest([config], rounds)
+        return times[0], baseline
 
-        The search's time for the winner was taken minutes earlier; deciding between it and cuBLAS on
+    def contest(self, configs: Sequence[Config], rounds: int = HEAD_TO_HEAD_ROUNDS) -> tuple[list[float], float]:
+        """(each config's ms, baseline ms): medians of timings taken in turn, round after round, on the
+        same inputs.
+
+        The search timed its finalists minutes apart, once each; deciding between them and cuBLAS on
         timings taken side by side removes the drift between those moments from the decision.
         """
         inputs = self._fresh_inputs()
-        ours, theirs = [], []
+        ours: list[list[float]] = [[] for _ in configs]
+        theirs = []
         for _ in range(rounds):
-            ours.append(self.timer(lambda: self.spec.execute(config, inputs)))
+            for config, times in zip(configs, ours):
+                times.append(self.timer(lambda: self.spec.execute(config, inputs)))
             theirs.append(self.timer(lambda: self.spec.baseline(inputs)))
-        return sorted(ours)[rounds // 2], sorted(theirs)[rounds // 2]
+        return [sorted(times)[rounds // 2] for times in ours], sorted(theirs)[rounds // 2]
 
 
 

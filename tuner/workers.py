@@ -284,6 +284,11 @@ def _head_to_head_in_worker(kernel: str, problem_key: str, seed: int, config_tex
     return _bench_of(kernel, problem_key, seed).head_to_head(Config.parse(config_text))
 
 
+def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: list[str]
+                       ) -> tuple[list[float], float]:
+    return _bench_of(kernel, problem_key, seed).contest([Config.parse(text) for text in config_texts])
+
+
 class TimingWorker:
     """One process that checks and times candidates, one at a time, so the GPU serves one timing.
 
@@ -355,3 +360,6 @@ class IsolatedBench:
 
     def head_to_head(self, config: Config) -> tuple[float, float]:
         return self._call(_head_to_head_in_worker, str(config))
+
+    def contest(self, configs: list[Config]) -> tuple[list[float], float]:
+        return self._call(_contest_in_worker, [str(config) for config in configs])

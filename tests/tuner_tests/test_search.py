@@ -294,23 +294,46 @@ class _ContestBench:
 
     problem = PROBLEM
 
-    def __init__(self, *results: tuple[float, float]) -> None:
+    def __init__(self, *results: tuple[list[float], float]) -> None:
         self.results = list(results)
-        self.calls = 0
+        self.contests: list[list[Config]] = []
 
-    def head_to_head(self, config: Config) -> tuple[float, float]:
-        self.calls += 1
+    def contest(self, configs: list[Config]) -> tuple[list[float], float]:
+        self.contests.append(list(configs))
         return self.results.pop(0)
 
 
-def test_head_to_head_far_off_the_search_is_timed_again() -> None:
-    config = Config.make(BLOCK_M=16)
-    disturbed = _ContestBench((0.0691, 0.0227), (0.0204, 0.0227))
-    assert search.head_to_head(disturbed, config, search_ms=0.0203) == (0.0204, 0.0227)
-    assert disturbed.calls == 2
-    calm = _ContestBench((0.0210, 0.0227))
-    assert search.head_to_head(calm, config, search_ms=0.0203) == (0.0210, 0.0227)
-    assert calm.calls == 1
+A, B = Config.make(BLOCK_M=16), Config.make(BLOCK_M=32)
+
+
+def test_the_contest_picks_the_fastest_finalist_side_by_side() -> None:
+    bench = _ContestBench(([0.0212, 0.0205], 0.0227))
+    (winner, contest_ms), baseline_ms = search.head_to_head(bench, [(A, 0.0203), (B, 0.0206)])
+    assert winner == (B, 0.0206) and (contest_ms, baseline_ms) == (0.0205, 0.0227)
+    assert bench.contests == [[A, B]]
+
+
+def test_a_contest_far_off_the_search_is_timed_again() -> None:
+    disturbed = _ContestBench(([0.0691], 0.0227), ([0.0204], 0.0227))
+    assert search.head_to_head(disturbed, [(A, 0.0203)]) == (((A, 0.0203), 0.0204), 0.0227)
+    assert len(disturbed.contests) == 2
+    calm = _ContestBench(([0.0210], 0.0227))
+    assert search.head_to_head(calm, [(A, 0.0203)]) == (((A, 0.0203), 0.0210), 0.0227)
+    assert len(calm.contests) == 1
+
+
+def test_finalists_are_the_distinct_fully_timed_configs_near_the_best(db_url) -> None:
+    kernel = Kernel(_space(block_n=(32, 64, 128, 256)))
+    _tune(kernel, db_url, trials=20)
+    study = _study(db_url)
+    chosen = search.finalists(study, most=3, within=0.05)
+    assert 1 <= len(chosen) <= 3 and len({c for c, _ in chosen}) == len(chosen)
+    times = [ms for _, ms in chosen]
+    assert times == sorted(times) and times[-1] <= times[0] * 1.05
+    full = [t for t in study.trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
+            and t.user_attrs.get("timing") != "quick"]
+    assert times[0] == min(t.value for t in full), "the best fully timed config leads"
+    assert search.finalists(study, most=1) == chosen[:1]
 
 
 def test_time_budget_stops_the_search(db_url) -> None:

@@ -164,6 +164,8 @@ def test_isolated_bench_checks_and_times_in_its_worker(timing) -> None:
     assert bench.baseline_ms() > 0
     ours, theirs = bench.head_to_head(GOOD)
     assert ours > 0 and theirs > 0
+    times, theirs = bench.contest([GOOD, GOOD.replace(num_stages=3)])
+    assert len(times) == 2 and all(t > 0 for t in times) and theirs > 0
 
 
 def test_candidate_that_kills_the_timing_worker_is_crashed_and_the_next_one_is_timed(timing, monkeypatch) -> None:
