@@ -33,8 +33,11 @@ from tuner.bench import Bench
 from tuner.workers import CheckPool
 
 
-def sweep_timer(fn) -> float:
-    return float(triton.testing.do_bench(fn, warmup=10, rep=30, return_mode="median"))
+def sweep_timer(warmup_ms: float, rep_ms: float):
+    """do_bench's median with the given warm-up and repetition times (L2 flushed before each run)."""
+    def timer(fn) -> float:
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    return timer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problem", required=True, help="problem key, e.g. fp16:nn:16x4096x4096")
     parser.add_argument("--variant", default=None, help="only configs of this VARIANT (a subspace)")
     parser.add_argument("--limit", type=int, default=None, help="a seeded random sample of this many")
+    parser.add_argument("--warmup-ms", type=float, default=10, help="do_bench warm-up per config (default 10)")
+    parser.add_argument("--rep-ms", type=float, default=30,
+                        help="do_bench repetitions per config, in ms (default 30; timing is most of a "
+                             "sweep's time when compiles are cached or cheap)")
     parser.add_argument("--shuffle", action="store_true",
                         help="sweep in a seeded random order, so that a sweep stopped part-way (and resumed "
                              "later) has covered a uniform sample of the space, not its first variants")
@@ -61,8 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.shuffle:
         random.Random(0).shuffle(configs)  # the same order on every resume
     start = time.time()
-    bench = Bench(spec, problem, device, timer=None if device.is_cpu else sweep_timer)  # CPU: a wall clock
-    rows = _earlier_rows(args.out, spec, problem, device)
+    timer = None if device.is_cpu else sweep_timer(args.warmup_ms, args.rep_ms)  # CPU: a wall clock
+    bench = Bench(spec, problem, device, timer=timer)
+    rows = _earlier_rows(args.out, spec, problem, device, _timer_text(args))
     done = {spec.space.canonical(kernels.Config.from_dict(r["config"])) for r in rows}
     todo = [c for c in configs if c not in done]
     print(f"{problem.key} variant={args.variant}: {len(configs)} configs, {len(configs) - len(todo)} swept before",
@@ -90,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _earlier_rows(path: str, spec, problem: Problem, device) -> list[dict]:
+def _timer_text(args: argparse.Namespace) -> str:
+    return f"do_bench median, warmup {args.warmup_ms:g} ms, rep {args.rep_ms:g} ms, L2 flushed"
+
+
+def _earlier_rows(path: str, spec, problem: Problem, device, timer: str) -> list[dict]:
     """The rows of an earlier run of the same sweep, or none; a file of another sweep is an error."""
     if not os.path.exists(path):
         return []
@@ -99,6 +111,9 @@ def _earlier_rows(path: str, spec, problem: Problem, device) -> list[dict]:
     if (document["kernel"], document["problem"], document["device"]) != (spec.name, problem.key, device.name):
         raise SystemExit(f"{path} holds a sweep of {document['kernel']} {document['problem']} on "
                          f"{document['device']}; pass another --out")
+    if document.get("timer", timer) != timer:
+        raise SystemExit(f"{path} was timed with '{document['timer']}', this run with '{timer}'; pass the "
+                         "same --warmup-ms and --rep-ms to go on with it, or another --out")
     return document["rows"]
 
 
@@ -108,7 +123,7 @@ def _write(path: str, spec, problem: Problem, device, args, space_size: int, to_
                 "variant": args.variant, "space_size": space_size, "swept": len(rows),
                 "complete": len(rows) == space_size, "sample_of": to_sweep if to_sweep < space_size else None,
                 "baseline_ms": baseline_ms, "torch": torch.__version__, "triton": triton.__version__,
-                "date": time.strftime("%Y-%m-%d"), "timer": "do_bench median, warmup 10 ms, rep 30 ms, L2 flushed",
+                "date": time.strftime("%Y-%m-%d"), "timer": _timer_text(args),
                 "rows": rows}
     with open(path + ".tmp", "w") as f:
         json.dump(document, f, indent=0)

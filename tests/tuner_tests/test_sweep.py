@@ -65,3 +65,10 @@ def test_shuffled_sweep_covers_a_seeded_sample_and_resumes_in_the_same_order(tmp
     assert expected[:n] != ordered[:n], "not the enumeration's first configs"
     resumed = shuffled(tmp_path / "a.json", "--budget-s", "0")
     assert [r["config"] for r in resumed["rows"]] == expected[:resumed["swept"]] and resumed["swept"] > n
+
+
+def test_resuming_with_another_timer_is_refused(tmp_path) -> None:
+    out = tmp_path / "sweep.json"
+    _sweep(out, "--budget-s", "0")
+    with pytest.raises(SystemExit, match="--rep-ms"):
+        _sweep(out, "--rep-ms", "15")
