@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -119,6 +119,14 @@ class LruCache:
                 return default
             self._entries.move_to_end(key)
             return entry
+
+    def get_or_make(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The entry for ``key``, made by ``make()`` and kept if there is none yet."""
+        entry = self.get(key, _ABSENT)
+        if entry is _ABSENT:
+            entry = make()
+            self.put(key, entry)
+        return entry
 
     def put(self, key: Hashable, entry: Any) -> None:
         with self._lock:

@@ -173,18 +173,21 @@ def _launch_key(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
             a.data_ptr() % 16, b.data_ptr() % 16, c.data_ptr() % 16)
 
 
+def _constexprs(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, **extra: Any) -> dict[str, Any]:
+    """The tiled and split-K kernels' constexprs and launch options for ``config`` on these operands."""
+    bk = config["BLOCK_K"]
+    return dict(BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=bk,
+                GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=a.shape[1] % bk == 0, INDEX_64=_needs_int64(a, b, c),
+                DOT_PRECISION=_dot_precision(a), num_warps=config.num_warps, num_stages=config.num_stages,
+                **extra)
+
+
 def _launch_tiled(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     m, k = a.shape
     n = b.shape[1]
-    key = _launch_key(config, a, b, c)
-    launch = LAUNCHES.get(key)
-    if launch is None:
-        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-        launch = DirectLaunch(_tiled_kernel, (_cdiv(m, bm) * _cdiv(n, bn),), dict(
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
-            EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
-            num_warps=config.num_warps, num_stages=config.num_stages))
-        LAUNCHES.put(key, launch)
+    launch = LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: DirectLaunch(
+        _tiled_kernel, (_cdiv(m, config["BLOCK_M"]) * _cdiv(n, config["BLOCK_N"]),),
+        _constexprs(config, a, b, c)))
     launch(a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
 
@@ -213,18 +216,12 @@ _WORKSPACE = _SplitKWorkspace()
 def _launch_splitk(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     m, k = a.shape
     n = b.shape[1]
-    bm, bn, bk, split = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
     # The workspace may be reallocated between calls; a fresh allocation has the same alignment.
     partial, arrivals = _WORKSPACE.get(a.device, tiles * split * bm * bn, tiles)
-    key = _launch_key(config, a, b, c)
-    launch = LAUNCHES.get(key)
-    if launch is None:
-        launch = DirectLaunch(_splitk_kernel, (tiles, split), dict(
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"], SPLIT_K=split,
-            EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
-            num_warps=config.num_warps, num_stages=config.num_stages))
-        LAUNCHES.put(key, launch)
+    launch = LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: DirectLaunch(
+        _splitk_kernel, (tiles, split), _constexprs(config, a, b, c, SPLIT_K=split)))
     launch(a, b, c, partial, arrivals, m, n, k,
            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 

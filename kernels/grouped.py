@@ -351,17 +351,17 @@ class Launch:
 
 def prepare(config: Config, pairs: Signature, device: torch.device) -> Launch:
     """The launch of ``config`` on operands with signature ``pairs``: from TABLES, or built once."""
-    launch = TABLES.get((pairs, config))
-    if launch is None:
-        values = config.as_dict()
-        plan = _plan(pairs, int(values["BLOCK_M"]), int(values["BLOCK_N"]))
-        # More programs than tiles would only idle; the kernel strides by the programs actually launched.
-        grid = (min(int(values["NUM_SM"]), plan.total_tiles),)
-        kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
-                      num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
-        launch = Launch(plan, _to_device(plan.table, device), DirectLaunch(_grouped_matmul_kernel, grid, kwargs))
-        TABLES.put((pairs, config), launch)
-    return launch
+    return TABLES.get_or_make((pairs, config), lambda: _build_launch(config, pairs, device))
+
+
+def _build_launch(config: Config, pairs: Signature, device: torch.device) -> Launch:
+    values = config.as_dict()
+    plan = _plan(pairs, int(values["BLOCK_M"]), int(values["BLOCK_N"]))
+    # More programs than tiles would only idle; the kernel strides by the programs actually launched.
+    grid = (min(int(values["NUM_SM"]), plan.total_tiles),)
+    kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
+                  num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
+    return Launch(plan, _to_device(plan.table, device), DirectLaunch(_grouped_matmul_kernel, grid, kwargs))
 
 
 def _run_checked(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

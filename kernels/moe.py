@@ -182,11 +182,7 @@ def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch
     # one dtype; offsets may be int32 or int64).
     key = (config, x.dtype, offsets.dtype, x.device, *args[4:], x.data_ptr() % 16, w.data_ptr() % 16,
            out.data_ptr() % 16, offsets.data_ptr() % 16)
-    kernel = LAUNCHES.get(key)
-    if kernel is None:
-        kernel = _prepare(config, x, w, out, offsets)
-        LAUNCHES.put(key, kernel)
-    kernel(*args)
+    LAUNCHES.get_or_make(key, lambda: _prepare(config, x, w, out, offsets))(*args)
     return out
 
 

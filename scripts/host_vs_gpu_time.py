@@ -10,7 +10,7 @@ Our calls are timed twice: with the direct launch (kernels/_launch.py, the defau
 on Triton's own path (``KERNELS_DIRECT_LAUNCH=0``), for the groups and for one dense problem (fp16, B
 transposed). A last table splits one grouped call's host time.
 
-    python scripts/host_vs_gpu_time.py --db sqlite:////tmp/h100.db --rounds 3
+    PYTHONPATH=. python scripts/host_vs_gpu_time.py --db sqlite:////tmp/h100.db --rounds 3
 """
 
 from __future__ import annotations
@@ -25,21 +25,11 @@ import triton.testing
 
 import kernels
 from kernels import Problem, _launch, grouped
+from scripts.dispatch_check import host_us_per_call
 from tuner import suites
 
 GROUPS = ("4x128^3", "4x512^3", "16 experts skewed", "64 experts K=2048 N=768")
 DENSE = ("16x4096x4096",)
-
-
-def host_us(fn: Callable[[], object], calls: int = 200) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
 
 
 def figures(fn: Callable[[], object], direct: bool) -> tuple[float, float, float]:
@@ -48,7 +38,7 @@ def figures(fn: Callable[[], object], direct: bool) -> tuple[float, float, float
         fn()
         torch.cuda.synchronize()
         return (triton.testing.do_bench(fn, warmup=25, rep=100), triton.testing.do_bench_cudagraph(fn, rep=100),
-                host_us(fn))
+                host_us_per_call(fn, 200))
     finally:
         _launch.ENABLED = True
 
@@ -98,7 +88,7 @@ def host_split(dtype: str) -> None:
     }
     print(f"\nhost us per step, {dtype} 4x512^3 (best of 3 x 500 calls)")
     for step, fn in steps.items():
-        print(f"  {step:28s} {min(host_us(fn, 500) for _ in range(3)):7.1f}")
+        print(f"  {step:28s} {min(host_us_per_call(fn, 500) for _ in range(3)):7.1f}")
 
 
 def main() -> None:

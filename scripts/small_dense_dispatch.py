@@ -5,30 +5,24 @@ For 1024x768x512 in fp16/bf16 and both B layouts, prints what dispatch picked, t
 has no host work in it: equal there means the same kernel runs.
 
     python3 -m tuner import kernels/tables/h100.json --db sqlite:////tmp/all.db
-    python3 scripts/small_dense_dispatch.py --db sqlite:////tmp/all.db
+    PYTHONPATH=. python3 scripts/small_dense_dispatch.py --db sqlite:////tmp/all.db
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import triton.testing
 
 import kernels
+from scripts.dispatch_check import host_us_per_call
 
 
 def rounds_of(fn, rounds: int = 5) -> list[tuple[float, float, float]]:
-    fn()
-    torch.cuda.synchronize()
     rows = []
     for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(500):
-            fn()
-        host_us = (time.perf_counter() - start) / 500 * 1e6
-        torch.cuda.synchronize()
+        host_us = host_us_per_call(fn, 500)
         rows.append((round(triton.testing.do_bench(fn, warmup=25, rep=100), 4),
                      round(triton.testing.do_bench_cudagraph(fn, rep=100), 4), round(host_us, 1)))
     return rows

@@ -268,13 +268,10 @@ def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) ->
         study.tell(trial, state=TrialState.FAIL)
 
 
-def best_triton(study: optuna.Study, spec: KernelSpec) -> tuple[Config, float] | None:
-    done = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("status") != "invalid"]
-    if not done:
-        return None
-    best = min(done, key=lambda t: t.value)
-    return Config.parse(best.user_attrs["config"]), float(best.value)
+def best_triton(study: optuna.Study) -> tuple[Config, float] | None:
+    """The study's best fully timed config and its time (a quick timing is never the best)."""
+    chosen = finalists(study, most=1)
+    return chosen[0] if chosen else None
 
 
 def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store, *,
@@ -300,7 +297,7 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
             study.enqueue_trial(params_of(config, spec.space), skip_if_exists=True)
     requeue_interrupted(study)
     stats = _Search(study, spec, bench, budget, pool, on_trial, ahead).run()
-    found = best_triton(study, spec)
+    found = best_triton(study)
     if found is None:
         raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
                        f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}")
@@ -308,7 +305,7 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     if device.is_cpu:  # interpreter times say nothing about speed: no contest with the baseline
         found_ms, baseline_ms = found[1], bench.baseline_ms()
     else:
-        (found, found_ms), baseline_ms = head_to_head(bench, finalists(study) or [found])
+        (found, found_ms), baseline_ms = head_to_head(bench, finalists(study))
     stats.head_to_head_s = time.monotonic() - started
     record = _winner_record(spec, problem, device, (found[0], found_ms), baseline_ms, len(measured_trials(study)))
     store.put(record, on_conflict="replace")
@@ -391,7 +388,7 @@ class _Search:
         self.invalid_in_a_row = 0
         self.repeats_in_a_row = 0
         self.stats = SearchStats()
-        found = best_triton(study, spec)
+        found = best_triton(study)
         self.incumbent_ms = found[1] if found else None
         # What the study knows, read once and then kept up to date as results are told, so that an
         # ask does not scan every trial of the study (a long or resumed search has thousands).

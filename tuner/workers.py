@@ -280,10 +280,6 @@ def _baseline_in_worker(kernel: str, problem_key: str, seed: int) -> float:
     return _bench_of(kernel, problem_key, seed).baseline_ms()
 
 
-def _head_to_head_in_worker(kernel: str, problem_key: str, seed: int, config_text: str) -> tuple[float, float]:
-    return _bench_of(kernel, problem_key, seed).head_to_head(Config.parse(config_text))
-
-
 def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: list[str]
                        ) -> tuple[list[float], float]:
     return _bench_of(kernel, problem_key, seed).contest([Config.parse(text) for text in config_texts])
@@ -359,7 +355,8 @@ class IsolatedBench:
         return self._call(_baseline_in_worker)
 
     def head_to_head(self, config: Config) -> tuple[float, float]:
-        return self._call(_head_to_head_in_worker, str(config))
+        times, baseline = self.contest([config])
+        return times[0], baseline
 
     def contest(self, configs: list[Config]) -> tuple[list[float], float]:
         return self._call(_contest_in_worker, [str(config) for config in configs])
