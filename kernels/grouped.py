@@ -229,8 +229,9 @@ def signature(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Signatu
 
     Cheaper than checking them: a signature that matches one cached after a full check names operands
     that would pass it again (same dtypes, devices, shapes; a 3-D tensor has a longer shape). Shapes
-    and strides stay the tuples torch returns: unpacking them made the signature of 64 pairs 55 us
-    instead of 41 on the CPU machine (scripts/host_overhead.py, 2026-11-23).
+    and strides stay the tuples torch returns: unpacking them made a repeated call on 64 pairs 103 us
+    instead of 92-96 (launch stubbed; ``TRITON_INTERPRET=1 PYTHONPATH=. python scripts/host_overhead.py``,
+    2-core x86_64 CPU, torch 2.13.0+cpu, triton 3.6.0, 2026-11-23).
     """
     try:
         return tuple((a.data_ptr(), a.dtype, a.shape, a.stride(), b.data_ptr(), b.dtype, b.shape, b.stride())
