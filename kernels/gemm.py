@@ -96,14 +96,19 @@ def _tile_near_problem(config: Config, problem: Problem, device: DeviceInfo) -> 
     if config["VARIANT"] == "splitk":
         k = max(1, math.ceil(k / config["SPLIT_K"]))
     for name, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
-        limit = max(_smallest(name), triton.next_power_of_2(max(size, 1)))
+        limit = max(_SMALLEST[name], _next_power_of_2(size))
         if config[name] > limit:
             return f"{name}={config[name]} is larger than the problem needs ({limit})"
     return None
 
 
-def _smallest(name: str) -> int:
-    return min(next(p.values for p in SPACE_PARAMS if p.name == name))
+_SMALLEST = {p.name: min(p.values) for p in SPACE_PARAMS if p.name.startswith("BLOCK_")}
+
+
+def _next_power_of_2(n: int) -> int:
+    # triton.next_power_of_2 is a JIT-aware function: per call it cost more than the rest of this
+    # constraint, which runs for every config a search or sweep enumerates (73,280 for 4096^3).
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
@@ -139,10 +144,36 @@ def _tma_unsupported(problem: Problem, device: DeviceInfo) -> str | None:
     return None
 
 
+def _fold_group_size(config: Config, problem: Problem) -> Config:
+    # With GROUP_SIZE_M >= the rows of tiles there is one group, and with one column of tiles the
+    # walk is row by row whatever the group: either way those values give one tile order
+    # (_grouped_tile), so they fold to the smallest of them.
+    m, n, _ = problem.shape
+    rows = 1 if _cdiv(n, config["BLOCK_N"]) == 1 else _cdiv(m, config["BLOCK_M"])
+    return _fold_to_smallest_at_least(config, "GROUP_SIZE_M", rows)
+
+
+def _fold_program_count(config: Config, problem: Problem) -> Config:
+    # The persistent launcher starts min(NUM_SM, tiles) programs: every NUM_SM >= tiles is one launch.
+    if config["VARIANT"] != "tma":
+        return config
+    m, n, _ = problem.shape
+    return _fold_to_smallest_at_least(config, "NUM_SM", _cdiv(m, config["BLOCK_M"]) * _cdiv(n, config["BLOCK_N"]))
+
+
+def _fold_to_smallest_at_least(config: Config, name: str, bound: int) -> Config:
+    if config[name] <= bound:
+        return config
+    values = next(p.values for p in SPACE_PARAMS if p.name == name)
+    smallest = min(v for v in values if v >= bound)
+    return config if smallest == config[name] else config.replace(**{name: smallest})
+
+
 SPACE = SearchSpace(
     params=SPACE_PARAMS,
     constraints=(_variant_fits, _tile_near_problem, _fits_shared_memory, _fits_registers),
     ignored={"VARIANT": _IGNORED_BY_VARIANT},
+    folds=(_fold_group_size, _fold_program_count),
 )
 
 

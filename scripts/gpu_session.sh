@@ -8,11 +8,15 @@
 #   live       the two live dense searches of docs/SEARCH.md, timed end to end (the 30 s target);
 #              fresh databases, no shipped table; SEED=N picks the sampler seed (default 0)
 #   live-moe   live searches of the swept MoE group: two cold, one warm-started by the fp16 winner
+#   live-grouped  live searches of the swept grouped_matmul groups (LIVE_GROUPS), seeds 0 and 1
 #   tune-moe   tune moe_matmul on the MoE groups (fp16 and bf16, weights [E, N, K] transposed)
 #   tune-grouped  tune grouped_matmul on the groups of GPU.md and the MoE groups (fp16 and bf16)
 #   bench-moe  moe_matmul and grouped_matmul against torch._grouped_mm and the loop, 3 interleaved rounds
-#   sweep-moe  the full space of one MoE group (resumable: run again to go on)
-#   sweep-dense  part of the full space of one dense problem (SWEEP_PROBLEM), resumed across sessions
+#   sweep-moe  the full space of one MoE group (SWEEP_GROUP, default "16 experts skewed"; resumable)
+#   sweep-dense  the full space of one dense problem (SWEEP_PROBLEM, default fp16:nn:16x4096x4096)
+#   sweep-grouped  the full space of one grouped_matmul group (SWEEP_GROUP, a name in tuner/suites.py)
+#              Every sweep stage resumes from the committed benchmarks/sweeps file of the same name
+#              and stops after SWEEP_BUDGET seconds (default 480).
 #   retune-XY  re-tune the dense suite for one dtype/layout (XY: fp16-nn, fp16-nt, bf16-nn, bf16-nt)
 #
 # The database lives in $OUT so that the next stage (a fresh machine, maybe) can import its export;
@@ -31,11 +35,18 @@ log="$out/$stage.log"
     nvidia-smi --query-gpu=name --format=csv,noheader
 } | tee "$log"
 
+# sweep KERNEL PROBLEM FILE: go on with benchmarks/sweeps/FILE (if committed) into $out/FILE.
+sweep() {
+    [ -f "benchmarks/sweeps/$3" ] && cp "benchmarks/sweeps/$3" "$out/$3" && chmod u+w "$out/$3"
+    $py scripts/sweep.py --kernel "$1" --problem "$2" --shuffle --budget-s "${SWEEP_BUDGET:-480}" \
+        --out "$out/$3" 2>&1 | tee -a "$log"
+}
+
 case "$stage" in
 check)
     $py -m pytest -q tests -p no:cacheprovider 2>&1 | tail -40 | tee -a "$log" ;;
 live)
-    for shape in 16x4096x4096 1000x1000x1000; do
+    for shape in ${LIVE_SHAPES:-16x4096x4096 1000x1000x1000}; do
         /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --dtype fp16 --shape $shape --trials 25 \
             --seed "${SEED:-0}" --no-shipped --db "sqlite:///$out/live-$shape-${SEED:-0}.db" 2>&1 | tee -a "$log"
     done ;;
@@ -52,6 +63,16 @@ live-moe)
         /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --kernel moe_matmul --dtype $dtype --layout nt \
             --shape "$group" --trials 25 --no-shipped --db "sqlite:///$out/live-moe-warm.db" 2>&1 | tee -a "$log"
     done ;;
+live-grouped)
+    # The groups of the committed grouped_matmul sweeps: cold searches (fresh databases, --no-shipped).
+    for group_name in ${LIVE_GROUPS:-4x1024^3 4x128^3}; do
+        group=$($py -c "from tuner import suites; print(suites.GROUPS_GPU['$group_name'])")
+        for seed in 0 1; do
+            /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --kernel grouped_matmul --dtype fp16 \
+                --shape "$group" --trials 25 --seed $seed --no-shipped \
+                --db "sqlite:///$out/live-grouped-${group_name%^3}-$seed.db" 2>&1 | tee -a "$log"
+        done
+    done ;;
 tune-moe)
     $py -m tuner search --device h100 --kernel moe_matmul --dtype fp16 --dtype bf16 --layout nt --trials 25 \
         --db "$db" 2>&1 | tee -a "$log"
@@ -64,19 +85,17 @@ bench-moe)
     # Small groups are host-bound on the GPU box (docs/BENCHMARKS.md): interleaved rounds, median over them.
     $py scripts/bench.py --db "$db" --no-dense --moe --groups --rounds 3 --json "$out/$stage.json" 2>&1 | tee -a "$log" ;;
 sweep-moe)
-    mkdir -p benchmarks/sweeps
-    $py scripts/sweep.py --kernel moe_matmul --problem \
-        "bf16:nt:$($py -c 'from tuner import suites; print(suites.MOE_GPU["16 experts skewed"])')" \
-        --budget-s 480 --out "$out/moe_matmul-bf16-nt-16-experts-skewed.json" 2>&1 | tee -a "$log" ;;
+    group_name=${SWEEP_GROUP:-16 experts skewed}
+    group=$($py -c "from tuner import suites; print(suites.MOE_GPU['$group_name'])")
+    sweep moe_matmul "bf16:nt:$group" "moe_matmul-bf16-nt-$(echo "$group_name" | tr -c 'A-Za-z0-9+\n' '-').json" ;;
 sweep-dense)
-    # The full space of one dense problem (SWEEP_PROBLEM, default fp16:nn:16x4096x4096), in a seeded
-    # random order, resumed from the committed part: 18,768 to 73,280 configs do not fit one lease, so
-    # each session adds about 480 s of it. Commit $out/<name>.json back to benchmarks/sweeps/.
     problem=${SWEEP_PROBLEM:-fp16:nn:16x4096x4096}
-    name="matmul-${problem//:/-}-full.json"
-    [ -f "benchmarks/sweeps/$name" ] && cp "benchmarks/sweeps/$name" "$out/$name"
-    $py scripts/sweep.py --kernel matmul --problem "$problem" --shuffle --budget-s 480 --out "$out/$name" \
-        2>&1 | tee -a "$log" ;;
+    sweep matmul "$problem" "matmul-${problem//:/-}-full.json" ;;
+sweep-grouped)
+    group_name=${SWEEP_GROUP:-4x1024^3}
+    group=$($py -c "from tuner import suites; print(suites.GROUPS_GPU['$group_name'])")
+    slug=$(echo "$group_name" | tr -c 'A-Za-z0-9\n' '-')
+    sweep grouped_matmul "fp16:nn:$group" "grouped_matmul-fp16-nn-$slug.json" ;;
 retune-*)
     dtype_layout=${stage#retune-}
     $py -m tuner search --device h100 --dtype "${dtype_layout%-*}" --layout "${dtype_layout#*-}" --trials 25 \

@@ -12,17 +12,11 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import sys
 
 from db import Store
-from kernels import Config, get_kernel
-
-
-def sweep_times(document: dict) -> dict[Config, float]:
-    space = get_kernel(document["kernel"]).space
-    return {space.canonical(Config.from_dict(row["config"])): row["time_ms"]
-            for row in document["rows"] if row["time_ms"]}
+from kernels import Config
+from replay import load_sweep  # scripts/ is this script's folder, so on its path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,23 +24,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", action="append", required=True, help="SQLAlchemy URL (repeatable)")
     parser.add_argument("--sweeps", default="benchmarks/sweeps/*.json", help="glob of sweep files")
     args = parser.parse_args(argv)
+    # A subspace sweep (one variant) cannot judge a winner of another variant; full sweeps come first.
     sweeps = {}
-    for path in sorted(glob.glob(args.sweeps)):
-        with open(path) as f:
-            document = json.load(f)
-        sweeps[(document["kernel"], document["problem"], document["device"])] = (path, sweep_times(document))
+    for sweep in sorted((load_sweep(path) for path in glob.glob(args.sweeps)), key=lambda s: s.variant is None):
+        sweeps[(sweep.spec.name, sweep.problem.key, sweep.device.name)] = sweep
     print("| database | problem | winner (best Triton) | search ms | sweep ms | sweep best ms | share of best |")
     print("|---|---|---|---:|---:|---:|---:|")
     for url in args.db:
         with Store(url) as store:
             for record in store.records():
-                match = sweeps.get((record.kernel, record.problem_key, record.device_name))
-                if match is None or not record.triton_config:
+                sweep = sweeps.get((record.kernel, record.problem_key, record.device_name))
+                if sweep is None or not record.triton_config:
                     continue
-                _, times = match
-                config = get_kernel(record.kernel).space.canonical(Config.from_dict(record.triton_config))
-                best = min(times.values())
-                swept = times.get(config)
+                config = sweep.spec.space.canonical(Config.from_dict(record.triton_config), sweep.problem)
+                best = sweep.best[1]
+                found = sweep.results.get(config)
+                swept = found.time_ms if found is not None and found.ok else None
                 share = f"{best / swept:.1%}" if swept else "not in the sweep"
                 print(f"| {url.rsplit('/', 1)[-1]} | {record.problem_key[:40]} | {config} | {record.triton_ms:.4f} | "
                       f"{swept if swept is None else f'{swept:.4f}'} | {best:.4f} | {share} |")

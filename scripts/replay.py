@@ -38,7 +38,7 @@ from tuner.bench import Measurement
 from tuner import search
 from tuner.search import Budget, Progress, _Search, make_sampler, measured_trials, study_name
 from tuner.workers import Precheck
-from tuner.space import params_of
+from tuner.space import narrowed, params_of
 
 # Sweeps name their GPU; the constraints need its limits (scripts/sweep.py does not record them).
 DEVICES = {d.name: d for d in (
@@ -102,22 +102,35 @@ def load_sweep(path: str) -> Sweep:
                          f"(known: {', '.join(DEVICES)})")
     device = DEVICES[doc["device"]]
     space = variant_space(spec.space, doc.get("variant"))
-    results: dict[Config, Measurement] = {}
     stale = 0
+    # Rows of one launch (configs a fold makes equal on this problem) are timings of one kernel: their
+    # median is its time. A row's confirmation median, where the sweep took one, beats its single timing.
+    timings: dict[Config, list[float]] = {}
+    failures: dict[Config, Measurement] = {}
     for row in doc["rows"]:
-        config = space.canonical(Config.from_dict(row["config"]))
+        config = space.canonical(Config.from_dict(row["config"]), problem)
         if space.violation(config, problem, device):
             stale += 1
             continue
-        ok = row["status"] == "ok" and row["time_ms"] is not None
-        results[config] = (Measurement("ok", time_ms=float(row["time_ms"])) if ok
-                           else Measurement(row["status"], reason=row.get("reason") or ""))
+        if row["status"] == "ok" and row["time_ms"] is not None:
+            timings.setdefault(config, []).append(float(row.get("confirmed_ms") or row["time_ms"]))
+        else:
+            failures.setdefault(config, Measurement(row["status"], reason=row.get("reason") or ""))
+    results: dict[Config, Measurement] = {**failures, **{
+        config: Measurement("ok", time_ms=statistics.median(times)) for config, times in timings.items()}}
     if not any(m.ok for m in results.values()):
         raise ValueError(f"{path}: no config in the sweep ran correctly; nothing to replay")
     space = dataclasses.replace(space, constraints=(*space.constraints, _swept_only(frozenset(results))))
     meta = {k: v for k, v in doc.items() if k != "rows"}
     return Sweep(path, dataclasses.replace(spec, space=space), problem, device, doc.get("variant"), results,
                  float(doc["baseline_ms"]), meta, stale)
+
+
+@functools.lru_cache(maxsize=None)
+def sampled_space(path: str) -> SearchSpace:
+    """What the search's sampler draws from on the sweep's problem (tuner.space.narrowed), once per sweep."""
+    sweep = load_sweep(path)
+    return narrowed(sweep.spec.space, sweep.problem, sweep.device)
 
 
 class SweepBench:
@@ -163,7 +176,7 @@ def warm_configs(sweep: Sweep) -> list[Config]:
     spec = kernels.get_kernel(sweep.spec.name)
     chosen: list[Config] = []
     for config in [spec.default_config(sweep.problem, sweep.device)] + spec.seeds(sweep.problem, sweep.device):
-        config = sweep.spec.space.canonical(config)
+        config = sweep.spec.space.canonical(config, sweep.problem)
         if config not in chosen and sweep.spec.space.violation(config, sweep.problem, sweep.device) is None:
             chosen.append(config)
     return chosen
@@ -198,9 +211,10 @@ def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: in
     best_ms = sweep.best[1]
     study = optuna.create_study(study_name=study_name(sweep.device, sweep.problem), direction="minimize",
                                 sampler=sampler_for(sampler, seed))
+    space = sampled_space(path)
     if mode == "seeded":
         for config in warm_configs(sweep):
-            study.enqueue_trial(params_of(config, sweep.spec.space), skip_if_exists=True)
+            study.enqueue_trial(params_of(config, space), skip_if_exists=True)
     to_target = [budget + 1] * len(TARGETS)
 
     def on_trial(progress: Progress) -> None:
@@ -210,7 +224,7 @@ def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: in
 
     bench = SweepBench(sweep)
     pool = Pipeline(ahead) if ahead > 1 else None
-    _Search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial, ahead=ahead).run()
+    _Search(study, sweep.spec, bench, Budget(trials=budget), pool, on_trial, ahead=ahead, space=space).run()
     trials = study.get_trials(deepcopy=False)
     # Invalid configs are pruned, or told as infeasible for the GP sampler (tuner.search._prune_invalid).
     pruned = [t for t in trials if t.user_attrs.get("status") == "invalid"]

@@ -28,7 +28,7 @@ from kernels import BASELINE, Config, DeviceInfo, KernelSpec, Problem
 from kernels.dispatch import Dispatcher
 
 from .bench import Bench, Measurement, Timer
-from .space import params_of, suggest_config
+from .space import narrowed, params_of, suggest_config
 from .workers import CheckPool, IsolatedBench
 
 log = logging.getLogger(__name__)
@@ -222,7 +222,7 @@ def _valid_unique(spec: KernelSpec, problem: Problem, device: DeviceInfo, candid
     seen: set[Config] = set()
     chosen = []
     for config in candidates:
-        config = spec.space.canonical(config)
+        config = spec.space.canonical(config, problem)
         if config not in seen and not kernels.is_baseline(config) \
                 and spec.space.violation(config, problem, device) is None:
             seen.add(config)
@@ -292,11 +292,12 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
         bench = IsolatedBench(pool.timing, spec.name, problem, device, seed=seed or 0)
     else:  # in this process: on the CPU, or with a test's timer or spec that a worker cannot import
         bench = Bench(spec, problem, device, timer=timer, seed=seed or 0, quick_timer=quick_timer)
+    space = narrowed(spec.space, problem, device)
     if not study.trials:
         for config in warm_start_configs(spec, problem, device, store, use_shipped):
-            study.enqueue_trial(params_of(config, spec.space), skip_if_exists=True)
+            study.enqueue_trial(params_of(config, space), skip_if_exists=True)
     requeue_interrupted(study)
-    stats = _Search(study, spec, bench, budget, pool, on_trial, ahead).run()
+    stats = _Search(study, spec, bench, budget, pool, on_trial, ahead, space).run()
     found = best_triton(study)
     if found is None:
         raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
@@ -380,8 +381,10 @@ class _Search:
 
     def __init__(self, study: optuna.Study, spec: KernelSpec, bench: Bench, budget: Budget,
                  pool: CheckPool | None, on_trial: Callable[[Progress], None] | None,
-                 ahead: int = DEFAULT_AHEAD) -> None:
+                 ahead: int = DEFAULT_AHEAD, space: kernels.SearchSpace | None = None) -> None:
         self.study, self.spec, self.bench, self.budget = study, spec, bench, budget
+        # What the sampler draws from: the kernel's space cut to this problem (tuner.space.narrowed).
+        self.space = space or narrowed(spec.space, bench.problem, bench.device)
         self.pool, self.on_trial = pool, on_trial
         self.ahead = max(1, min(pool.workers, ahead)) if pool else 1
         self.in_flight: dict[Config, list[optuna.Trial]] = {}
@@ -434,10 +437,10 @@ class _Search:
         try:
             polish = self._polish_step()
             if polish is not None:
-                self.study.enqueue_trial(params_of(polish, self.spec.space), user_attrs={"polish": True})
+                self.study.enqueue_trial(params_of(polish, self.space), user_attrs={"polish": True})
             while self.invalid_in_a_row < MAX_INVALID_IN_A_ROW and self.repeats_in_a_row < MAX_REPEATS_IN_A_ROW:
                 trial = self.study.ask()
-                config = self.spec.space.canonical(suggest_config(trial, self.spec.space))
+                config = self.space.canonical(suggest_config(trial, self.space), self.bench.problem)
                 trial.set_user_attr("config", str(config))
                 reason = self.spec.space.violation(config, self.bench.problem, self.bench.device)
                 if reason:
@@ -472,7 +475,7 @@ class _Search:
         if (not POLISH_EVERY or self.best_config is None or self.measured_count < POLISH_AFTER
                 or self.new_asks % POLISH_EVERY != POLISH_EVERY - 1):
             return None
-        for neighbour in _neighbours(self.best_config, self.spec.space):
+        for neighbour in _neighbours(self.best_config, self.space, self.bench.problem):
             if (neighbour not in self.polished and neighbour not in self.in_flight
                     and str(neighbour) not in self.verdicts
                     and self.spec.space.violation(neighbour, self.bench.problem, self.bench.device) is None):
@@ -518,9 +521,10 @@ class _Search:
                                    measurement.status, self.best_ms))
 
 
-def _neighbours(config: Config, space: kernels.SearchSpace) -> list[Config]:
+def _neighbours(config: Config, space: kernels.SearchSpace, problem: Problem | None = None) -> list[Config]:
     """Configs one step away from ``config`` in one parameter (the next value up or down), canonical
-    and distinct, the parameters of POLISH_ORDER first; validity is the caller's to check."""
+    (for ``problem``, when given) and distinct, the parameters of POLISH_ORDER first; validity is the
+    caller's to check."""
     order = {name: i for i, name in enumerate(POLISH_ORDER)}
     params = sorted(space.params, key=lambda p: order.get(p.name, len(order)))
     found: list[Config] = []
@@ -531,7 +535,7 @@ def _neighbours(config: Config, space: kernels.SearchSpace) -> list[Config]:
         index = param.values.index(value)
         for step in (1, -1):
             if 0 <= index + step < len(param.values):
-                neighbour = space.canonical(config.replace(**{param.name: param.values[index + step]}))
+                neighbour = space.canonical(config.replace(**{param.name: param.values[index + step]}), problem)
                 if neighbour != config and neighbour not in found:
                     found.append(neighbour)
     return found

@@ -7,14 +7,33 @@ treating 64 and 128 as unrelated labels. Flags and variant names stay categorica
 
 from __future__ import annotations
 
+import dataclasses
+
 import optuna
 
-from kernels import Config, Param, SearchSpace
+from kernels import Config, DeviceInfo, Param, Problem, SearchSpace
 
 
 def is_ordinal(param: Param) -> bool:
     values = param.values
     return len(values) > 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def narrowed(space: SearchSpace, problem: Problem, device: DeviceInfo) -> SearchSpace:
+    """``space`` with each parameter cut to the values that some valid config of ``problem`` has.
+
+    A value no valid config has (BLOCK_M=32 for a 16-row problem, GROUP_SIZE_M=4 where one group
+    covers the rows) can only draw invalid or folded samples. Live on the H100, one search of
+    16x4096x4096 drew 67 invalid samples in 25 trials, and its sampler took 16 of its 25 s.
+    """
+    seen: dict[str, set] = {p.name: set() for p in space.params}
+    for config in space.enumerate(problem, device):
+        for name, values in seen.items():
+            values.add(config[name])
+    if not seen[space.params[0].name]:
+        return space  # nothing is valid; the search says so when it finds nothing to measure
+    return dataclasses.replace(space, params=tuple(
+        dataclasses.replace(p, values=tuple(v for v in p.values if v in seen[p.name])) for p in space.params))
 
 
 def suggest_config(trial: optuna.Trial, space: SearchSpace) -> Config:

@@ -7,8 +7,12 @@ import dataclasses
 import random
 
 import pytest
+import torch
+import triton
+import triton.language as tl
 
 from kernels import grouped, moe
+from kernels._gemm_triton import _grouped_tile
 from kernels._device import CPU
 from kernels._spec import (BASELINE, HALF_SIBLING_PENALTY, Config, DeviceInfo, Param, Problem, SearchSpace, is_baseline,
                            parse_shape)
@@ -336,3 +340,68 @@ def test_gemm_distance_is_infinite_across_dtype_or_layout() -> None:
     assert MATMUL.distance(p, _gemm(32, 32, 32)) == pytest.approx(1.0)
     assert MATMUL.distance(p, _gemm(16, 32, 32, dtype="fp32")) == float("inf")
     assert MATMUL.distance(p, _gemm(16, 32, 32, layout="nt")) == float("inf")
+
+
+# --------------------------------------------------------------------------- problem folds (dense GEMM)
+
+def test_gemm_folds_group_sizes_that_give_one_tile_order() -> None:
+    one_row = _gemm(16, 4096, 4096)  # BLOCK_M=16: one row of tiles, every GROUP_SIZE_M walks it alike
+    assert SPACE.canonical(_tiled(GROUP_SIZE_M=8), one_row)["GROUP_SIZE_M"] == 1
+    eight_rows = _gemm(1000, 1000, 1000)  # BLOCK_M=128: 8 rows of tiles
+    assert SPACE.canonical(_tiled(BLOCK_M=128, GROUP_SIZE_M=16), eight_rows)["GROUP_SIZE_M"] == 8
+    assert SPACE.canonical(_tiled(BLOCK_M=128, GROUP_SIZE_M=4), eight_rows)["GROUP_SIZE_M"] == 4
+    one_column = _gemm(1000, 32, 1000)  # one column of tiles: the walk is row by row whatever the group
+    assert SPACE.canonical(_tiled(BLOCK_M=64, GROUP_SIZE_M=8), one_column)["GROUP_SIZE_M"] == 1
+    assert SPACE.canonical(_tiled(GROUP_SIZE_M=8))["GROUP_SIZE_M"] == 8, "no problem, no fold"
+
+
+def test_gemm_folds_program_counts_at_or_above_the_tile_count() -> None:
+    tma = _tiled(VARIANT="tma", BLOCK_N=128, NUM_SM=264, GROUP_SIZE_M=1)
+    problem = _gemm(16, 4096, 4096)  # 32 tiles of 16x128
+    assert SPACE.canonical(tma, problem)["NUM_SM"] == 32
+    assert SPACE.canonical(tma.replace(BLOCK_N=32), problem)["NUM_SM"] == 132  # 128 tiles: 132 is the least >= 128
+    assert SPACE.canonical(tma.replace(BLOCK_N=32, NUM_SM=66), problem)["NUM_SM"] == 66
+    assert SPACE.canonical(_tiled(NUM_SM=132), problem)["NUM_SM"] == 132, "the tiled kernel keeps its fixed value"
+
+
+@pytest.mark.parametrize("shape", [(16, 4096, 4096), (1000, 1000, 1000), (64, 256, 512), (100, 32, 64)])
+def test_gemm_enumerate_lists_each_launch_once(shape) -> None:
+    problem = _gemm(*shape)
+    folded = list(SPACE.enumerate(problem, H100))
+    unfolded = dataclasses.replace(SPACE, folds=())
+    every = list(unfolded.enumerate(problem, H100))
+    assert len(folded) == len(set(folded)) and set(folded) <= set(every)
+    assert {SPACE.canonical(c, problem) for c in every} == set(folded), "each config's fold is listed"
+    assert all(SPACE.canonical(c, problem) == c for c in folded)
+    assert len(folded) < len(every)
+
+
+@triton.jit
+def _walk(out_ptr, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    """Writes each program's (pid_m, pid_n) as the dense kernels compute it."""
+    tile = tl.program_id(0)
+    pid_m, pid_n = _grouped_tile(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    tl.store(out_ptr + 2 * tile, pid_m)
+    tl.store(out_ptr + 2 * tile + 1, pid_n)
+
+
+def test_group_sizes_folded_together_walk_the_tiles_in_one_order() -> None:
+    """The fold's premise, on the kernels' own tile walk (run by the interpreter or the GPU)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def order(m: int, n: int, block_m: int, block_n: int, group: int) -> list[int]:
+        rows, columns = -(-m // block_m), -(-n // block_n)
+        out = torch.full((2 * rows * columns,), -1, dtype=torch.int32, device=device)
+        _walk[(rows * columns,)](out, rows, columns, GROUP_SIZE_M=group)
+        return out.tolist()
+
+    for (m, n, block_m, block_n) in [(1000, 1000, 128, 64), (16, 512, 16, 32), (1000, 32, 64, 32)]:
+        problem = _gemm(m, n, 64)
+        by_fold: dict[int, list[int]] = {}
+        for group in SPACE.param("GROUP_SIZE_M").values:
+            config = _tiled(BLOCK_M=block_m, BLOCK_N=block_n, GROUP_SIZE_M=group)
+            folded = SPACE.canonical(config, problem)["GROUP_SIZE_M"]
+            walked = order(m, n, block_m, block_n, group)
+            assert by_fold.setdefault(folded, walked) == walked, (m, n, group, folded)
+    # And the test can tell orders apart: 8 rows of tiles walked in groups of 1 and of 4 differ.
+    assert order(1000, 1000, 128, 64, 1) != order(1000, 1000, 128, 64, 4)

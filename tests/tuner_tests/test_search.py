@@ -30,13 +30,22 @@ PROBLEM = Problem("matmul", "fp32", "nn", ((32, 32, 32),))
 BASELINE_MS = 10.0
 
 
-def _space(block_n=(32,)) -> SearchSpace:
+def _space(block_n=(32,), constraints=()) -> SearchSpace:
     """12 configs (BLOCK_M x GROUP_SIZE_M x num_stages) times ``block_n``; the rest fixed."""
     params = (Param("VARIANT", ("tiled",)), Param("BLOCK_M", (16, 32)), Param("BLOCK_N", block_n),
               Param("BLOCK_K", (32,)), Param("GROUP_SIZE_M", (1, 4)), Param("SPLIT_K", (1,)),
               Param("NUM_SM", (132,)), Param("FLATTEN", (False,)), Param("EPILOGUE_SUBTILE", (False,)),
               Param("num_warps", (4,)), Param("num_stages", (2, 3, 4)))
-    return SearchSpace(params=params, constraints=MATMUL.space.constraints, ignored=MATMUL.space.ignored)
+    return SearchSpace(params=params, constraints=(*MATMUL.space.constraints, *constraints),
+                       ignored=MATMUL.space.ignored)
+
+
+def _wide_tiles_need_three_stages(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    """A constraint on a pair of values: each value is valid in some config, so narrowing the space
+    (tuner.space.narrowed) cannot take it out, and the sampler still draws invalid configs."""
+    if config["BLOCK_M"] == 32 and (config.num_stages != 3 or config["GROUP_SIZE_M"] != 4):
+        return f"BLOCK_M=32 with {config.num_stages} stages is ruled out (test constraint)"
+    return None
 
 
 OPTIMUM = dict(BLOCK_M=32, GROUP_SIZE_M=4, num_stages=3)
@@ -168,16 +177,25 @@ def test_resumed_search_keeps_finished_trials_and_measures_only_new_configs(db_u
 
 
 def test_invalid_configs_are_pruned_and_do_not_count(db_url) -> None:
-    kernel = Kernel(_space(block_n=(32, 64)))  # BLOCK_N=64 is wider than N=32: half the space is invalid
-    record = _tune(kernel, db_url, trials=10)
+    kernel = Kernel(_space(constraints=(_wide_tiles_need_three_stages,)))  # 7 valid configs of 12, OPTIMUM one of them
+    record = _tune(kernel, db_url, trials=6)
     study = _study(db_url)
     states = _states(study)
-    assert len(measured_trials(study)) == 10 == record.trials == len(set(kernel.timed))
+    assert len(measured_trials(study)) == 6 == record.trials == len(set(kernel.timed))
     assert states[TrialState.PRUNED] >= 1
     pruned = study.get_trials(states=(TrialState.PRUNED,))
-    assert all(t.user_attrs["status"] == "invalid" and "BLOCK_N=64" in t.user_attrs["reason"] for t in pruned)
-    assert all(config["BLOCK_N"] == 32 for config in kernel.runs), "an invalid config was run"
-    assert Config.from_dict(record.config)["BLOCK_N"] == 32
+    assert all(t.user_attrs["status"] == "invalid" and "test constraint" in t.user_attrs["reason"] for t in pruned)
+    assert all(_wide_tiles_need_three_stages(config, PROBLEM, CPU) is None for config in kernel.runs), \
+        "an invalid config was run"
+
+
+def test_the_sampler_never_draws_a_value_no_valid_config_has(db_url) -> None:
+    kernel = Kernel(_space(block_n=(32, 64)))  # BLOCK_N=64 is wider than N=32: half the space is invalid
+    record = _tune(kernel, db_url, trials=6)
+    study = _study(db_url)
+    assert record.trials == 6 and _states(study)[TrialState.PRUNED] == 0
+    assert all(t.params["BLOCK_N"] == 32 for t in study.trials), "only BLOCK_N=32 is drawn"
+    assert all(config["BLOCK_N"] == 32 for config in kernel.runs)
 
 
 def test_crashing_candidate_is_recorded_as_failed_and_the_search_goes_on(db_url) -> None:
@@ -244,7 +262,7 @@ def test_without_the_shipped_table_a_fresh_database_starts_from_default_and_seed
     with Store(db_url) as store:
         warm = warm_start_configs(spec, problem, h100, store)
         cold = warm_start_configs(spec, problem, h100, store, use_shipped=False)
-    shipped_config = spec.space.canonical(shipped.config)
+    shipped_config = spec.space.canonical(shipped.config, problem)
     default_and_seeds = search._valid_unique(spec, problem, h100, [spec.default_config(problem, h100)]
                                              + spec.seeds(problem, h100))
     assert cold == default_and_seeds
@@ -417,7 +435,7 @@ def test_pipelined_search_with_worker_pool_keeps_ahead_in_flight(db_url) -> None
 
 def test_gp_sampler_learns_the_constraints_instead_of_repeating_an_invalid_config(db_url) -> None:
     pytest.importorskip("scipy", reason="Optuna's GP sampler needs scipy (the `samplers` extra)")
-    kernel = Kernel(_space(block_n=(32, 64)))  # BLOCK_N=64 is invalid: half the space
+    kernel = Kernel(_space(constraints=(_wide_tiles_need_three_stages,)))  # 7 valid configs of 12, OPTIMUM one of them
     record = _tune(kernel, db_url, trials=12, sampler="gp")
     study = _study(db_url)
     assert _is_optimum(record.config), "GP found the optimum (and then converged on it)"
