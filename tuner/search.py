@@ -42,9 +42,13 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 # How much faster than the baseline a Triton config must be to be chosen over it (see _winner_record).
 WIN_MARGIN = 0.02
 
-# A head-to-head time of the winner this many times its time in the search is not believed: it is
-# measured again (see head_to_head).
-HEAD_TO_HEAD_DISAGREES = 1.5
+# A contest whose winner times this many times its time in the search is not believed: it is run
+# again after a pause, up to CONTEST_ATTEMPTS times in all, and the calmest attempt decides (see
+# head_to_head). Two timings of one config differ by up to 3-5% on the H100; disturbed contests
+# there read 1.44x (moe_matmul), 3.4x (dense) and 13x (a host-bound group) the search's time.
+HEAD_TO_HEAD_DISAGREES = 1.15
+CONTEST_ATTEMPTS = 3
+CONTEST_PAUSE_S = 2.0
 
 # The final contest times side by side the best configs within FINALIST_MARGIN of the best, at most
 # FINALISTS of them: on the H100 two timings of one config differ by up to 3% (the search's against
@@ -337,17 +341,27 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
     """((winner, the search's time for it), its time side by side), baseline ms): the finalists and the
     baseline timed in turn on the same inputs, the contest that decides the winner.
 
-    A side-by-side median far off the search's own timing of the same kernel means something
-    disturbed those seconds (on the H100, once, 69 us against 20 us): they are timed once more.
+    A contest whose best time is far off the search's own timing of the same kernel means something
+    disturbed those seconds (on the H100 in 3 of 18 live searches, each time at the contest, never
+    reproduced in isolation): it is run again after a pause, and of the attempts the one with the
+    lowest best time decides, as the least disturbed.
     """
     configs = [config for config, _ in finalists]
-    times, baseline_ms = bench.contest(configs)
-    best = min(range(len(configs)), key=times.__getitem__)
-    if times[best] > finalists[best][1] * HEAD_TO_HEAD_DISAGREES:
-        log.warning("%s: the contest timed %s at %.4f ms, the search at %.4f ms; timing again",
-                    bench.problem, configs[best], times[best], finalists[best][1])
+    calmest: tuple[list[float], float] | None = None
+    for attempt in range(CONTEST_ATTEMPTS):
+        if attempt:
+            time.sleep(CONTEST_PAUSE_S)
         times, baseline_ms = bench.contest(configs)
+        if calmest is None or min(times) < min(calmest[0]):
+            calmest = (times, baseline_ms)
         best = min(range(len(configs)), key=times.__getitem__)
+        if times[best] <= finalists[best][1] * HEAD_TO_HEAD_DISAGREES:
+            break
+        log.warning("%s: the contest timed %s at %.4f ms, the search at %.4f ms; %s",
+                    bench.problem, configs[best], times[best], finalists[best][1],
+                    "timing again" if attempt + 1 < CONTEST_ATTEMPTS else "keeping the calmest attempt")
+    times, baseline_ms = calmest
+    best = min(range(len(configs)), key=times.__getitem__)
     return (finalists[best], times[best]), baseline_ms
 
 
