@@ -221,7 +221,7 @@ class SearchSpace:
     ``canonical`` applies both, so a search never pays twice for one kernel and enumeration lists each
     kernel once. The measured case for it: one sweep timed the four GROUP_SIZE_M values of each
     16-row tile, identical launches, and their times spread by 1.8% (median) up to 5.8%
-    (benchmarks/sweeps/matmul-fp16-nn-16x4096x4096-tiled.json).
+    (benchmarks/sweeps/subspaces/matmul-fp16-nn-16x4096x4096-tiled.json).
     """
 
     params: tuple[Param, ...]

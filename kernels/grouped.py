@@ -439,14 +439,20 @@ def _num_sm_fits_device(config: Config, problem: Problem, device: DeviceInfo) ->
     return None
 
 
-def _num_sm_not_redundant(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
-    """Rule out a NUM_SM that launches the same grid (one program per tile) as a smaller value."""
+def _fold_program_count(config: Config, problem: Problem) -> Config:
+    """A NUM_SM above the tile count launches one program per tile, as the least NUM_SM >= the tile
+    count does (the launcher starts min(NUM_SM, tiles)): fold it to that one.
+
+    A fold, not a rule that rules it out: a seed or a neighbour with one program per SM then becomes the
+    same tile with one program per tile, instead of being dropped as invalid. The H100 sweep of 4x1024^3
+    (128 tiles of 128x256) has its best at 128x256x64 with NUM_SM=128; the seed 128x256x64 with 132
+    programs was dropped before this fold.
+    """
     total = _total_tiles(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"]))
-    num_sm = int(config["NUM_SM"])
     enough = [v for v in NUM_SM_VALUES if v >= total]
-    if enough and num_sm > enough[0]:
-        return f"NUM_SM={num_sm} launches one program per tile ({total}) like NUM_SM={enough[0]}"
-    return None
+    if enough and int(config["NUM_SM"]) > enough[0]:
+        return config.replace(NUM_SM=enough[0])
+    return config
 
 
 # With a tile for every SM, fewer programs than SMs leave SMs idle. In the H100 sweep of the bf16
@@ -480,7 +486,8 @@ SPACE = SearchSpace(
         Param("num_stages", (2, 3, 4, 5)),
     ),
     constraints=(_fits_shared_memory, _tiles_fit_problem, _fits_registers, _num_sm_fits_device,
-                 _num_sm_not_redundant, _num_sm_fills_device),
+                 _num_sm_fills_device),
+    folds=(_fold_program_count,),
 )
 
 
@@ -536,7 +543,7 @@ def seed_configs(problem: Problem, device: DeviceInfo, space: SearchSpace = SPAC
     if device.is_cpu:
         return []
     num_sm = _largest_at_most("NUM_SM", device.sm_count)
-    configs = [space.canonical(_config(**tile, NUM_SM=num_sm)) for tile in _HOPPER_TILES]
+    configs = [space.canonical(_config(**tile, NUM_SM=num_sm), problem) for tile in _HOPPER_TILES]
     return [c for c in configs if space.violation(c, problem, device) is None]
 
 

@@ -55,9 +55,9 @@ def _num_sm_fills_device(config: Config, problem: Problem, device: DeviceInfo) -
 # above the tile count is redundant", "enough programs for the SMs") replaced by what holds for every
 # split of T: the split changes from call to call, and a config tuned on one split must stay usable
 # for any other with the same (T, E, N, K).
-_PER_EXPERT_RULES = (grouped._num_sm_not_redundant, grouped._tiles_fit_problem, grouped._num_sm_fills_device)
+_PER_EXPERT_RULES = (grouped._tiles_fit_problem, grouped._num_sm_fills_device)
 SPACE = dataclasses.replace(grouped.SPACE, constraints=(_tiles_fit_tokens, _num_sm_fills_device) + tuple(
-    c for c in grouped.SPACE.constraints if c not in _PER_EXPERT_RULES))
+    c for c in grouped.SPACE.constraints if c not in _PER_EXPERT_RULES), folds=())
 
 
 @triton.jit

@@ -6,7 +6,7 @@ that a sweep fits a lease). The JSON maps each config to its time or its failure
 ``scripts/replay.py`` replays as the objective, without a GPU.
 
     python scripts/sweep.py --kernel matmul --problem fp16:nn:16x4096x4096 --variant tiled \
-        --out benchmarks/sweeps/matmul-fp16-nn-16x4096x4096-tiled.json
+        --out benchmarks/sweeps/subspaces/matmul-fp16-nn-16x4096x4096-tiled.json
 
 The file is rewritten after every chunk, and a sweep whose ``--out`` exists goes on where that file
 stopped: a sweep too long for one GPU lease (or one 10-minute call) is finished by running the same

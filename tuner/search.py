@@ -342,8 +342,8 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
     baseline timed in turn on the same inputs, the contest that decides the winner.
 
     A contest whose best time is far off the search's own timing of the same kernel means something
-    disturbed those seconds (on the H100 in 3 of 18 live searches, each time at the contest, never
-    reproduced in isolation): it is run again after a pause, and of the attempts the one with the
+    disturbed those seconds (on the H100 three times in about 30 live searches, each time at the
+    contest, never reproduced in isolation): it is run again after a pause, and of the attempts the one with the
     lowest best time decides, as the least disturbed.
     """
     configs = [config for config, _ in finalists]

@@ -281,9 +281,21 @@ def test_constraints_bound_num_sm_by_device_and_by_tile_count() -> None:
     assert "too many" in _why(big, A10, NUM_SM=264)
     assert "too many" in _why(big, CPU, NUM_SM=32)
     assert _why(big, CPU, NUM_SM=16) is None
-    tiny = _problem([(20, 20, 20)])  # 1 tile of 64x64: NUM_SM=4 already gives each tile a program
-    assert "like NUM_SM=4" in _why(tiny, BLOCK_M=32, BLOCK_N=32, NUM_SM=8)
-    assert _why(tiny, BLOCK_M=32, BLOCK_N=32, NUM_SM=4) is None
+
+
+def test_program_counts_above_the_tile_count_fold_to_the_least_that_covers_it() -> None:
+    tiny = _problem([(20, 20, 20)])  # 1 tile of 32x32: NUM_SM=4 already gives each tile a program
+    config = Config.make(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, NUM_SM=8, num_warps=4, num_stages=3)
+    assert _why(tiny, BLOCK_M=32, BLOCK_N=32, NUM_SM=8) is None, "folded, not ruled out"
+    assert SPACE.canonical(config, tiny)["NUM_SM"] == 4
+    group = _problem([(1024, 1024, 1024)] * 4)  # 128 tiles of 128x256
+    seed = Config.make(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_SM=132, num_warps=8, num_stages=3)
+    assert SPACE.canonical(seed, group)["NUM_SM"] == 128
+    assert SPACE.canonical(seed.replace(NUM_SM=66), group)["NUM_SM"] == 66, "fewer programs than tiles stay"
+    folded = [c["NUM_SM"] for c in grouped.seed_configs(group, H100) if c["BLOCK_N"] == 256]
+    assert folded == [128], "the 132-program seed stays, as one program per tile"
+    from kernels import moe
+    assert moe.SPACE.canonical(seed, group) == seed, "moe_matmul's tile count changes per call: no fold"
 
 
 def test_constraints_rule_out_idle_sms_only_when_there_are_tiles_for_all() -> None:
