@@ -91,6 +91,14 @@ def _swept_only(swept: frozenset[Config]):
     return constraint
 
 
+def row_ms(row: dict) -> float:
+    """A row's time: its confirmation median unless that was disturbed (as scripts/sweep.py row_ms)."""
+    confirmed = row.get("confirmed_ms")
+    if confirmed and confirmed <= row["time_ms"] * search.HEAD_TO_HEAD_DISAGREES:
+        return float(confirmed)
+    return float(row["time_ms"])
+
+
 @functools.lru_cache(maxsize=None)
 def load_sweep(path: str) -> Sweep:
     with open(path) as f:
@@ -113,7 +121,7 @@ def load_sweep(path: str) -> Sweep:
             stale += 1
             continue
         if row["status"] == "ok" and row["time_ms"] is not None:
-            timings.setdefault(config, []).append(float(row.get("confirmed_ms") or row["time_ms"]))
+            timings.setdefault(config, []).append(row_ms(row))
         else:
             failures.setdefault(config, Measurement(row["status"], reason=row.get("reason") or ""))
     results: dict[Config, Measurement] = {**failures, **{

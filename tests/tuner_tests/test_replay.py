@@ -150,7 +150,8 @@ def test_rows_of_one_launch_are_one_config_timed_by_their_median_and_confirmatio
     # Three more timings of the first config's launch under GROUP_SIZE_M values that fold to it.
     rows += [{"config": first.replace(GROUP_SIZE_M=8).as_dict(), "status": "ok", "time_ms": t, "reason": ""}
              for t in (0.1, 0.2, 0.3)]
-    rows[1]["confirmed_ms"] = 0.5  # the second config's median over confirmation rounds
+    rows[1]["confirmed_ms"] = rows[1]["time_ms"] * 1.1  # the second config's median over confirmation rounds
+    rows[2]["confirmed_ms"] = rows[2]["time_ms"] * 2.0  # a disturbed confirmation (1.15x the search's rule)
     doc = json.loads(Path(sweep_path).read_text())
     doc["rows"] = rows
     path = tmp_path / "folded.json"
@@ -158,4 +159,5 @@ def test_rows_of_one_launch_are_one_config_timed_by_their_median_and_confirmatio
     sweep = replay.load_sweep(str(path))
     assert len(sweep.results) == len(configs) and sweep.stale == 0
     assert sweep.results[first].time_ms == pytest.approx((0.1 + 0.2) / 2), "median of 4 timings of one launch"
-    assert sweep.results[second].time_ms == 0.5
+    assert sweep.results[second].time_ms == pytest.approx(_time_ms(second) * 1.1)
+    assert sweep.results[configs[2]].time_ms == pytest.approx(_time_ms(configs[2])), "disturbed: not used"

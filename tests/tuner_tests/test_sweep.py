@@ -91,7 +91,11 @@ def test_a_complete_sweep_times_the_configs_near_its_best_again(tmp_path) -> Non
     confirmed = [r for r in document["rows"] if "confirmed_ms" in r]
     fastest = sorted(document["rows"], key=lambda r: r["time_ms"])[:2]
     assert sorted(confirmed, key=lambda r: r["time_ms"]) == fastest
-    assert all(r["confirmed_ms"] > 0 and row_ms(r) == r["confirmed_ms"] for r in confirmed)
+    assert all(r["confirmed_ms"] > 0 for r in confirmed)
+    # The interpreter's wall clock wanders; a confirmation far above its sweep timing is not used.
+    assert all(row_ms(r) == (r["confirmed_ms"] if r["confirmed_ms"] <= 1.15 * r["time_ms"] else r["time_ms"])
+               for r in confirmed)
+    assert row_ms({"time_ms": 1.0, "confirmed_ms": 1.1}) == 1.1 and row_ms({"time_ms": 1.0, "confirmed_ms": 2.0}) == 1.0
     again = _sweep(out, "--confirm-rounds", "3")
     assert again["rows"] == document["rows"], "a confirmed sweep is not confirmed again"
 
