@@ -30,7 +30,7 @@ import triton.testing
 import kernels
 from kernels import Problem
 from tuner.bench import Bench
-from tuner.search import HEAD_TO_HEAD_DISAGREES
+from tuner.search import CONTEST_ATTEMPTS, CONTEST_PAUSE_S, HEAD_TO_HEAD_DISAGREES
 from tuner.workers import CheckPool
 
 
@@ -150,17 +150,31 @@ def _confirm(pool: CheckPool, bench: Bench, rows: list[dict], within: float, cap
     One sweep timing is noisy: in the 16x4096x4096 tiled sweep four identical launches of each tile
     spread by 1.8% (median), up to 5.8%, so the single fastest timing flatters its config. The
     replay's yardstick (98% of the best) needs the best's time to be a median, not a lucky draw.
+
+    Configs whose median comes out disturbed (over HEAD_TO_HEAD_DISAGREES times their sweep timing,
+    as 25 of 40 did in the H100 sweep of 4x128^3) are timed again after a pause, up to
+    CONTEST_ATTEMPTS times in all, each keeping its lowest median.
     """
     ok = sorted((r for r in rows if r["time_ms"]), key=lambda r: r["time_ms"])
     top = [r for r in ok if r["time_ms"] <= ok[0]["time_ms"] * (1 + within)][:cap]
-    configs = [kernels.Config.from_dict(r["config"]) for r in top]
-    pool.check(bench.problem, configs)  # compile in parallel (a fresh machine has none of them cached)
-    times, baseline = bench.contest(configs, rounds=rounds)
-    for row, ms in zip(top, times):
-        row["confirmed_ms"] = ms
-    print(f"confirmed the {len(top)} configs within {within:.0%} of the best, {rounds} rounds: best "
-          f"{min(times):.4f} ms (sweep timing {ok[0]['time_ms']:.4f} ms), cuBLAS {baseline:.4f} ms", flush=True)
-    return {"configs": len(top), "within": within, "rounds": rounds, "baseline_ms": baseline}
+    pool.check(bench.problem, [kernels.Config.from_dict(r["config"]) for r in top])  # compile in parallel
+    pending, baselines = list(top), []
+    for attempt in range(CONTEST_ATTEMPTS):
+        if attempt:
+            time.sleep(CONTEST_PAUSE_S)
+        times, baseline = bench.contest([kernels.Config.from_dict(r["config"]) for r in pending], rounds=rounds)
+        baselines.append(baseline)
+        for row, ms in zip(pending, times):
+            row["confirmed_ms"] = min(ms, row.get("confirmed_ms", ms))
+        pending = [r for r in pending if r["confirmed_ms"] > r["time_ms"] * HEAD_TO_HEAD_DISAGREES]
+        if not pending:
+            break
+    best = min(top, key=row_ms)
+    print(f"confirmed the {len(top)} configs within {within:.0%} of the best, {rounds} rounds, {attempt + 1} "
+          f"attempt(s), {len(pending)} still disturbed: best {row_ms(best):.4f} ms (sweep timing "
+          f"{ok[0]['time_ms']:.4f} ms), cuBLAS {min(baselines):.4f} ms", flush=True)
+    return {"configs": len(top), "within": within, "rounds": rounds, "attempts": attempt + 1,
+            "disturbed": len(pending), "baseline_ms": min(baselines)}
 
 
 def _timer_text(args: argparse.Namespace) -> str:

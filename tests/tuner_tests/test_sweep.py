@@ -104,3 +104,41 @@ def test_an_incomplete_sweep_is_not_confirmed(tmp_path) -> None:
     document = _sweep(tmp_path / "sweep.json", "--budget-s", "0", "--confirm-rounds", "3")
     assert not document["complete"] and document["confirmed"] is None
     assert not any("confirmed_ms" in r for r in document["rows"])
+
+
+class _ScriptedContest:
+    """Stands in for the GPU bench's side-by-side timing (no GPU here): each contest returns the next
+    scripted times for the configs it is given, by their BLOCK_M."""
+
+    problem = None
+
+    def __init__(self, *medians: dict[int, float]) -> None:
+        self.medians = list(medians)
+        self.contests: list[list[int]] = []
+
+    def contest(self, configs, rounds: int):
+        script = self.medians.pop(0)
+        self.contests.append([c["BLOCK_M"] for c in configs])
+        return [script[c["BLOCK_M"]] for c in configs], 0.03
+
+
+class _NoCompile:
+    def check(self, problem, configs) -> dict:
+        return {}
+
+
+def test_a_disturbed_confirmation_is_timed_again_and_keeps_its_lowest_median(monkeypatch) -> None:
+    monkeypatch.setattr(sweep, "CONTEST_PAUSE_S", 0.0)
+    rows = [{"config": {"BLOCK_M": m}, "time_ms": 0.0060} for m in (16, 32)] + \
+        [{"config": {"BLOCK_M": 64}, "time_ms": 0.0200}]  # far from the best: not confirmed
+    # 32's first median is 2x its sweep timing (disturbed); its second is believable.
+    bench = _ScriptedContest({16: 0.0061, 32: 0.0120}, {32: 0.0062})
+    summary = sweep._confirm(_NoCompile(), bench, rows, within=0.08, cap=40, rounds=5)
+    assert bench.contests == [[16, 32], [32]], "only the disturbed config is timed again"
+    assert [r.get("confirmed_ms") for r in rows] == [0.0061, 0.0062, None]
+    assert summary["attempts"] == 2 and summary["disturbed"] == 0
+    always = _ScriptedContest({16: 0.0200, 32: 0.0061}, {16: 0.0150}, {16: 0.0180})
+    rows = [{"config": {"BLOCK_M": m}, "time_ms": 0.0060} for m in (16, 32)]
+    summary = sweep._confirm(_NoCompile(), always, rows, within=0.08, cap=40, rounds=5)
+    assert summary["attempts"] == 3 and summary["disturbed"] == 1
+    assert rows[0]["confirmed_ms"] == 0.0150 and sweep.row_ms(rows[0]) == 0.0060, "still disturbed: not used"
