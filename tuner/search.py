@@ -28,7 +28,7 @@ from kernels import BASELINE, Config, DeviceInfo, KernelSpec, Problem
 from kernels.dispatch import Dispatcher
 
 from .bench import Bench, Measurement, Timer
-from .space import narrowed, params_of, suggest_config
+from .space import config_of, narrowed, params_of, suggest_config
 from .workers import CheckPool, IsolatedBench
 
 log = logging.getLogger(__name__)
@@ -300,7 +300,7 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     if not study.trials:
         for config in warm_start_configs(spec, problem, device, store, use_shipped):
             study.enqueue_trial(params_of(config, space), skip_if_exists=True)
-    requeue_interrupted(study)
+    requeue_interrupted(study, space)
     stats = _Search(study, spec, bench, budget, pool, on_trial, ahead, space).run()
     found = best_triton(study)
     if found is None:
@@ -365,21 +365,38 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
     return (finalists[best], times[best]), baseline_ms
 
 
-def requeue_interrupted(study: optuna.Study) -> int:
+def requeue_interrupted(study: optuna.Study, space: kernels.SearchSpace) -> int:
     """Trials a killed search left running are failed as ``interrupted`` and their configs asked again.
 
     One search per study runs at a time (the CLI tunes problems in turn), so a running trial at
     the start is a dead process's. Left running, it would count as a pending ask for ever (TPE's
     constant liar treats it as a bad result); failed and marked, it counts nowhere, and its
-    config is measured first.
+    config is measured first. ``space`` is what this search samples: the config is enqueued by its
+    parameters there, since a study begun by an older version may have drawn from other value lists.
     """
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in stale:
         study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
         study.tell(trial.number, state=TrialState.FAIL)
-        if trial.params:
-            study.enqueue_trial(trial.params, skip_if_exists=False)
+        config = _config_of_trial(trial, space)
+        if config is not None:
+            study.enqueue_trial(params_of(config, space), skip_if_exists=False)
     return len(stale)
+
+
+def _config_of_trial(trial: optuna.trial.FrozenTrial, space: kernels.SearchSpace) -> Config | None:
+    """The config a trial was asked for, if ``space`` can ask it again; None otherwise."""
+    text = trial.user_attrs.get("config")
+    if text is not None:
+        config = Config.parse(text)
+    elif trial.params:  # killed between the ask and the config's record: its parameters are all there is
+        try:
+            config = config_of(trial.params, space)
+        except (IndexError, KeyError, ValueError):
+            return None
+    else:
+        return None
+    return config if space.outside(config) is None else None
 
 
 class _Search:

@@ -15,16 +15,19 @@ from kernels import Config, DeviceInfo, Param, Problem, SearchSpace
 
 
 def is_ordinal(param: Param) -> bool:
-    values = param.values
-    return len(values) > 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    # However few values narrowing leaves, an integer parameter stays an integer index: Optuna lets an
+    # integer's range change between the trials of one study, but not its kind.
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in param.values)
 
 
 def narrowed(space: SearchSpace, problem: Problem, device: DeviceInfo) -> SearchSpace:
-    """``space`` with each parameter cut to the values that some valid config of ``problem`` has.
+    """``space`` with each ordinal parameter cut to the values that some valid config of ``problem`` has.
 
     A value no valid config has (BLOCK_M=32 for a 16-row problem, GROUP_SIZE_M=4 where one group
     covers the rows) can only draw invalid or folded samples. Live on the H100, one search of
     16x4096x4096 drew 67 invalid samples in 25 trials, and its sampler took 16 of its 25 s.
+    Categorical parameters (VARIANT, flags) keep all their choices: Optuna refuses a categorical
+    parameter whose choices differ between the trials of one study, and a study outlives a version.
     """
     seen: dict[str, set] = {p.name: set() for p in space.params}
     for config in space.enumerate(problem, device):
@@ -33,7 +36,8 @@ def narrowed(space: SearchSpace, problem: Problem, device: DeviceInfo) -> Search
     if not seen[space.params[0].name]:
         return space  # nothing is valid; the search says so when it finds nothing to measure
     return dataclasses.replace(space, params=tuple(
-        dataclasses.replace(p, values=tuple(v for v in p.values if v in seen[p.name])) for p in space.params))
+        dataclasses.replace(p, values=tuple(v for v in p.values if v in seen[p.name])) if is_ordinal(p) else p
+        for p in space.params))
 
 
 def suggest_config(trial: optuna.Trial, space: SearchSpace) -> Config:
