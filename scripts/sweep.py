@@ -17,6 +17,7 @@ several leases is, at every stop, a uniform sample of the whole space (``complet
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -90,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                            lambda: _write(args.out, spec, problem, device, args, total, len(configs), baseline_ms,
                                           rows, confirmed, False))
         complete = swept_now == len(todo)
+        # The sweep is on disk before the confirmation starts: a kill during it loses only the confirmation.
+        _write(args.out, spec, problem, device, args, total, len(configs), baseline_ms, rows, confirmed, complete)
         if complete and confirmed is None and args.confirm_rounds and time.time() - start < args.budget_s:
             confirmed = _confirm(pool, bench, rows, args.confirm_within, args.confirm_cap, args.confirm_rounds)
     _write(args.out, spec, problem, device, args, total, len(configs), baseline_ms, rows, confirmed, complete)
@@ -122,13 +125,13 @@ def _sweep(pool: CheckPool, bench: Bench, todo: list, rows: list[dict], deadline
     The workers compile and check the next configs while this process times the last one, as the
     search does; compiling, not timing, set the pace of the first (serial) sweeps.
     """
-    queue = list(enumerate(todo))
+    queue = collections.deque(enumerate(todo))  # 73,280 configs for 4096^3: no list.pop(0)
     swept = 0
     last_save = time.time()
     while queue or pool.in_flight:
         # The first configs go in whatever the budget, so that every run moves the sweep on.
         while queue and pool.in_flight < pool.workers and (time.time() < deadline or queue[0][0] < pool.workers):
-            index, config = queue.pop(0)
+            index, config = queue.popleft()
             pool.submit(bench.problem, config, seed=len(rows) + index)
         if not pool.in_flight:
             break
@@ -144,7 +147,7 @@ def _sweep(pool: CheckPool, bench: Bench, todo: list, rows: list[dict], deadline
     return swept
 
 
-def _confirm(pool: CheckPool, bench: Bench, rows: list[dict], within: float, cap: int, rounds: int) -> dict:
+def _confirm(pool: CheckPool, bench: Bench, rows: list[dict], within: float, cap: int, rounds: int) -> dict | None:
     """Time the configs within ``within`` of the best again, ``rounds`` times in turn on the same inputs.
 
     One sweep timing is noisy: in the 16x4096x4096 tiled sweep four identical launches of each tile
@@ -153,9 +156,13 @@ def _confirm(pool: CheckPool, bench: Bench, rows: list[dict], within: float, cap
 
     Configs whose median comes out disturbed (over HEAD_TO_HEAD_DISAGREES times their sweep timing,
     as 25 of 40 did in the H100 sweep of 4x128^3) are timed again after a pause, up to
-    CONTEST_ATTEMPTS times in all, each keeping its lowest median.
+    CONTEST_ATTEMPTS times in all; each keeps the median of the attempt that was believed. Taking the
+    lowest of several medians instead would favour the retried configs.
     """
     ok = sorted((r for r in rows if r["time_ms"]), key=lambda r: r["time_ms"])
+    if not ok:
+        print("no config ran correctly: nothing to confirm", flush=True)
+        return None
     top = [r for r in ok if r["time_ms"] <= ok[0]["time_ms"] * (1 + within)][:cap]
     pool.check(bench.problem, [kernels.Config.from_dict(r["config"]) for r in top])  # compile in parallel
     pending, baselines = list(top), []
@@ -165,7 +172,7 @@ def _confirm(pool: CheckPool, bench: Bench, rows: list[dict], within: float, cap
         times, baseline = bench.contest([kernels.Config.from_dict(r["config"]) for r in pending], rounds=rounds)
         baselines.append(baseline)
         for row, ms in zip(pending, times):
-            row["confirmed_ms"] = min(ms, row.get("confirmed_ms", ms))
+            row["confirmed_ms"] = ms  # the attempt that is believed, or the last one (then row_ms ignores it)
         pending = [r for r in pending if r["confirmed_ms"] > r["time_ms"] * HEAD_TO_HEAD_DISAGREES]
         if not pending:
             break

@@ -352,11 +352,11 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
         if attempt:
             time.sleep(CONTEST_PAUSE_S)
         times, baseline_ms = bench.contest(configs)
-        if calmest is None or min(times) < min(calmest[0]):
-            calmest = (times, baseline_ms)
         best = min(range(len(configs)), key=times.__getitem__)
         if times[best] <= finalists[best][1] * HEAD_TO_HEAD_DISAGREES:
-            break
+            return (finalists[best], times[best]), baseline_ms  # believed: this attempt decides
+        if calmest is None or min(times) < min(calmest[0]):
+            calmest = (times, baseline_ms)
         log.warning("%s: the contest timed %s at %.4f ms, the search at %.4f ms; %s",
                     bench.problem, configs[best], times[best], finalists[best][1],
                     "timing again" if attempt + 1 < CONTEST_ATTEMPTS else "keeping the calmest attempt")

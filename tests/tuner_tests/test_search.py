@@ -343,6 +343,9 @@ def test_a_contest_far_off_the_search_is_timed_again(monkeypatch: pytest.MonkeyP
     # 1.44x off, as one moe_matmul contest on the H100 was: not believed either.
     mild = _ContestBench(([0.0552, 0.0560], 0.0618), ([0.0386, 0.0390], 0.0604))
     assert search.head_to_head(mild, [(A, 0.0384), (B, 0.0385)]) == (((A, 0.0384), 0.0386), 0.0604)
+    # A believed attempt decides, even when a disturbed one before it had a lower best.
+    believed = _ContestBench(([0.0116, 0.0130], 0.020), ([0.0125, 0.0120], 0.019))
+    assert search.head_to_head(believed, [(A, 0.0100), (B, 0.0110)]) == (((B, 0.0110), 0.0120), 0.019)
 
 
 def test_a_contest_disturbed_every_time_keeps_its_calmest_attempt(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -92,9 +92,6 @@ def test_a_complete_sweep_times_the_configs_near_its_best_again(tmp_path) -> Non
     fastest = sorted(document["rows"], key=lambda r: r["time_ms"])[:2]
     assert sorted(confirmed, key=lambda r: r["time_ms"]) == fastest
     assert all(r["confirmed_ms"] > 0 for r in confirmed)
-    # The interpreter's wall clock wanders; a confirmation far above its sweep timing is not used.
-    assert all(row_ms(r) == (r["confirmed_ms"] if r["confirmed_ms"] <= 1.15 * r["time_ms"] else r["time_ms"])
-               for r in confirmed)
     assert row_ms({"time_ms": 1.0, "confirmed_ms": 1.1}) == 1.1 and row_ms({"time_ms": 1.0, "confirmed_ms": 2.0}) == 1.0
     again = _sweep(out, "--confirm-rounds", "3")
     assert again["rows"] == document["rows"], "a confirmed sweep is not confirmed again"
@@ -141,4 +138,11 @@ def test_a_disturbed_confirmation_is_timed_again_and_keeps_its_lowest_median(mon
     rows = [{"config": {"BLOCK_M": m}, "time_ms": 0.0060} for m in (16, 32)]
     summary = sweep._confirm(_NoCompile(), always, rows, within=0.08, cap=40, rounds=5)
     assert summary["attempts"] == 3 and summary["disturbed"] == 1
-    assert rows[0]["confirmed_ms"] == 0.0150 and sweep.row_ms(rows[0]) == 0.0060, "still disturbed: not used"
+    assert rows[0]["confirmed_ms"] == 0.0180 and sweep.row_ms(rows[0]) == 0.0060, "still disturbed: not used"
+
+
+def test_a_sweep_where_nothing_ran_has_nothing_to_confirm() -> None:
+    rows = [{"config": {"BLOCK_M": m}, "status": "compile_error", "time_ms": None} for m in (16, 32)]
+    bench = _ScriptedContest()
+    assert sweep._confirm(_NoCompile(), bench, rows, within=0.08, cap=40, rounds=2) is None
+    assert bench.contests == [] and not any("confirmed_ms" in r for r in rows)
