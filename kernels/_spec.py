@@ -247,6 +247,29 @@ class SearchSpace:
                 config = fold(config, problem)
         return config
 
+    def portable(self, config: Config, problem: Problem, device: DeviceInfo,
+                 preferred: Mapping[str, Value]) -> Config:
+        """Of the configs that launch what ``config`` launches on ``problem`` (its fold class), the
+        valid one whose values lie nearest ``preferred``.
+
+        The fold class's canonical member has the least value (NUM_SM=32 for 32 tiles), which is
+        right for ``problem`` but poor where a stored winner is reused: on a problem with 256 tiles,
+        32 programs would leave most SMs idle. So winners are stored with the value a larger
+        problem would want (the SM count, the usual group size) when it is equivalent here.
+        """
+        target = self.canonical(config, problem)
+        fixed = self.fixed_by(config.as_dict())
+        chosen = config
+        for name, want in preferred.items():
+            if name in fixed or name not in self.names:
+                continue
+            equivalent = [v for v in self.param(name).values
+                          if self.canonical(chosen.replace(**{name: v}), problem) == target
+                          and self.violation(chosen.replace(**{name: v}), problem, device) is None]
+            if equivalent:
+                chosen = chosen.replace(**{name: min(equivalent, key=lambda v: (abs(v - want), v))})
+        return chosen
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
@@ -327,6 +350,9 @@ class KernelSpec:
     seeds: Callable[[Problem, DeviceInfo], list] = field(default=lambda problem, device: [])
     # Raises ValueError naming the fix when a well-formed key is still not a problem of this kernel.
     check_problem: Callable[[Problem], None] = field(default=lambda problem: None)
+    # Values a stored winner should carry where its problem makes several equivalent (see
+    # SearchSpace.portable): the config is reused on the nearest untuned problems, where they differ.
+    portable_values: Callable[[DeviceInfo], Mapping[str, Value]] = field(default=lambda device: {})
 
     def execute(self, config: Config, inputs: tuple) -> Any:
         """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""

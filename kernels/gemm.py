@@ -465,6 +465,9 @@ MATMUL = KernelSpec(
     distance=distance,
     seeds=seed_configs,
     check_problem=_one_gemm,
+    # Where the problem folds them (kernels/_spec.py SearchSpace.portable): the usual group, one
+    # program per SM.
+    portable_values=lambda device: {"GROUP_SIZE_M": 8, "NUM_SM": device.sm_count},
 )
 
 

@@ -610,6 +610,7 @@ GROUPED_MATMUL = KernelSpec(
     default_config=default_config,
     distance=distance,
     seeds=seed_configs,
+    portable_values=lambda device: {"NUM_SM": device.sm_count},  # where folded: one program per SM
 )
 
 __all__ = ["GROUPED_MATMUL", "SPACE", "NUM_SM_VALUES", "grouped_matmul_with", "problem_of", "default_config"]

@@ -8,6 +8,7 @@ study is answered from the study instead of being measured again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import logging
@@ -170,6 +171,32 @@ def open_study(storage: optuna.storages.BaseStorage, device: DeviceInfo, problem
                                direction="minimize", sampler=make_sampler(sampler, seed), load_if_exists=True)
 
 
+# The study attribute that keeps the value lists its sampler draws indices into.
+SAMPLED_VALUES = "sampled_values"
+
+
+def sampled_space(study: optuna.Study, spec: KernelSpec, problem: Problem, device: DeviceInfo) -> kernels.SearchSpace:
+    """What this study's sampler draws from: the space narrowed to the problem, fixed when the study
+    begins and kept with it, so that a stored trial's index means the same value when it resumes.
+
+    A study begun before narrowing (no stored lists, but trials) goes on with the whole space it
+    drew from then; so does one whose stored lists the kernel's space no longer allows.
+    """
+    stored = study.user_attrs.get(SAMPLED_VALUES)
+    if stored is not None:
+        params = [dataclasses.replace(p, values=tuple(stored.get(p.name, ()))) for p in spec.space.params]
+        if all(p.values and set(p.values) <= set(full.values) for p, full in zip(params, spec.space.params)):
+            return dataclasses.replace(spec.space, params=tuple(params))
+        log.warning("%s: the study's stored value lists do not fit the kernel's space any more; the "
+                    "search goes on over the whole space", problem)
+        return spec.space
+    if study.trials:
+        return spec.space
+    space = narrowed(spec.space, problem, device)
+    study.set_user_attr(SAMPLED_VALUES, {p.name: list(p.values) for p in space.params})
+    return space
+
+
 def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials that cost a measurement (complete or failed), the ones the budget counts.
 
@@ -296,7 +323,7 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
         bench = IsolatedBench(pool.timing, spec.name, problem, device, seed=seed or 0)
     else:  # in this process: on the CPU, or with a test's timer or spec that a worker cannot import
         bench = Bench(spec, problem, device, timer=timer, seed=seed or 0, quick_timer=quick_timer)
-    space = narrowed(spec.space, problem, device)
+    space = sampled_space(study, spec, problem, device)
     if not study.trials:
         for config in warm_start_configs(spec, problem, device, store, use_shipped):
             study.enqueue_trial(params_of(config, space), skip_if_exists=True)
@@ -575,6 +602,8 @@ def _neighbours(config: Config, space: kernels.SearchSpace, problem: Problem | N
 def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found: tuple[Config, float],
                    baseline_ms: float, trials: int) -> Record:
     triton_config, triton_ms = found
+    # Equivalent here; better where the record is reused on a nearby problem (SearchSpace.portable).
+    triton_config = spec.space.portable(triton_config, problem, device, spec.portable_values(device))
     # A Triton config must beat the baseline by a margin: run-to-run spread of one kernel's median on
     # the H100 was 1-3% (scripts/bench.py vs the search's own timings, 2026-11-23).
     baseline_wins = baseline_ms < triton_ms * (1 + WIN_MARGIN) and not device.is_cpu

@@ -405,3 +405,24 @@ def test_group_sizes_folded_together_walk_the_tiles_in_one_order() -> None:
             assert by_fold.setdefault(folded, walked) == walked, (m, n, group, folded)
     # And the test can tell orders apart: 8 rows of tiles walked in groups of 1 and of 4 differ.
     assert order(1000, 1000, 128, 64, 1) != order(1000, 1000, 128, 64, 4)
+
+
+def test_portable_picks_the_equivalent_config_a_larger_problem_would_want() -> None:
+    problem = _gemm(16, 4096, 4096)  # 32 tiles of 16x128
+    tma = _tiled(VARIANT="tma", BLOCK_N=128, BLOCK_K=64, NUM_SM=32, GROUP_SIZE_M=1)
+    preferred = MATMUL.portable_values(H100)
+    stored = SPACE.portable(tma, problem, H100, preferred)
+    assert (stored["NUM_SM"], stored["GROUP_SIZE_M"]) == (132, 8), "the SM count and the usual group"
+    assert SPACE.canonical(stored, problem) == SPACE.canonical(tma, problem), "the same launch here"
+    assert SPACE.violation(stored, problem, H100) is None
+    bigger = _gemm(128, 4096, 4096)  # where it is reused: 256 tiles
+    assert SPACE.canonical(stored, bigger)["NUM_SM"] == 132, "132 programs there, not 32"
+    # Values that are not equivalent on the problem stay as they are.
+    many_rows = _gemm(4096, 4096, 4096)
+    kept = _tiled(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, NUM_SM=66, GROUP_SIZE_M=4)
+    assert SPACE.portable(kept, many_rows, H100, preferred) == kept
+    # A parameter the variant ignores is left alone.
+    assert SPACE.portable(_tiled(), problem, H100, preferred)["NUM_SM"] == _tiled()["NUM_SM"]
+    group = Problem("grouped_matmul", "fp16", "nn", ((1024, 1024, 1024),) * 4)  # 128 tiles of 128x256
+    seed = Config.make(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_SM=128, num_warps=8, num_stages=4)
+    assert grouped.SPACE.portable(seed, group, H100, grouped.GROUPED_MATMUL.portable_values(H100))["NUM_SM"] == 132

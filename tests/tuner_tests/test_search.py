@@ -517,3 +517,40 @@ def test_narrowing_keeps_categorical_choices_and_integer_kinds() -> None:
     small_m = narrowed(MATMUL.space, Problem.from_key("matmul", "fp16:nn:16x4096x4096"), h100)
     assert small_m.param("BLOCK_M").values == (16,) and is_ordinal(small_m.param("BLOCK_M"))
     assert small_m.param("GROUP_SIZE_M").values == (1,)
+
+
+def test_the_sampled_space_is_fixed_when_the_study_begins_and_kept_with_it(db_url) -> None:
+    kernel = Kernel(_space(block_n=(32, 64)))  # BLOCK_N=64 is invalid for N=32
+    _tune(kernel, db_url, trials=2)
+    study = _study(db_url)
+    assert study.user_attrs[search.SAMPLED_VALUES]["BLOCK_N"] == [32]
+    assert search.sampled_space(study, kernel.spec, PROBLEM, CPU).param("BLOCK_N").values == (32,)
+    again = Kernel(_space(block_n=(32, 64)))
+    assert _tune(again, db_url, trials=4).trials == 4, "it resumes over the same lists"
+    assert all(config["BLOCK_N"] == 32 for config in again.runs)
+
+
+def test_a_study_begun_before_narrowing_goes_on_over_the_whole_space(db_url) -> None:
+    kernel = Kernel(_space(block_n=(32, 64)))
+    study = _study(db_url)
+    trial = study.ask()  # drawn from the whole space, as versions before narrowing did
+    config = suggest_config(trial, kernel.spec.space)
+    trial.set_user_attr("config", str(config))
+    study.tell(trial, 1.5)
+    assert search.sampled_space(study, kernel.spec, PROBLEM, CPU) is kernel.spec.space
+    assert _tune(kernel, db_url, trials=3).trials >= 3, "no distribution clash on resume"
+    study = _study(db_url)
+    assert search.SAMPLED_VALUES not in study.user_attrs
+
+
+def test_the_stored_winner_carries_the_portable_values_of_its_fold() -> None:
+    h100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
+                      shared_memory_bytes=232_448)
+    problem = Problem.from_key("matmul", "fp16:nn:16x4096x4096")
+    found = MATMUL.space.canonical(Config.make(VARIANT="tma", BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8,
+                                               SPLIT_K=1, NUM_SM=264, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                                               num_warps=4, num_stages=4), problem)
+    assert (found["NUM_SM"], found["GROUP_SIZE_M"]) == (32, 1)
+    record = search._winner_record(MATMUL, problem, h100, (found, 0.020), baseline_ms=0.023, trials=25)
+    assert (record.config["NUM_SM"], record.config["GROUP_SIZE_M"]) == (132, 8)
+    assert record.triton_config == record.config
