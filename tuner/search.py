@@ -261,13 +261,16 @@ def _valid_unique(spec: KernelSpec, problem: Problem, device: DeviceInfo, candid
     return chosen
 
 
-def _verdicts(study: optuna.Study) -> dict[str, Measurement]:
-    """This study's verdict on each config measured before (a resumed search), by config text."""
+def _verdicts(study: optuna.Study, space: kernels.SearchSpace, problem: Problem) -> dict[str, Measurement]:
+    """This study's verdict on each config measured before (a resumed search), by the text of its
+    canonical form for ``problem``: a study begun before a fold was added recorded the configs it
+    measured as they were asked, and the fold makes some of them one launch."""
     verdicts: dict[str, Measurement] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         config_text = t.user_attrs.get("config")
         if config_text is None or t.user_attrs.get("interrupted") or t.user_attrs.get("status") == "invalid":
             continue
+        config_text = str(space.canonical(Config.parse(config_text), problem))
         if t.state == TrialState.COMPLETE:
             verdict = Measurement("ok", time_ms=t.value, rel_error=t.user_attrs.get("rel_error"))
         else:
@@ -453,7 +456,7 @@ class _Search:
         self.incumbent_ms = found[1] if found else None
         # What the study knows, read once and then kept up to date as results are told, so that an
         # ask does not scan every trial of the study (a long or resumed search has thousands).
-        self.verdicts = _verdicts(study)
+        self.verdicts = _verdicts(study, self.space, bench.problem)
         self.measured_count = len(measured_trials(study))
         self.best_ms = self.incumbent_ms
         self.worst_ok_ms = max((m.time_ms for m in self.verdicts.values() if m.ok), default=None)

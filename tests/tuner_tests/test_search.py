@@ -554,3 +554,18 @@ def test_the_stored_winner_carries_the_portable_values_of_its_fold() -> None:
     record = search._winner_record(MATMUL, problem, h100, (found, 0.020), baseline_ms=0.023, trials=25)
     assert (record.config["NUM_SM"], record.config["GROUP_SIZE_M"]) == (132, 8)
     assert record.triton_config == record.config
+
+
+def test_verdicts_of_a_study_begun_before_a_fold_are_keyed_by_the_folded_config() -> None:
+    problem = Problem.from_key("matmul", "fp16:nn:16x4096x4096")  # one row of tiles: GROUP_SIZE_M folds to 1
+    asked = Config.make(VARIANT="tiled", BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_SIZE_M=8, SPLIT_K=1, NUM_SM=132,
+                        FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=5)
+    study = optuna.create_study(direction="minimize")
+    trial = study.ask()
+    trial.set_user_attr("config", str(asked))
+    trial.set_user_attr("status", "ok")
+    study.tell(trial, 0.0213)
+    verdicts = search._verdicts(study, MATMUL.space, problem)
+    folded = MATMUL.space.canonical(asked, problem)
+    assert folded["GROUP_SIZE_M"] == 1 and list(verdicts) == [str(folded)]
+    assert verdicts[str(folded)].time_ms == 0.0213
