@@ -202,6 +202,16 @@ Constraint = Callable[[Config, "Problem", DeviceInfo], Union[str, None]]
 Fold = Callable[[Config, "Problem"], Config]
 
 
+def fold_to_least_covering(config: Config, name: str, values: Sequence[int], bound: int) -> Config:
+    """The fold shared by the kernels: where every value of ``name`` at or above ``bound`` is one
+    launch (a group that covers every row of tiles, a program per tile), ``config`` with the least
+    of ``values`` that reaches ``bound``."""
+    if config[name] <= bound:
+        return config
+    least = min(v for v in values if v >= bound)
+    return config if least == config[name] else config.replace(**{name: least})
+
+
 @dataclass(frozen=True)
 class Param:
     """One tunable: a name and the values it may take, smallest first where that means anything."""

@@ -27,7 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import _splitk_kernel, _tiled_kernel, _tma_kernel
 from ._launch import DirectLaunch, LruCache
-from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, log_distance
+from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, log_distance
 
 KERNEL = "matmul"
 
@@ -150,7 +150,7 @@ def _fold_group_size(config: Config, problem: Problem) -> Config:
     # (_grouped_tile), so they fold to the smallest of them.
     m, n, _ = problem.shape
     rows = 1 if _cdiv(n, config["BLOCK_N"]) == 1 else _cdiv(m, config["BLOCK_M"])
-    return _fold_to_smallest_at_least(config, "GROUP_SIZE_M", rows)
+    return fold_to_least_covering(config, "GROUP_SIZE_M", _VALUES["GROUP_SIZE_M"], rows)
 
 
 def _fold_program_count(config: Config, problem: Problem) -> Config:
@@ -158,15 +158,11 @@ def _fold_program_count(config: Config, problem: Problem) -> Config:
     if config["VARIANT"] != "tma":
         return config
     m, n, _ = problem.shape
-    return _fold_to_smallest_at_least(config, "NUM_SM", _cdiv(m, config["BLOCK_M"]) * _cdiv(n, config["BLOCK_N"]))
+    tiles = _cdiv(m, config["BLOCK_M"]) * _cdiv(n, config["BLOCK_N"])
+    return fold_to_least_covering(config, "NUM_SM", _VALUES["NUM_SM"], tiles)
 
 
-def _fold_to_smallest_at_least(config: Config, name: str, bound: int) -> Config:
-    if config[name] <= bound:
-        return config
-    values = next(p.values for p in SPACE_PARAMS if p.name == name)
-    smallest = min(v for v in values if v >= bound)
-    return config if smallest == config[name] else config.replace(**{name: smallest})
+_VALUES = {p.name: p.values for p in SPACE_PARAMS}
 
 
 SPACE = SearchSpace(

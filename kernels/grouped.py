@@ -23,7 +23,8 @@ import triton.language as tl
 
 from ._device import interpreter_enabled
 from ._launch import DirectLaunch, LruCache
-from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
+from ._spec import (Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, is_baseline,
+                    log_distance)
 
 logger = logging.getLogger(__name__)
 
@@ -449,10 +450,7 @@ def _fold_program_count(config: Config, problem: Problem) -> Config:
     programs was dropped before this fold.
     """
     total = _total_tiles(problem.shapes, int(config["BLOCK_M"]), int(config["BLOCK_N"]))
-    enough = [v for v in NUM_SM_VALUES if v >= total]
-    if enough and int(config["NUM_SM"]) > enough[0]:
-        return config.replace(NUM_SM=enough[0])
-    return config
+    return fold_to_least_covering(config, "NUM_SM", NUM_SM_VALUES, total)
 
 
 # With a tile for every SM, fewer programs than SMs leave SMs idle. In the H100 sweep of the bf16

@@ -94,7 +94,7 @@ def _swept_only(swept: frozenset[Config]):
 def row_ms(row: dict) -> float:
     """A row's time: its confirmation median unless that was disturbed (as scripts/sweep.py row_ms)."""
     confirmed = row.get("confirmed_ms")
-    if confirmed and confirmed <= row["time_ms"] * search.HEAD_TO_HEAD_DISAGREES:
+    if confirmed and search.believed(confirmed, row["time_ms"]):
         return float(confirmed)
     return float(row["time_ms"])
 

@@ -31,7 +31,7 @@ import triton.testing
 import kernels
 from kernels import Problem
 from tuner.bench import Bench
-from tuner.search import CONTEST_ATTEMPTS, CONTEST_PAUSE_S, HEAD_TO_HEAD_DISAGREES
+from tuner.search import CONTEST_ATTEMPTS, CONTEST_PAUSE_S, believed
 from tuner.workers import CheckPool
 
 
@@ -114,7 +114,7 @@ def row_ms(row: dict) -> float:
     sweeps all 94 read 0.97-1.06x.
     """
     confirmed = row.get("confirmed_ms")
-    if confirmed and confirmed <= row["time_ms"] * HEAD_TO_HEAD_DISAGREES:
+    if confirmed and believed(confirmed, row["time_ms"]):
         return confirmed
     return row["time_ms"]
 
@@ -173,7 +173,7 @@ def _confirm(pool: CheckPool, bench: Bench, rows: list[dict], within: float, cap
         baselines.append(baseline)
         for row, ms in zip(pending, times):
             row["confirmed_ms"] = ms  # the attempt that is believed, or the last one (then row_ms ignores it)
-        pending = [r for r in pending if r["confirmed_ms"] > r["time_ms"] * HEAD_TO_HEAD_DISAGREES]
+        pending = [r for r in pending if not believed(r["confirmed_ms"], r["time_ms"])]
         if not pending:
             break
     best = min(top, key=row_ms)
@@ -207,7 +207,8 @@ def _write(path: str, spec, problem: Problem, device, args, space_size: int, to_
            rows: list[dict], confirmed: dict | None, complete: bool) -> None:
     document = {"kernel": spec.name, "problem": problem.key, "device": device.name,
                 "variant": args.variant, "space_size": space_size, "swept": len(rows),
-                "complete": complete and to_sweep == space_size, "sample_of": to_sweep if to_sweep < space_size else None,
+                "complete": complete and to_sweep == space_size,
+                "sample_of": to_sweep if to_sweep < space_size else None,
                 "baseline_ms": baseline_ms, "torch": torch.__version__, "triton": triton.__version__,
                 "date": time.strftime("%Y-%m-%d"), "timer": _timer_text(args), "confirmed": confirmed,
                 "rows": rows}

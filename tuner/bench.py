@@ -182,11 +182,6 @@ class Bench:
         self.spec.baseline(inputs)
         return self.timer(lambda: self.spec.baseline(inputs))
 
-    def head_to_head(self, config: Config, rounds: int = HEAD_TO_HEAD_ROUNDS) -> tuple[float, float]:
-        """(config ms, baseline ms): medians of alternating timings on the same inputs."""
-        times, baseline = self.contest([config], rounds)
-        return times[0], baseline
-
     def contest(self, configs: Sequence[Config], rounds: int = HEAD_TO_HEAD_ROUNDS) -> tuple[list[float], float]:
         """(each config's ms, baseline ms): medians of timings taken in turn, round after round, on the
         same inputs.

@@ -44,9 +44,9 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 WIN_MARGIN = 0.02
 
 # A contest whose winner times this many times its time in the search is not believed: it is run
-# again after a pause, up to CONTEST_ATTEMPTS times in all, and the calmest attempt decides (see
-# head_to_head). Two timings of one config differ by up to 3-5% on the H100; disturbed contests
-# there read 1.44x (moe_matmul), 3.4x (dense) and 13x (a host-bound group) the search's time.
+# again after a pause, up to CONTEST_ATTEMPTS times in all (see head_to_head and ``believed``). Two
+# timings of one config differ by up to 3-5% on the H100; disturbed contests there read 1.44x
+# (moe_matmul), 3.4x (dense) and 13x (a host-bound group) the search's time.
 HEAD_TO_HEAD_DISAGREES = 1.15
 CONTEST_ATTEMPTS = 3
 CONTEST_PAUSE_S = 2.0
@@ -349,6 +349,12 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     return record
 
 
+def believed(side_by_side_ms: float, earlier_ms: float) -> bool:
+    """Whether a later timing of a config (a contest's, a sweep's confirmation) is within
+    HEAD_TO_HEAD_DISAGREES of its earlier one; above it, something disturbed the later one."""
+    return side_by_side_ms <= earlier_ms * HEAD_TO_HEAD_DISAGREES
+
+
 def finalists(study: optuna.Study, most: int = FINALISTS, within: float = FINALIST_MARGIN
               ) -> list[tuple[Config, float]]:
     """The best fully timed configs of the study, at most ``most``, each within ``within`` of the best:
@@ -373,8 +379,8 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
 
     A contest whose best time is far off the search's own timing of the same kernel means something
     disturbed those seconds (on the H100 three times in about 30 live searches, each time at the
-    contest, never reproduced in isolation): it is run again after a pause, and of the attempts the one with the
-    lowest best time decides, as the least disturbed.
+    contest, never reproduced in isolation): it is run again after a pause. The first attempt that is
+    believed decides; if none is, the one with the lowest best time does, as the least disturbed.
     """
     configs = [config for config, _ in finalists]
     calmest: tuple[list[float], float] | None = None
@@ -383,7 +389,7 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
             time.sleep(CONTEST_PAUSE_S)
         times, baseline_ms = bench.contest(configs)
         best = min(range(len(configs)), key=times.__getitem__)
-        if times[best] <= finalists[best][1] * HEAD_TO_HEAD_DISAGREES:
+        if believed(times[best], finalists[best][1]):
             return (finalists[best], times[best]), baseline_ms  # believed: this attempt decides
         if calmest is None or min(times) < min(calmest[0]):
             calmest = (times, baseline_ms)

@@ -354,9 +354,5 @@ class IsolatedBench:
     def baseline_ms(self) -> float:
         return self._call(_baseline_in_worker)
 
-    def head_to_head(self, config: Config) -> tuple[float, float]:
-        times, baseline = self.contest([config])
-        return times[0], baseline
-
     def contest(self, configs: list[Config]) -> tuple[list[float], float]:
         return self._call(_contest_in_worker, [str(config) for config in configs])

@@ -162,7 +162,7 @@ def test_isolated_bench_checks_and_times_in_its_worker(timing) -> None:
     wrong = bench.measure(GOOD.replace(VARIANT="warp-specialized"))
     assert wrong.status == "invalid" and "warp-specialized" in wrong.reason
     assert bench.baseline_ms() > 0
-    ours, theirs = bench.head_to_head(GOOD)
+    (ours,), theirs = bench.contest([GOOD])
     assert ours > 0 and theirs > 0
     times, theirs = bench.contest([GOOD, GOOD.replace(num_stages=3)])
     assert len(times) == 2 and all(t > 0 for t in times) and theirs > 0
