@@ -34,26 +34,55 @@ def _tile_offsets(pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IN
 
 
 @triton.jit
+def _aligned(size, ALIGN: tl.constexpr):
+    """``size`` itself, known to the compiler as a multiple of ALIGN (the launcher checked it is)."""
+    if ALIGN > 1:
+        size = size // ALIGN * ALIGN
+    return size
+
+
+@triton.jit
+def _scaled(offs, stride, ALIGN: tl.constexpr):
+    """2-D offsets ``offs * stride``; with ALIGN > 1, known to be multiples of ALIGN.
+
+    The launcher passes ALIGN > 1 only when the operand's non-unit stride is a multiple of it; a unit
+    stride multiplies an arange that starts on a tile boundary, whose runs start on multiples of it too.
+    """
+    scaled = offs * stride
+    if ALIGN > 1:
+        scaled = tl.multiple_of(scaled, [ALIGN, ALIGN])
+    return scaled
+
+
+@triton.jit
 def _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
               pid_m, pid_n, k_begin, k_end,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              ALIGN: tl.constexpr, WRAP_ALIGNED: tl.constexpr):
     """fp32 accumulator of one output tile over the K blocks [k_begin, k_end)."""
     offs_m, offs_n = _tile_offsets(pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
     # Wrapping rows/columns past the edge back into range keeps every load in bounds without a mask
     # on M or N (the wrapped results are never stored), so loads stay wide.
-    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
-    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    offs_am = offs_m % M
+    offs_bn = offs_n % N
+    if WRAP_ALIGNED:
+        # Claiming a whole tile contiguous is only true up to the wrap; the 16-byte vectors stay
+        # right when the wrap falls on a vector boundary, which the launcher checked (the wrapped
+        # dimension, where it is the contiguous one, is a multiple of 16 bytes). Else the loads
+        # along it stay narrow: a vector across the wrap would be misaligned.
+        offs_am = tl.max_contiguous(tl.multiple_of(offs_am, BLOCK_M), BLOCK_M)
+        offs_bn = tl.max_contiguous(tl.multiple_of(offs_bn, BLOCK_N), BLOCK_N)
     offs_k = k_begin * BLOCK_K + tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    a_ptrs = a_ptr + _scaled(offs_am[:, None], stride_am, ALIGN) + _scaled(offs_k[None, :], stride_ak, ALIGN)
+    b_ptrs = b_ptr + _scaled(offs_k[:, None], stride_bk, ALIGN) + _scaled(offs_bn[None, :], stride_bn, ALIGN)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(k_begin, k_end):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
         else:
-            k_left = K - kb * BLOCK_K
+            k_left = _aligned(K, ALIGN) - kb * BLOCK_K
             a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
             b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -64,10 +93,10 @@ def _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
 
 @triton.jit
 def _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr, C_ALIGN: tl.constexpr):
     offs_m, offs_n = _tile_offsets(pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
-    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + _scaled(offs_m[:, None], stride_cm, C_ALIGN) + _scaled(offs_n[None, :], stride_cn, C_ALIGN)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < _aligned(N, C_ALIGN))
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
@@ -76,14 +105,15 @@ def _tiled_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr, C_ALIGN: tl.constexpr,
+                  WRAP_ALIGNED: tl.constexpr):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_SIZE_M)
     acc = _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                     pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K),
-                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION)
-    _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
+                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION, ALIGN, WRAP_ALIGNED)
+    _store_tile(c_ptr, acc, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64, C_ALIGN)
 
 
 @triton.jit
@@ -91,7 +121,8 @@ def _splitk_kernel(a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr, M, N, K,
                    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   INDEX_64: tl.constexpr, DOT_PRECISION: tl.constexpr, ALIGN: tl.constexpr,
+                   C_ALIGN: tl.constexpr, WRAP_ALIGNED: tl.constexpr):
     tile_id = tl.program_id(0)
     split = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -103,7 +134,7 @@ def _splitk_kernel(a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr, M, N, K,
     k_end = min(k_begin + per_split, k_blocks)
     acc = _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                     pid_m, pid_n, k_begin, k_end,
-                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION)
+                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION, ALIGN, WRAP_ALIGNED)
     # Each tile owns SPLIT_K contiguous fp32 blocks of the workspace; full blocks need no mask.
     local = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     tile_base = partial_ptr + tile_id.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
@@ -116,7 +147,7 @@ def _splitk_kernel(a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr, M, N, K,
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
             total += tl.load(tile_base + s * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
-        _store_tile(c_ptr, total, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
+        _store_tile(c_ptr, total, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64, C_ALIGN)
         tl.atomic_xchg(arrivals_ptr + tile_id, 0)
 
 

@@ -10,6 +10,11 @@ Three variants, chosen by the ``VARIANT`` parameter like any other tunable:
   pass. For small M and large K, where one row of tiles would leave most SMs idle.
 - ``tma``: persistent (``NUM_SM`` programs loop over the tiles) with Hopper tensor descriptors (TMA)
   for loads and stores; needs row-major A, 16-byte aligned rows, and compute capability >= 9.
+- ``repack``: for rows that are not 16-byte aligned (K = 4099), copy A and B into zero-padded
+  aligned buffers, then run ``tiled`` with wide, pipelined loads. In the space only for such problems.
+
+Rows that are 16-byte aligned but not multiples of 16 elements (1000) get the ALIGN hints
+(``alignment_hints``), which let ``tiled`` and ``splitk`` use 16-byte loads there.
 
 fp16 and bf16 accumulate in fp32; fp32 inputs use TF32 tensor cores (``input_precision="tf32"``),
 as ``torch.backends.cuda.matmul.allow_tf32 = True`` would.
@@ -42,7 +47,7 @@ _INT32_LIMIT = 2**31 - 1
 # Search space
 # ----------------------------------------------------------------------------------------------
 
-VARIANTS = ("tiled", "splitk", "tma")
+VARIANTS = ("tiled", "splitk", "tma", "repack")
 
 SPACE_PARAMS = (
     Param("VARIANT", VARIANTS),
@@ -63,6 +68,7 @@ _IGNORED_BY_VARIANT = {
     "tiled": {"SPLIT_K": 1, "NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
     "splitk": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
     "tma": {"SPLIT_K": 1},
+    "repack": {"SPLIT_K": 1, "NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
 }
 
 
@@ -114,6 +120,8 @@ def _next_power_of_2(n: int) -> int:
 def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     variant = config["VARIANT"]
     m, n, k = problem.shape
+    if variant == "repack" and not _misaligned_rows(problem):
+        return "VARIANT=repack only helps rows that are not 16-byte aligned; this problem's rows all are"
     if variant == "splitk":
         if config["SPLIT_K"] == 1:
             return "VARIANT=splitk with SPLIT_K=1 is the tiled kernel; tune SPLIT_K >= 2"
@@ -142,6 +150,14 @@ def _tma_unsupported(problem: Problem, device: DeviceInfo) -> str | None:
         if (row * size) % 16:
             return f"TMA needs 16-byte aligned rows; {what} are {row * size} bytes"
     return None
+
+
+def _misaligned_rows(problem: Problem) -> list[str]:
+    """The operands whose rows (in the problem's layout) are not a multiple of 16 bytes long."""
+    m, n, k = problem.shape
+    size = _element_size(problem)
+    rows = {"A": k if problem.layout[0] == "n" else m, "B": n if problem.layout[1] == "n" else k}
+    return [name for name, row in rows.items() if (row * size) % 16]
 
 
 def _fold_group_size(config: Config, problem: Problem) -> Config:
@@ -203,10 +219,55 @@ def _launch_key(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
 def _constexprs(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, **extra: Any) -> dict[str, Any]:
     """The tiled and split-K kernels' constexprs and launch options for ``config`` on these operands."""
     bk = config["BLOCK_K"]
+    align, c_align = alignment_hints(a, b, c)
     return dict(BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], BLOCK_K=bk,
                 GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=a.shape[1] % bk == 0, INDEX_64=_needs_int64(a, b, c),
-                DOT_PRECISION=_dot_precision(a), num_warps=config.num_warps, num_stages=config.num_stages,
-                **extra)
+                DOT_PRECISION=_dot_precision(a), ALIGN=align, C_ALIGN=c_align, WRAP_ALIGNED=wrap_aligned(a, b),
+                num_warps=config.num_warps, num_stages=config.num_stages, **extra)
+
+
+def alignment_hints(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[int, int]:
+    """(ALIGN, C_ALIGN): 16 bytes' worth of elements where the kernel may rely on 16-byte aligned rows
+    that Triton cannot see (of A and B, and of C), else 1.
+
+    Triton specializes an integer argument as aligned only when it divides by 16. A row of 1000 fp16
+    values is 2,000 bytes, 16-byte aligned, yet 1000 % 16 = 8: without the hint every load of
+    1000x1000x1000 is a scalar 2-byte load and none is pipelined (the PTX has ``ld.global.b16`` and
+    no ``cp.async``); with it the loads are 16-byte ``cp.async`` copies (tests/kernels_tests/test_gemm_alignment.py
+    compiles both). ALIGN holds when K and the non-unit strides of A and B are multiples of 16
+    bytes; C_ALIGN when N and C's are. Each operand needs a unit stride and 16-byte aligned data.
+    Where every value divides by 16 already Triton knows, and the hint is left off, so such
+    problems compile exactly as before.
+    """
+    unit = 16 // a.element_size()
+    k, n = a.shape[1], b.shape[1]
+    return _hint(unit, k, a, b), _hint(unit, n, c)
+
+
+def wrap_aligned(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the tiles' wrapped edge offsets may be claimed contiguous (the WRAP_ALIGNED constexpr).
+
+    The last tile of a dimension wraps its offsets past the edge back to 0. Where that dimension is
+    an operand's contiguous one (N of a row-major B, M of a column-major A), 16-byte vectors stay
+    aligned across the wrap only if the dimension is a multiple of 16 bytes. B = W[:, :33] of a
+    (K, 64) W has 16-byte aligned rows, yet a vector across its wrap would start 14 bytes in.
+    """
+    unit = 16 // a.element_size()
+    m, n = a.shape[0], b.shape[1]
+    a_by_columns = a.stride(0) == 1 and a.stride(1) != 1
+    b_by_rows = b.stride(1) == 1
+    return not ((a_by_columns and m % unit) or (b_by_rows and n % unit))
+
+
+def _hint(unit: int, size: int, *tensors: torch.Tensor) -> int:
+    values = [size]
+    for t in tensors:
+        if (t.stride(0) != 1 and t.stride(1) != 1) or t.data_ptr() % 16:
+            return 1
+        values += [s for s in t.stride() if s != 1]
+    if unit <= 1 or any(v % unit for v in values) or all(v % 16 == 0 for v in values):
+        return 1
+    return unit
 
 
 def _launch_tiled(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
@@ -287,7 +348,36 @@ def _launch_tma(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-_LAUNCHERS = {"tiled": _launch_tiled, "splitk": _launch_splitk, "tma": _launch_tma}
+def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    """Copy A and B into zero-padded buffers with 16-byte aligned rows, then run the tiled kernel.
+
+    Rows that are not a multiple of 16 bytes (K = 4099) defeat every wide load: the tiled kernel falls
+    back to 2-byte loads that cannot be pipelined, and TMA refuses such strides. One padding copy per
+    operand (zeros past K, which add nothing to the sum) costs a pass over A and B; the search
+    weighs that against the faster kernel, copy included.
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
+    a_padded = torch.nn.functional.pad(a, (0, k_padded - k)).contiguous()
+    if b.stride(0) == 1 and b.stride(1) != 1:  # B = w.t(): pad w's rows (K) and keep B K-major
+        b_padded = torch.nn.functional.pad(b.t(), (0, k_padded - k)).contiguous().t()
+        _launch_tiled(config, a_padded, b_padded, c)
+        return
+    # A row-major B is padded in N too, and C computed as wide: a vector across the edge of a
+    # 257-column B would be misaligned (wrap_aligned), so the kernel would load B narrow.
+    unit = 16 // b.element_size()
+    n_padded = _cdiv(n, unit) * unit
+    b_padded = torch.nn.functional.pad(b, (0, n_padded - n, 0, k_padded - k)).contiguous()
+    if n_padded == n:
+        _launch_tiled(config, a_padded, b_padded, c)
+        return
+    c_padded = torch.empty((m, n_padded), dtype=c.dtype, device=c.device)
+    _launch_tiled(config, a_padded, b_padded, c_padded)
+    c.copy_(c_padded[:, :n])
+
+
+_LAUNCHERS = {"tiled": _launch_tiled, "splitk": _launch_splitk, "tma": _launch_tma, "repack": _launch_repack}
 
 
 def matmul_with(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -425,6 +515,10 @@ def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
                  dict(VARIANT="splitk", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
                  dict(VARIANT="splitk", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
                  dict(VARIANT="tma", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_SM=132, num_warps=4, num_stages=4)]
+    if _misaligned_rows(problem):  # rows that are not 16-byte aligned: the padded copy, then wide loads
+        rows += [dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                 dict(VARIANT="repack", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4),
+                 dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)]
     rows += [dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
              dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
              dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3,

@@ -50,7 +50,7 @@ def autotune_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     _autotuned[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
                      c.stride(0), c.stride(1), EVEN_K=k % 128 == 0,
-                     INDEX_64=False, DOT_PRECISION="ieee")
+                     INDEX_64=False, DOT_PRECISION="ieee", ALIGN=1, C_ALIGN=1, WRAP_ALIGNED=True)
     return c
 
 

@@ -99,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = [r for r in rows if r["time_ms"]]
     best = min(ok, key=row_ms) if ok else None
     elapsed = time.time() - start
+    best_text = f"{row_ms(best):.4f} ms" if best else "none"
     print(f"{problem.key} variant={args.variant}: swept {len(rows)}/{len(configs)} ({swept_now} in {elapsed:.0f} s "
           f"this run, {swept_now / max(elapsed, 1e-9):.1f} configs/s), {len(ok)} ok, best "
-          f"{best and row_ms(best):.4f} ms, cuBLAS {baseline_ms:.4f} ms")
+          f"{best_text}, cuBLAS {baseline_ms:.4f} ms")
     return 0
 
 

@@ -37,6 +37,7 @@ VARIANT_CONFIGS = {
     "splitk3": _config("splitk", SPLIT_K=3, GROUP_SIZE_M=1),
     "tma": _config("tma", NUM_SM=32),
     "tma-subtile-flatten": _config("tma", NUM_SM=32, EPILOGUE_SUBTILE=True, FLATTEN=True),
+    "repack": _config("repack"),
 }
 # Shapes that the tiled and split-K kernels take with any strides: edges in M, N and K, K not a
 # multiple of BLOCK_K (nor, for split-K, of SPLIT_K * BLOCK_K).
@@ -71,7 +72,7 @@ def _poisoned(m: int, n: int, like: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("variant", ["tiled", "tiled-32x32", "splitk2", "splitk3"])
+@pytest.mark.parametrize("variant", ["tiled", "tiled-32x32", "splitk2", "splitk3", "repack"])
 def test_pointer_variants_match_reference_on_odd_shapes(variant, shape, dtype, torch_device) -> None:
     m, n, k = shape
     a, b = _rand(m, k, dtype, torch_device, 1), _rand(k, n, dtype, torch_device, 2)
@@ -80,7 +81,7 @@ def test_pointer_variants_match_reference_on_odd_shapes(variant, shape, dtype, t
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
-@pytest.mark.parametrize("variant", ["tiled", "splitk2", "splitk3", "tma"])
+@pytest.mark.parametrize("variant", ["tiled", "splitk2", "splitk3", "tma", "repack"])
 def test_output_allocated_fresh_has_every_element_written(variant, dtype, torch_device) -> None:
     a, b = _rand(33, 96, dtype, torch_device, 3), _rand(96, 40, dtype, torch_device, 4)
     _assert_matmul(matmul_with(VARIANT_CONFIGS[variant], a, b), a, b, dtype)
@@ -96,6 +97,10 @@ def _operand(kind: str, rows: int, cols: int, dtype: str, device, seed: int) -> 
         return _rand(rows, 2 * cols, dtype, device, seed)[:, ::2]
     if kind == "row-slice":  # rows of a wider matrix, pointer offset by one element
         return _rand(rows, cols + 3, dtype, device, seed)[:, 1:cols + 1]
+    if kind == "wide-row-slice":  # W[:, :cols] of a 64-column W: 16-byte aligned rows, odd width
+        return _rand(rows, 64, dtype, device, seed)[:, :cols]
+    if kind == "transposed-slice":  # column-major with 16-byte aligned columns, odd height
+        return _rand(cols, 64, dtype, device, seed)[:, :rows].t()
     raise AssertionError(kind)
 
 
@@ -107,14 +112,75 @@ def _operand(kind: str, rows: int, cols: int, dtype: str, device, seed: int) -> 
     ("strided-cols", "row-major"),
     ("row-major", "strided-cols"),
     ("row-slice", "row-slice"),
+    # Aligned rows, with the contiguous dimension (33 or 17) not a multiple of 16 bytes: a 16-byte
+    # vector across the tile's wrap would be misaligned on the GPU (wrap_aligned).
+    ("row-major", "wide-row-slice"),
+    ("transposed-slice", "row-major"),
 ])
-@pytest.mark.parametrize("variant", ["tiled", "splitk3", "tma"])
+@pytest.mark.parametrize("variant", ["tiled", "splitk3", "tma", "repack"])
 def test_any_strides_give_the_right_result(variant, a_kind, b_kind, dtype, torch_device) -> None:
     m, n, k = 17, 33, 70
     a = _operand(a_kind, m, k, dtype, torch_device, 5)
     b = _operand(b_kind, k, n, dtype, torch_device, 6)
     out = matmul_with(VARIANT_CONFIGS[variant], a, b, out=_poisoned(m, n, a))
     _assert_matmul(out, a, b, dtype)
+
+
+# Rows of 8 fp16 (or 4 fp32) elements' multiples that are not multiples of 16 elements: 16-byte
+# aligned, which Triton cannot see, so the launcher passes the ALIGN hints (alignment_hints).
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("a_kind, b_kind", [("row-major", "row-major"), ("row-major", "transposed"),
+                                            ("transposed", "row-major"), ("transposed", "transposed")])
+@pytest.mark.parametrize("variant", ["tiled", "splitk3"])
+def test_rows_aligned_to_16_bytes_but_not_16_elements_give_the_right_result(variant, a_kind, b_kind, dtype,
+                                                                            torch_device) -> None:
+    m, n, k = 24, 40, 104
+    a = _operand(a_kind, m, k, dtype, torch_device, 7)
+    b = _operand(b_kind, k, n, dtype, torch_device, 8)
+    c = _poisoned(m, n, a)
+    assert gemm.alignment_hints(a, b, c) == (16 // a.element_size(),) * 2
+    _assert_matmul(matmul_with(VARIANT_CONFIGS[variant], a, b, out=c), a, b, dtype)
+
+
+def test_wrap_is_claimed_aligned_only_where_vectors_cannot_straddle_it(torch_device) -> None:
+    def operands(a_kind, b_kind, m=17, n=33, k=64):
+        return _operand(a_kind, m, k, "fp16", torch_device, 1), _operand(b_kind, k, n, "fp16", torch_device, 2)
+
+    assert gemm.wrap_aligned(*operands("row-major", "row-major", n=40))
+    assert not gemm.wrap_aligned(*operands("row-major", "wide-row-slice"))   # N = 33 along B's rows
+    assert gemm.wrap_aligned(*operands("row-major", "transposed"))           # B by columns: N not contiguous
+    assert not gemm.wrap_aligned(*operands("transposed-slice", "row-major", n=40))  # M = 17 along A's columns
+    assert gemm.wrap_aligned(*operands("transposed", "row-major", m=24, n=40))
+
+
+def test_alignment_hints_only_where_triton_cannot_see_them(torch_device) -> None:
+    def hints(m, n, k, dtype=torch.float16, b_transposed=False):
+        a = torch.empty((m, k), dtype=dtype, device=torch_device)
+        b = torch.empty((n, k), dtype=dtype, device=torch_device).t() if b_transposed else \
+            torch.empty((k, n), dtype=dtype, device=torch_device)
+        return gemm.alignment_hints(a, b, torch.empty((m, n), dtype=dtype, device=torch_device))
+
+    assert hints(1000, 1000, 1000) == (8, 8)          # 2,000-byte rows: aligned, 1000 % 16 = 8
+    assert hints(1000, 1000, 1000, b_transposed=True) == (8, 8)
+    assert hints(64, 4096, 4096) == (1, 1)            # Triton specializes multiples of 16 itself
+    assert hints(3333, 257, 4099) == (1, 1)           # odd rows: no hint would be true
+    assert hints(16, 257, 1000, b_transposed=True) == (8, 1)  # A and B rows aligned, C's (257) not
+    assert hints(16, 1000, 1000, dtype=torch.float32) == (4, 4)
+    strided = torch.empty((16, 2000), dtype=torch.float16, device=torch_device)[:, ::2]
+    b = torch.empty((1000, 1000), dtype=torch.float16, device=torch_device)
+    assert gemm.alignment_hints(strided, b, torch.empty((16, 1000), dtype=torch.float16,
+                                                        device=torch_device))[0] == 1  # no unit stride
+
+
+@pytest.mark.parametrize("layout, valid", [("nn", True), ("nt", True), ("tn", True)])
+def test_repack_is_in_the_space_only_where_rows_are_misaligned(layout, valid) -> None:
+    from kernels._device import CPU
+    config = VARIANT_CONFIGS["repack"]
+    odd = Problem("matmul", "fp16", layout, ((3333, 257, 4099),))
+    aligned = Problem("matmul", "fp16", layout, ((1000, 1000, 1000),))
+    assert MATMUL.space.violation(config, odd, CPU) is None
+    reason = MATMUL.space.violation(config, aligned, CPU)
+    assert reason is not None and "16-byte aligned" in reason
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
@@ -175,7 +241,7 @@ def test_splitk_workspace_grows_for_a_larger_problem(torch_device) -> None:
         _assert_matmul(matmul_with(config, a, b), a, b, "fp16")
 
 
-@pytest.mark.parametrize("variant", ["tiled", "splitk2", "tma"])
+@pytest.mark.parametrize("variant", ["tiled", "splitk2", "tma", "repack"])
 @pytest.mark.parametrize("shape", [(0, 16, 32), (16, 0, 32), (0, 0, 0), (16, 32, 0), (1, 1, 0)],
                          ids=lambda s: "x".join(map(str, s)))
 def test_empty_dimensions_give_empty_or_zero_result(variant, shape, torch_device) -> None:
