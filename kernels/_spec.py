@@ -252,7 +252,8 @@ class SearchSpace:
         fixed = self.fixed_by(config.as_dict())
         if not all(config.get(k) == v for k, v in fixed.items()):
             config = config.replace(**fixed)
-        if problem is not None:
+        # A config outside the space (cuBLAS's, or a record from an older space) has nothing to fold.
+        if problem is not None and self.folds and self.outside(config) is None:
             for fold in self.folds:
                 config = fold(config, problem)
         return config

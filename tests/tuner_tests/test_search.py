@@ -270,6 +270,22 @@ def test_without_the_shipped_table_a_fresh_database_starts_from_default_and_seed
     assert warm == [shipped_config] + [c for c in default_and_seeds if c != shipped_config]
 
 
+def test_a_cublas_winner_in_the_shipped_table_is_left_out_of_the_warm_start(db_url) -> None:
+    """The shipped h100 table keeps cuBLAS for 1000x1000x1000. Its config has no tile parameters,
+    which the problem's folds once read: the search crashed before its first trial (seventh session)."""
+    spec = kernels.get_kernel("matmul")
+    problem = Problem.from_key("matmul", "fp16:nn:1000x1000x1000")
+    h100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
+                      shared_memory_bytes=232_448)
+    assert kernels.is_baseline(Dispatcher(db_url).choose(spec, problem, h100).config), \
+        "the test needs a problem whose shipped winner is cuBLAS"
+    with Store(db_url) as store:
+        warm = warm_start_configs(spec, problem, h100, store)
+    assert warm and not any(kernels.is_baseline(c) for c in warm)
+    assert all(spec.space.violation(c, problem, h100) is None for c in warm)
+    assert spec.space.canonical(kernels.BASELINE, problem) == kernels.BASELINE
+
+
 def _steps_apart(a: Config, b: Config, space: SearchSpace) -> list[int]:
     """How many value steps each differing parameter of ``a`` and ``b`` lies apart."""
     return [abs(p.values.index(a[p.name]) - p.values.index(b[p.name])) for p in space.params
