@@ -11,7 +11,8 @@ Three variants, chosen by the ``VARIANT`` parameter like any other tunable:
 - ``tma``: persistent (``NUM_SM`` programs loop over the tiles) with Hopper tensor descriptors (TMA)
   for loads and stores; needs row-major A, 16-byte aligned rows, and compute capability >= 9.
 - ``repack``: for rows that are not 16-byte aligned (K = 4099), copy A and B into zero-padded
-  aligned buffers, then run ``tiled`` with wide, pipelined loads. In the space only for such problems.
+  aligned buffers, then run ``tiled`` (``SPLIT_K=1``) or ``splitk`` with wide, pipelined loads. In
+  the space only for such problems.
 
 Rows that are 16-byte aligned but not multiples of 16 elements (1000) get the ALIGN hints
 (``alignment_hints``), which let ``tiled`` and ``splitk`` use 16-byte loads there.
@@ -68,7 +69,7 @@ _IGNORED_BY_VARIANT = {
     "tiled": {"SPLIT_K": 1, "NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
     "splitk": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
     "tma": {"SPLIT_K": 1},
-    "repack": {"SPLIT_K": 1, "NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
+    "repack": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
 }
 
 
@@ -99,7 +100,7 @@ def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str
 
 def _tile_near_problem(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     m, n, k = problem.shape
-    if config["VARIANT"] == "splitk":
+    if config["VARIANT"] in ("splitk", "repack"):
         k = max(1, math.ceil(k / config["SPLIT_K"]))
     for name, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
         limit = max(_SMALLEST[name], _next_power_of_2(size))
@@ -122,9 +123,9 @@ def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str |
     m, n, k = problem.shape
     if variant == "repack" and not _misaligned_rows(problem):
         return "VARIANT=repack only helps rows that are not 16-byte aligned; this problem's rows all are"
-    if variant == "splitk":
-        if config["SPLIT_K"] == 1:
-            return "VARIANT=splitk with SPLIT_K=1 is the tiled kernel; tune SPLIT_K >= 2"
+    if variant == "splitk" and config["SPLIT_K"] == 1:
+        return "VARIANT=splitk with SPLIT_K=1 is the tiled kernel; tune SPLIT_K >= 2"
+    if variant in ("splitk", "repack"):
         if config["SPLIT_K"] > _cdiv(k, config["BLOCK_K"]):
             return f"SPLIT_K={config['SPLIT_K']} is more than the {_cdiv(k, config['BLOCK_K'])} K blocks"
     if variant == "tma":
@@ -348,8 +349,22 @@ def _launch_tma(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
+def _padded_rows(x: torch.Tensor, cols: int) -> torch.Tensor:
+    """A row-major copy of ``x`` with zero columns appended up to ``cols``.
+
+    Writing the zeros and the copy into disjoint parts of one buffer moves each byte once;
+    ``torch.nn.functional.pad`` fills the whole buffer first, then copies over it.
+    """
+    rows, width = x.shape
+    out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
+    out[:, width:].zero_()
+    out[:, :width].copy_(x)
+    return out
+
+
 def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-    """Copy A and B into zero-padded buffers with 16-byte aligned rows, then run the tiled kernel.
+    """Copy A and B into zero-padded buffers with 16-byte aligned rows, then run the tiled kernel
+    (or split-K, with SPLIT_K > 1) on them.
 
     Rows that are not a multiple of 16 bytes (K = 4099) defeat every wide load: the tiled kernel falls
     back to 2-byte loads that cannot be pipelined, and TMA refuses such strides. One padding copy per
@@ -359,10 +374,10 @@ def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     m, k = a.shape
     n = b.shape[1]
     k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
-    a_padded = torch.nn.functional.pad(a, (0, k_padded - k)).contiguous()
+    launch = _launch_splitk if config["SPLIT_K"] > 1 else _launch_tiled
+    a_padded = _padded_rows(a, k_padded)
     if b.stride(0) == 1 and b.stride(1) != 1:  # B = w.t(): pad w's rows (K) and keep B K-major
-        b_padded = torch.nn.functional.pad(b.t(), (0, k_padded - k)).contiguous().t()
-        _launch_tiled(config, a_padded, b_padded, c)
+        launch(config, a_padded, _padded_rows(b.t(), k_padded).t(), c)
         return
     # A row-major B is padded in N too, and C computed as wide: a vector across the edge of a
     # 257-column B would be misaligned (wrap_aligned), so the kernel would load B narrow.
@@ -370,10 +385,10 @@ def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     n_padded = _cdiv(n, unit) * unit
     b_padded = torch.nn.functional.pad(b, (0, n_padded - n, 0, k_padded - k)).contiguous()
     if n_padded == n:
-        _launch_tiled(config, a_padded, b_padded, c)
+        launch(config, a_padded, b_padded, c)
         return
     c_padded = torch.empty((m, n_padded), dtype=c.dtype, device=c.device)
-    _launch_tiled(config, a_padded, b_padded, c_padded)
+    launch(config, a_padded, b_padded, c_padded)
     c.copy_(c_padded[:, :n])
 
 
@@ -516,9 +531,10 @@ def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
                  dict(VARIANT="splitk", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
                  dict(VARIANT="tma", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_SM=132, num_warps=4, num_stages=4)]
     if _misaligned_rows(problem):  # rows that are not 16-byte aligned: the padded copy, then wide loads
-        rows += [dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
-                 dict(VARIANT="repack", BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4),
-                 dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=4)]
+        rows += [dict(VARIANT="repack", BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=5),
+                 dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
+                 dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, SPLIT_K=2, num_warps=8, num_stages=4),
+                 dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, num_warps=4, num_stages=4)]
     rows += [dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
              dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),
              dict(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3,

@@ -38,6 +38,7 @@ VARIANT_CONFIGS = {
     "tma": _config("tma", NUM_SM=32),
     "tma-subtile-flatten": _config("tma", NUM_SM=32, EPILOGUE_SUBTILE=True, FLATTEN=True),
     "repack": _config("repack"),
+    "repack-splitk3": _config("repack", SPLIT_K=3, GROUP_SIZE_M=1),
 }
 # Shapes that the tiled and split-K kernels take with any strides: edges in M, N and K, K not a
 # multiple of BLOCK_K (nor, for split-K, of SPLIT_K * BLOCK_K).
@@ -72,7 +73,7 @@ def _poisoned(m: int, n: int, like: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", ["fp16", "fp32"])
 @pytest.mark.parametrize("shape", ODD_SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("variant", ["tiled", "tiled-32x32", "splitk2", "splitk3", "repack"])
+@pytest.mark.parametrize("variant", ["tiled", "tiled-32x32", "splitk2", "splitk3", "repack", "repack-splitk3"])
 def test_pointer_variants_match_reference_on_odd_shapes(variant, shape, dtype, torch_device) -> None:
     m, n, k = shape
     a, b = _rand(m, k, dtype, torch_device, 1), _rand(k, n, dtype, torch_device, 2)
@@ -117,7 +118,7 @@ def _operand(kind: str, rows: int, cols: int, dtype: str, device, seed: int) -> 
     ("row-major", "wide-row-slice"),
     ("transposed-slice", "row-major"),
 ])
-@pytest.mark.parametrize("variant", ["tiled", "splitk3", "tma", "repack"])
+@pytest.mark.parametrize("variant", ["tiled", "splitk3", "tma", "repack", "repack-splitk3"])
 def test_any_strides_give_the_right_result(variant, a_kind, b_kind, dtype, torch_device) -> None:
     m, n, k = 17, 33, 70
     a = _operand(a_kind, m, k, dtype, torch_device, 5)
