@@ -180,3 +180,21 @@ def _tma_kernel(a_desc, b_desc, c_desc, M, N, K,
             c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _pad_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_r, stride_c,
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """dst = src inside (rows, cols), 0 elsewhere in (dst_rows, dst_cols): one pass over both buffers.
+
+    The source rows may start anywhere (4099 fp16 values: odd byte offsets), so its loads are
+    narrow, but a warp's loads still cover contiguous bytes; the destination is row-major with
+    aligned rows, so its stores are wide.
+    """
+    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    inside = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
+    values = tl.load(src_ptr + offs_r[:, None].to(tl.int64) * stride_r + offs_c[None, :] * stride_c,
+                     mask=inside, other=0.0)
+    tl.store(dst_ptr + offs_r[:, None].to(tl.int64) * dst_cols + offs_c[None, :], values,
+             mask=(offs_r[:, None] < dst_rows) & (offs_c[None, :] < dst_cols))

@@ -31,7 +31,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._gemm_triton import _splitk_kernel, _tiled_kernel, _tma_kernel
+from ._gemm_triton import _pad_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
 from ._launch import DirectLaunch, LruCache
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, log_distance
 
@@ -349,16 +349,19 @@ def _launch_tma(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
         num_warps=config.num_warps, num_stages=config.num_stages)
 
 
-def _padded_rows(x: torch.Tensor, cols: int) -> torch.Tensor:
-    """A row-major copy of ``x`` with zero columns appended up to ``cols``.
+_PAD_BLOCK_R, _PAD_BLOCK_C = 16, 256
 
-    Writing the zeros and the copy into disjoint parts of one buffer moves each byte once;
-    ``torch.nn.functional.pad`` fills the whole buffer first, then copies over it.
+
+def _padded(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """A row-major (rows, cols) copy of ``x`` with zeros past its own rows and columns, in one launch.
+
+    ``torch.nn.functional.pad`` fills the whole buffer, then copies over it; this kernel reads each
+    source byte once and writes each destination byte once.
     """
-    rows, width = x.shape
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-    out[:, width:].zero_()
-    out[:, :width].copy_(x)
+    grid = (_cdiv(rows, _PAD_BLOCK_R), _cdiv(cols, _PAD_BLOCK_C))
+    _pad_kernel[grid](x, out, x.shape[0], x.shape[1], rows, cols, x.stride(0), x.stride(1),
+                      BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4)
     return out
 
 
@@ -375,15 +378,15 @@ def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     n = b.shape[1]
     k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
     launch = _launch_splitk if config["SPLIT_K"] > 1 else _launch_tiled
-    a_padded = _padded_rows(a, k_padded)
+    a_padded = _padded(a, m, k_padded)
     if b.stride(0) == 1 and b.stride(1) != 1:  # B = w.t(): pad w's rows (K) and keep B K-major
-        launch(config, a_padded, _padded_rows(b.t(), k_padded).t(), c)
+        launch(config, a_padded, _padded(b.t(), n, k_padded).t(), c)
         return
     # A row-major B is padded in N too, and C computed as wide: a vector across the edge of a
     # 257-column B would be misaligned (wrap_aligned), so the kernel would load B narrow.
     unit = 16 // b.element_size()
     n_padded = _cdiv(n, unit) * unit
-    b_padded = torch.nn.functional.pad(b, (0, n_padded - n, 0, k_padded - k)).contiguous()
+    b_padded = _padded(b, k_padded, n_padded)
     if n_padded == n:
         launch(config, a_padded, b_padded, c)
         return

@@ -365,3 +365,12 @@ def test_operands_on_different_devices_are_a_value_error() -> None:
     with pytest.raises(ValueError, match="move both to one device"):
         check_operands(torch.zeros(4, 4, dtype=torch.float16),
                        torch.zeros(4, 4, dtype=torch.float16, device="cuda"))
+
+
+@pytest.mark.parametrize("kind", ["row-major", "transposed", "row-slice"])
+def test_padding_copy_keeps_values_and_zero_fills_the_rest(kind, torch_device) -> None:
+    x = _operand(kind, 5, 7, "fp16", torch_device, 9)
+    padded = gemm._padded(x, 6, 16)
+    assert padded.shape == (6, 16) and padded.is_contiguous()
+    assert torch.equal(padded[:5, :7].cpu(), x.cpu())
+    assert not padded[5:].any() and not padded[:, 7:].any()
