@@ -356,12 +356,16 @@ def _padded(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """A row-major (rows, cols) copy of ``x`` with zeros past its own rows and columns, in one launch.
 
     ``torch.nn.functional.pad`` fills the whole buffer, then copies over it; this kernel reads each
-    source byte once and writes each destination byte once.
+    source byte once and writes each destination byte once. Launched directly (kernels/_launch.py):
+    through Triton's path, the two copies of a repack cost ~60 us of host time per call, more than
+    the GPU's work on 3333x257x4099.
     """
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
-    grid = (_cdiv(rows, _PAD_BLOCK_R), _cdiv(cols, _PAD_BLOCK_C))
-    _pad_kernel[grid](x, out, x.shape[0], x.shape[1], rows, cols, x.stride(0), x.stride(1),
-                      BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4)
+    key = ("pad", x.device, x.dtype, *x.shape, *x.stride(), rows, cols, x.data_ptr() % 16)
+    launch = LAUNCHES.get_or_make(key, lambda: DirectLaunch(
+        _pad_kernel, (_cdiv(rows, _PAD_BLOCK_R), _cdiv(cols, _PAD_BLOCK_C)),
+        dict(BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4)))
+    launch(x, out, x.shape[0], x.shape[1], rows, cols, x.stride(0), x.stride(1))
     return out
 
 
@@ -373,26 +377,16 @@ def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     back to 2-byte loads that cannot be pipelined, and TMA refuses such strides. One padding copy per
     operand (zeros past K, which add nothing to the sum) costs a pass over A and B; the search
     weighs that against the faster kernel, copy included.
+
+    B is copied K-major, as ``w.t()`` of an (N, K_padded) weight, whatever its own layout: its
+    rows are then aligned whatever N is, and N is not the dimension its loads are wide along, so
+    the tiles' wrap at N = 257 costs nothing (wrap_aligned) and C is written in place.
     """
     m, k = a.shape
     n = b.shape[1]
     k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
     launch = _launch_splitk if config["SPLIT_K"] > 1 else _launch_tiled
-    a_padded = _padded(a, m, k_padded)
-    if b.stride(0) == 1 and b.stride(1) != 1:  # B = w.t(): pad w's rows (K) and keep B K-major
-        launch(config, a_padded, _padded(b.t(), n, k_padded).t(), c)
-        return
-    # A row-major B is padded in N too, and C computed as wide: a vector across the edge of a
-    # 257-column B would be misaligned (wrap_aligned), so the kernel would load B narrow.
-    unit = 16 // b.element_size()
-    n_padded = _cdiv(n, unit) * unit
-    b_padded = _padded(b, k_padded, n_padded)
-    if n_padded == n:
-        launch(config, a_padded, b_padded, c)
-        return
-    c_padded = torch.empty((m, n_padded), dtype=c.dtype, device=c.device)
-    launch(config, a_padded, b_padded, c_padded)
-    c.copy_(c_padded[:, :n])
+    launch(config, _padded(a, m, k_padded), _padded(b.t(), n, k_padded).t(), c)
 
 
 _LAUNCHERS = {"tiled": _launch_tiled, "splitk": _launch_splitk, "tma": _launch_tma, "repack": _launch_repack}
