@@ -191,10 +191,11 @@ def _pad_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_r, stri
     narrow, but a warp's loads still cover contiguous bytes; the destination is row-major with
     aligned rows, so its stores are wide.
     """
-    offs_r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    # 64-bit offsets: a column-major source steps rows * cols apart, past 2**31 on large operands.
+    offs_r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    offs_c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
     inside = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
-    values = tl.load(src_ptr + offs_r[:, None].to(tl.int64) * stride_r + offs_c[None, :] * stride_c,
+    values = tl.load(src_ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
                      mask=inside, other=0.0)
-    tl.store(dst_ptr + offs_r[:, None].to(tl.int64) * dst_cols + offs_c[None, :], values,
+    tl.store(dst_ptr + offs_r[:, None] * dst_cols + offs_c[None, :], values,
              mask=(offs_r[:, None] < dst_rows) & (offs_c[None, :] < dst_cols))
