@@ -357,8 +357,9 @@ def _padded(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
     ``torch.nn.functional.pad`` fills the whole buffer, then copies over it; this kernel reads each
     source byte once and writes each destination byte once. Launched directly (kernels/_launch.py):
-    through Triton's path, the two copies of a repack cost ~60 us of host time per call, more than
-    the GPU's work on 3333x257x4099.
+    a first repack that padded with torch and launched through Triton's path benchmarked at 0.13 ms
+    on 3333x257x4099, where its search had timed 0.075 ms: the host's time, not the GPU's
+    (docs/BENCHMARKS.md, seventh session).
     """
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     key = ("pad", x.device, x.dtype, *x.shape, *x.stride(), rows, cols, x.data_ptr() % 16)
