@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 from typing import Union
 
 ConfigValue = Union[int, str, bool]
+# The two ways a kernel is called, each with its own winner: see Record.mode.
+MODES = ("eager", "graph")
 Shape = tuple[int, int, int]
 
 
@@ -46,6 +48,9 @@ class Record:
     cuda_version: str  # "" on cpu
     trials: int
     created_at: datetime = field(default_factory=_utc_now)  # timezone-aware, UTC
+    # How the times were taken (docs/MODES.md): "eager" times the public call back to back, host time
+    # included; "graph" times its CUDA-graph replay. Records from before modes existed are "graph".
+    mode: str = "graph"
 
     def __post_init__(self) -> None:
         # Lists from JSON become tuples, and the dicts are copied so a caller's later edits cannot
@@ -58,11 +63,13 @@ class Record:
             raise ValueError(f"created_at {self.created_at.isoformat()} has no timezone; "
                              "pass an aware datetime such as datetime.now(timezone.utc)")
         object.__setattr__(self, "created_at", self.created_at.astimezone(timezone.utc))
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        """What the database keeps one record per: (device_name, kernel, problem_key)."""
-        return (self.device_name, self.kernel, self.problem_key)
+    def key(self) -> tuple[str, str, str, str]:
+        """What the database keeps one record per: (device_name, kernel, problem_key, mode)."""
+        return (self.device_name, self.kernel, self.problem_key, self.mode)
 
     @property
     def speedup(self) -> float | None:

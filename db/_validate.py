@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ._record import Record
+from ._record import MODES, Record
 
 DTYPES = ("fp16", "bf16", "fp32")
 LAYOUTS = ("nn", "nt", "tn", "tt")
@@ -108,7 +108,7 @@ _CHECKS: dict[str, Check] = {
     "shapes": _shapes, "config": _config, "time_ms": _measure, "tflops": _measure,
     "cublas_ms": _optional(_measure), "triton_config": _optional(_config),
     "triton_ms": _optional(_measure), "torch_version": _text, "triton_version": _text,
-    "cuda_version": _text, "trials": _count, "created_at": _timestamp,
+    "cuda_version": _text, "trials": _count, "created_at": _timestamp, "mode": _one_of(MODES),
 }
 
 

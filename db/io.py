@@ -2,7 +2,7 @@
 
 A document looks like::
 
-    {"schema": "triton-tuner/records", "schema_version": 1, "exported_at": "2025-...+00:00",
+    {"schema": "triton-tuner/records", "schema_version": 2, "exported_at": "2025-...+00:00",
      "devices": [{"name": ..., "alias": ..., "compute_capability": ..., "sm_count": ...}],
      "records": [{<every Record field>, "created_at": "2025-...+00:00"}, ...]}
 
@@ -30,7 +30,9 @@ from .store import Store, check_on_conflict
 _logger = logging.getLogger(__name__)
 
 SCHEMA = "triton-tuner/records"
-SCHEMA_VERSION = 1
+# 2: each record carries its dispatch "mode" ("eager" or "graph"); a version-1 record, which has none,
+# was timed as a graph replay sees it (do_bench, L2 flushed) and imports as "graph".
+SCHEMA_VERSION = 2
 # Enough problems to see the pattern without burying the advice at the end of the message.
 _PROBLEMS_SHOWN = 20
 
@@ -90,7 +92,10 @@ def load_document(source: Source, validate: Validator | None = None) -> list[Rec
     problems = _document_problems(document)
     if problems:
         raise ImportValidationError(name, problems)
-    records, problems = _parse_records(document["records"], validate)
+    raws = document["records"]
+    if document["schema_version"] == 1:
+        raws = [{"mode": "graph", **raw} if isinstance(raw, Mapping) else raw for raw in raws]
+    records, problems = _parse_records(raws, validate)
     if problems:
         raise ImportValidationError(name, problems)
     return records
@@ -153,7 +158,7 @@ def _parse_records(raws: list[Any], validate: Validator | None) -> tuple[list[Re
     """The records, and every problem with them (bad fields, duplicates, the caller's checks)."""
     records: list[Record] = []
     problems: list[str] = []
-    first_of: dict[tuple[str, str, str], int] = {}
+    first_of: dict[tuple[str, ...], int] = {}
     for index, raw in enumerate(raws):
         where = _location(index, raw)
         if not isinstance(raw, Mapping):
@@ -162,7 +167,7 @@ def _parse_records(raws: list[Any], validate: Validator | None) -> tuple[list[Re
         found = record_problems(raw)
         key = _key_of(raw)
         if key is not None and key in first_of:
-            found.append(f"same device_name, kernel and problem_key as record {first_of[key]}; "
+            found.append(f"same device_name, kernel, problem_key and mode as record {first_of[key]}; "
                          "keep one of them")
         elif key is not None:
             first_of[key] = index
@@ -184,8 +189,8 @@ def _caller_problems(record: Record, validate: Validator | None) -> list[str]:
     return []
 
 
-def _key_of(raw: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    key = (raw.get("device_name"), raw.get("kernel"), raw.get("problem_key"))
+def _key_of(raw: Mapping[str, Any]) -> tuple[str, ...] | None:
+    key = (raw.get("device_name"), raw.get("kernel"), raw.get("problem_key"), raw.get("mode"))
     return key if all(isinstance(part, str) for part in key) else None  # type: ignore[return-value]
 
 

@@ -51,8 +51,9 @@ class RecordModel(Base):
     """One row per (device_name, kernel, problem_key): the best config found for that problem."""
 
     __tablename__ = TABLE_NAME
-    __table_args__ = (UniqueConstraint("device_name", "kernel", "problem_key",
-                                       name="uq_tuner_records_device_kernel_problem"),)
+    # The schema is made and moved by alembic (db/migrations); keep these declarations in step with it.
+    __table_args__ = (UniqueConstraint("device_name", "kernel", "problem_key", "mode",
+                                       name="uq_tuner_records_device_kernel_problem_mode"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     device_name: Mapped[str] = mapped_column(String(255))
@@ -76,14 +77,15 @@ class RecordModel(Base):
     cuda_version: Mapped[str] = mapped_column(String(64))
     trials: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    mode: Mapped[str] = mapped_column(String(8), server_default="graph")
 
     @classmethod
-    def find(cls, session: Session, device_name: str, kernel: str, problem_key: str,
+    def find(cls, session: Session, device_name: str, kernel: str, problem_key: str, mode: str = "graph",
              *, for_update: bool = False) -> RecordModel | None:
-        """The row for this problem, or None; ``for_update`` locks it (where the backend can) so
-        a concurrent writer cannot slip a change between our read and our write."""
+        """The row for this problem and mode, or None; ``for_update`` locks it (where the backend
+        can) so a concurrent writer cannot slip a change between our read and our write."""
         query = select(cls).where(cls.device_name == device_name, cls.kernel == kernel,
-                                  cls.problem_key == problem_key)
+                                  cls.problem_key == problem_key, cls.mode == mode)
         if for_update:
             query = query.with_for_update()
         return session.scalars(query).one_or_none()
@@ -93,7 +95,7 @@ class RecordModel(Base):
                  kernel: str | None = None) -> Sequence[RecordModel]:
         """Rows matching the filters, ordered by kernel, problem_key (then device, for stability)."""
         query = select(cls).where(*cls._filters(device, kernel))
-        return session.scalars(query.order_by(cls.kernel, cls.problem_key, cls.device_name)).all()
+        return session.scalars(query.order_by(cls.kernel, cls.problem_key, cls.device_name, cls.mode)).all()
 
     @classmethod
     def devices(cls, session: Session) -> list[tuple[str, str]]:
@@ -141,7 +143,7 @@ class RecordModel(Base):
             triton_config=None if self.triton_config_json is None else json.loads(self.triton_config_json),
             triton_ms=self.triton_ms, torch_version=self.torch_version,
             triton_version=self.triton_version, cuda_version=self.cuda_version,
-            trials=self.trials, created_at=self.created_at,
+            trials=self.trials, created_at=self.created_at, mode=self.mode,
         )
 
 
@@ -157,5 +159,5 @@ def _columns_of(record: Record) -> dict[str, Any]:
         "triton_config_json": None if record.triton_config is None else json.dumps(record.triton_config),
         "triton_ms": record.triton_ms, "torch_version": record.torch_version,
         "triton_version": record.triton_version, "cuda_version": record.cuda_version,
-        "trials": record.trials, "created_at": record.created_at,
+        "trials": record.trials, "created_at": record.created_at, "mode": record.mode,
     }

@@ -22,13 +22,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy import Engine, create_engine, event, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from . import _migrate
 from ._record import ImportSummary, Record
-from .models import TABLE_NAME, Base, RecordModel
+from .models import TABLE_NAME, RecordModel
 
 _logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class Store:
         self._sqlite_file = _sqlite_file(self._url)
         self._writer = self._engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
         self._has_table = False
+        self._legacy = False  # a table from before modes (schema 0001), read as "graph" records
         if create:
             self._create_tables()
 
@@ -157,13 +159,16 @@ class Store:
 
     # Reads --------------------------------------------------------------------------------------
 
-    def get(self, device_name: str, kernel: str, problem_key: str) -> Record | None:
-        """The record for exactly this problem on this device (canonical name), or None."""
+    def get(self, device_name: str, kernel: str, problem_key: str, mode: str = "graph") -> Record | None:
+        """The record for exactly this problem and mode on this device (canonical name), or None."""
         if not self._readable():
             return None
+        if self._legacy:
+            found = [r for r in self.records(device_name, kernel) if r.problem_key == problem_key and r.mode == mode]
+            return found[0] if found else None
 
         def work(session: Session) -> Record | None:
-            model = RecordModel.find(session, device_name, kernel, problem_key)
+            model = RecordModel.find(session, device_name, kernel, problem_key, mode)
             return None if model is None else model.to_record()
 
         return self._transaction(work, write=False)
@@ -173,6 +178,8 @@ class Store:
         kernel, then problem_key."""
         if not self._readable():
             return []
+        if self._legacy:
+            return self._transaction(lambda session: _legacy_records(session, device, kernel), write=False)
         return self._transaction(
             lambda session: [m.to_record() for m in RecordModel.find_all(session, device, kernel)],
             write=False)
@@ -233,24 +240,44 @@ class Store:
     # Tables -------------------------------------------------------------------------------------
 
     def _create_tables(self) -> None:
-        """Create our table if it is missing (concurrent creators queue on the write lock)."""
+        """Create our tables, or migrate them to this code's schema (concurrent creators queue on the
+        write lock); a database written by a newer release is refused."""
         if self._sqlite_file is not None:
             try:
                 self._sqlite_file.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create the folder of database {_shown(self._url)}: {exc}; "
                                  "pass a URL (TUNER_DB or --db) in a writable place") from exc
-        self._transaction(lambda session: Base.metadata.create_all(session.connection()), write=True)
+        try:
+            self._transaction(lambda session: _migrate.upgrade(session.connection(), _shown(self._url)),
+                              write=True)
+        except _migrate.SchemaError as exc:
+            raise StoreError(str(exc)) from exc
         self._has_table = True
 
     def _readable(self) -> bool:
-        """Whether our table exists; checked without creating a SQLite file that is not there."""
+        """Whether our table exists; checked without creating a SQLite file that is not there.
+
+        A read-only store reads an older schema as it is (records of schema 0001 read as "graph"
+        records) and leaves migrating to a store that writes; a newer schema is refused."""
         if self._has_table:
             return True
         if self._sqlite_file is not None and not self._sqlite_file.exists():
             return False
-        self._has_table = self._transaction(
-            lambda session: inspect(session.connection()).has_table(TABLE_NAME), write=False)
+
+        def inspect_schema(session: Session) -> tuple[bool, bool]:
+            connection = session.connection()
+            revision = _migrate.revision_of(connection)
+            _migrate.check_known(revision, _shown(self._url))
+            if not inspect(connection).has_table(TABLE_NAME):
+                return False, False
+            columns = {column["name"] for column in inspect(connection).get_columns(TABLE_NAME)}
+            return True, "mode" not in columns
+
+        try:
+            self._has_table, self._legacy = self._transaction(inspect_schema, write=False)
+        except _migrate.SchemaError as exc:
+            raise StoreError(str(exc)) from exc
         return self._has_table
 
     def _require_table(self) -> None:
@@ -268,7 +295,7 @@ def check_on_conflict(on_conflict: str) -> None:
 
 def _put(session: Session, record: Record, on_conflict: str) -> Outcome:
     """Insert ``record`` or settle its conflict with the stored one; returns what happened."""
-    stored = RecordModel.find(session, record.device_name, record.kernel, record.problem_key,
+    stored = RecordModel.find(session, record.device_name, record.kernel, record.problem_key, record.mode,
                               for_update=True)
     if stored is None:
         session.add(RecordModel.from_record(record))
@@ -282,6 +309,16 @@ def _put(session: Session, record: Record, on_conflict: str) -> Outcome:
         stored.overwrite(record)
         return "replaced"
     return "kept"
+
+
+def _legacy_records(session: Session, device: str | None, kernel: str | None) -> list[Record]:
+    """Records of a schema-0001 table (no mode column), read without migrating it: all "graph"."""
+    attributes = [attribute for attribute in inspect(RecordModel).column_attrs if attribute.key != "mode"]
+    query = select(*[attribute.columns[0] for attribute in attributes]).where(*RecordModel._filters(device, kernel))
+    rows = session.execute(query.order_by(RecordModel.kernel, RecordModel.problem_key, RecordModel.device_name))
+    return [RecordModel(**{attribute.key: row[index] for index, attribute in enumerate(attributes)},
+                        mode="graph").to_record()
+            for row in rows]
 
 
 def _make_engine(url: str, *, wal: bool) -> Engine:

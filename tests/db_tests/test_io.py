@@ -62,7 +62,7 @@ def test_export_is_stable_apart_from_its_timestamp(store: Store, tmp_path: Path)
     export_records(store, tmp_path / "a.json")
     export_records(store, tmp_path / "b.json")
     a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
-    assert a["schema_version"] == SCHEMA_VERSION == 1
+    assert a["schema_version"] == SCHEMA_VERSION == 2
     assert {**a, "exported_at": ""} == {**b, "exported_at": ""}
 
 
@@ -140,7 +140,7 @@ BREAKAGES: dict[str, tuple[Callable[[dict], None] | str, str]] = {
     "bad_created_at": (_set("created_at", "yesterday"), "created_at must be an ISO 8601 time"),
     "naive_created_at": (_set("created_at", "2025-01-01T00:00:00"), "has no zone"),
     "empty_kernel": (_set("kernel", ""), "kernel must be a non-empty string"),
-    "duplicate_keys": (_duplicate, "same device_name, kernel and problem_key as record 0"),
+    "duplicate_keys": (_duplicate, "same device_name, kernel, problem_key and mode as record 0"),
     "validator_rejects_kernel": (_set("kernel", "conv2d"), "unknown kernel 'conv2d'"),
     "validator_rejects_config": (_set("config", {"BLOCK_M": 7}), "BLOCK_M=7 is outside"),
 }
