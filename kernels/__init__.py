@@ -14,6 +14,8 @@ import torch
 from ._device import CPU, current_device, interpreter_enabled, resolve_device
 from ._spec import BASELINE, Config, is_baseline, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, parse_shape
 from .dispatch import DISPATCHER, Choice
+from . import _modes, _plans
+from ._modes import EAGER, GRAPH, dispatch_mode
 from . import grouped
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
 from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_with
@@ -25,8 +27,10 @@ __all__ = [
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
     "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul",
     "grouped_matmul_with", "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape",
-    "resolve_device", "use_database", "validate_record",
+    "resolve_device", "use_database", "validate_record", "dispatch_mode", "EAGER", "GRAPH", "MODES",
 ]
+
+MODES = _modes.MODES
 
 KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (MATMUL, GROUPED_MATMUL, MOE_MATMUL)}
 
@@ -43,15 +47,30 @@ def get_kernel(name: str) -> KernelSpec:
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B with the config tuned for this GPU and problem (nearest tuned, else a default)."""
+    """C = A @ B with the config tuned for this GPU, problem and dispatch mode (docs/MODES.md).
+
+    A repeated call signature (shapes, strides, dtypes, device, mode) costs one dict lookup before
+    its plan runs (kernels/_plans.py); the first one checks the operands and resolves the config.
+    """
+    try:
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, _modes.current(a.is_cuda))
+    except (AttributeError, TypeError):
+        check_operands(a, b)  # not tensors: raises the TypeError that says so
+        raise
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plan_matmul(key, a, b)
+    return plan(a, b, out)
+
+
+def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.Plan:
+    """The first call of a signature: check, resolve the config for its mode, build and keep the plan."""
     check_operands(a, b)
     if a.device.type == "cpu" and not _INTERPRETED:
-        return torch.matmul(a, b, out=out)  # no Triton on the CPU unless the interpreter is on
-    key = (a.device, a.dtype, a.shape[0], b.shape[1], a.shape[1], layout_letter(a), layout_letter(b))
-    config = DISPATCHER.cached(key)
-    if config is None:
-        config = DISPATCHER.resolve(key, MATMUL, MATMUL.problem_of(a, b), current_device(a.device))
-    return _run_checked(config, a, b, out)
+        config = BASELINE  # no Triton on the CPU unless the interpreter is on
+    else:
+        config = DISPATCHER.resolve(key, MATMUL, MATMUL.problem_of(a, b), current_device(a.device), key[-1])
+    return _plans.put(key, _plans.build(config, a, b))
 
 
 def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -61,16 +80,17 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
     pointer table and output layout in one lookup; new operands pay one checked pass to build them.
     """
     pairs = grouped.signature(As, Bs)
-    launch = grouped.CALLS.get(pairs, _MISSING) if pairs is not None else _MISSING
+    mode = _modes.current(pairs is not None and As[0].is_cuda)
+    launch = grouped.CALLS.get((pairs, mode), _MISSING) if pairs is not None else _MISSING
     if launch is _MISSING:
         problem = GROUPED_MATMUL.problem_of(As, Bs)  # the precise check, with messages
         device = As[0].device
         if device.type == "cpu" and not _INTERPRETED:
             return [torch.matmul(a, b) for a, b in zip(As, Bs)]
-        key = (device, problem)
-        config = DISPATCHER.cached(key) or DISPATCHER.resolve(key, GROUPED_MATMUL, problem, current_device(device))
+        key = (device, problem, mode)
+        config = DISPATCHER.cached(key) or DISPATCHER.resolve(key, GROUPED_MATMUL, problem, current_device(device), mode)
         launch = None if is_baseline(config) else grouped.prepare(config, pairs, device)
-        grouped.CALLS.put(pairs, launch)
+        grouped.CALLS.put((pairs, mode), launch)
     if launch is None:  # cuBLAS won this group
         return GROUPED_MATMUL.baseline((As, Bs))
     return launch(As[0])
@@ -92,17 +112,18 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
         moe.check_operands(x, w, offsets)
     if x.device.type == "cpu" and not _INTERPRETED:
         return moe.launch(BASELINE, x, w, offsets, out)
-    key = (x.device, x.dtype, x.shape[0], w.shape[0], w.shape[2], x.shape[1], moe.weight_layout(w))
+    key = (x.device, x.dtype, x.shape[0], w.shape[0], w.shape[2], x.shape[1], moe.weight_layout(w),
+           _modes.current(x.is_cuda))
     config = DISPATCHER.cached(key)
     if config is None:
-        problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[-1], *key[2:6])
-        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(x.device))
+        problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[6], *key[2:6])
+        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(x.device), key[-1])
     return moe.launch(config, x, w, offsets, out)
 
 
-def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None) -> Choice:
-    """Which config the dispatcher would use for ``problem`` and where it came from."""
-    return DISPATCHER.choose(get_kernel(kernel), problem, device or current_device())
+def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None, mode: str = EAGER) -> Choice:
+    """Which config the dispatcher would use for ``problem`` in ``mode`` and where it came from."""
+    return DISPATCHER.choose(get_kernel(kernel), problem, device or current_device(), mode)
 
 
 def validate_record(record: Any) -> None:
@@ -124,6 +145,7 @@ def clear_cache() -> None:
     """Forget loaded tables, e.g. after tuning in this process, and the ready launches; the next call
     reloads and rebuilds them."""
     DISPATCHER.clear()
+    _plans.clear()
     grouped.TABLES.clear()
     grouped.CALLS.clear()
     moe.LAUNCHES.clear()
@@ -133,4 +155,5 @@ def clear_cache() -> None:
 def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     """Read tuned configs from ``url`` (None: ``TUNER_DB`` or the default file) from now on."""
     DISPATCHER.configure(url, use_shipped)
+    _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -274,10 +275,27 @@ def _hint(unit: int, size: int, *tensors: torch.Tensor) -> int:
 def _launch_tiled(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
     m, k = a.shape
     n = b.shape[1]
-    launch = LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: DirectLaunch(
-        _tiled_kernel, (_cdiv(m, config["BLOCK_M"]) * _cdiv(n, config["BLOCK_N"]),),
-        _constexprs(config, a, b, c)))
+    launch = LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: _tiled_launch(config, a, b, c))
     launch(a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+
+
+def _tiled_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> DirectLaunch:
+    grid = (_cdiv(a.shape[0], config["BLOCK_M"]) * _cdiv(b.shape[1], config["BLOCK_N"]),)
+    return DirectLaunch(_tiled_kernel, grid, _constexprs(config, a, b, c))
+
+
+def direct_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
+                  ) -> tuple[DirectLaunch, Callable[[], tuple[torch.Tensor, torch.Tensor]] | None]:
+    """A tiled or split-K launch for operands like these (a call plan keeps it, kernels/_plans.py),
+    and for split-K the function that hands out its workspace; the runtime arguments are the caller's."""
+    if config["VARIANT"] == "tiled":
+        return _tiled_launch(config, a, b, c), None
+    m, n = a.shape[0], b.shape[1]
+    bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]
+    tiles = _cdiv(m, bm) * _cdiv(n, bn)
+    device, partial_elems = a.device, tiles * split * bm * bn
+    launch = DirectLaunch(_splitk_kernel, (tiles, split), _constexprs(config, a, b, c, SPLIT_K=split))
+    return launch, lambda: _WORKSPACE.get(device, partial_elems, tiles)
 
 
 class _SplitKWorkspace:

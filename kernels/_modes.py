@@ -1,0 +1,75 @@
+"""Two ways to be called, each with its own tuned winner (docs/MODES.md).
+
+- ``eager``: a Python loop calls the kernel; each call pays its host time, and a call costs
+  max(host, GPU) as the caller sees it.
+- ``graph``: the call is captured in a CUDA graph and replayed (vLLM/SGLang decode,
+  ``torch.compile(mode="reduce-overhead")``); host time vanishes and only GPU time counts.
+
+Dispatch picks the graph winner while the current CUDA stream is capturing, the eager winner
+otherwise. ``dispatch_mode("graph")`` (a context manager, per thread) or ``KERNELS_MODE=graph`` (the
+environment, read at import) force one; the context manager wins over the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+import torch
+
+EAGER = "eager"
+GRAPH = "graph"
+MODES = (EAGER, GRAPH)
+
+_ENV = "KERNELS_MODE"
+
+
+def _mode_from_env() -> str | None:
+    value = os.environ.get(_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return None
+    if value not in MODES:
+        raise ValueError(f"{_ENV}={value!r} is not a dispatch mode; set it to eager, graph or auto (or unset it)")
+    return value
+
+
+ENV_MODE = _mode_from_env()
+_LOCAL = threading.local()
+
+
+def _cuda_capturing() -> bool:
+    # torch.cuda.is_current_stream_capturing() without its Python wrapper: this runs on every call.
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
+# The capture check; tests on a machine without CUDA replace it with a stand-in (and say so).
+capturing = _cuda_capturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") else (lambda: False)
+
+
+def forced() -> str | None:
+    """The mode forced by ``dispatch_mode`` on this thread, else by ``KERNELS_MODE``, else None."""
+    mode = getattr(_LOCAL, "mode", None) or ENV_MODE
+    return None if mode == "auto" else mode
+
+
+def current(on_cuda: bool) -> str:
+    """The mode of a call whose operands are (``on_cuda``) or are not on a CUDA device."""
+    mode = getattr(_LOCAL, "mode", None) or ENV_MODE
+    if mode is not None and mode != "auto":
+        return mode
+    return GRAPH if on_cuda and capturing() else EAGER
+
+
+@contextlib.contextmanager
+def dispatch_mode(mode: str) -> Iterator[None]:
+    """Within the block, calls on this thread get ``mode``'s winners ("eager", "graph" or "auto")."""
+    if mode not in MODES + ("auto",):
+        raise ValueError(f"dispatch mode {mode!r} is not one of eager, graph, auto")
+    before = getattr(_LOCAL, "mode", None)
+    _LOCAL.mode = mode  # "auto" is kept as such: it overrides KERNELS_MODE too
+    try:
+        yield
+    finally:
+        _LOCAL.mode = before

@@ -1,0 +1,142 @@
+"""A plan per matmul call signature: what a repeated call needs, resolved once.
+
+The first call with a signature (shapes, strides, dtypes, device, dispatch mode) checks the operands,
+asks the dispatcher for the config and builds a plan; every later call is one dict lookup and the
+plan's own few steps. A plan for a tiled or split-K config allocates C and launches the compiled
+kernel directly (kernels/_launch.py); a cuBLAS plan calls ``torch.mm``; the other variants go
+through their launchers. Whatever a plan cannot vouch for on a given call (an ``out`` tensor, a
+pointer whose 16-byte alignment differs from the first call's, empty sizes) takes the checked path.
+
+``pinned`` installs a plan for one config: the tuner times the public call with it (tuner/timing.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
+
+import torch
+
+from . import gemm
+from ._modes import MODES
+from ._spec import BASELINE, Config, is_baseline
+
+Plan = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+_PLANS: dict[Hashable, Plan] = {}
+_LOCK = threading.Lock()
+
+
+def signature(a: torch.Tensor, b: torch.Tensor, mode: str) -> tuple:
+    """The plan key of a call: everything a plan depends on but the data's addresses."""
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, mode)
+
+
+def get(key: Hashable) -> Plan | None:
+    return _PLANS.get(key)
+
+
+def put(key: Hashable, plan: Plan) -> Plan:
+    with _LOCK:
+        if len(_PLANS) >= _CAPACITY:  # a workload of ever-new shapes must not grow memory for ever
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def clear() -> None:
+    with _LOCK:
+        _PLANS.clear()
+
+
+# Distinct call signatures kept; a model has a few hundred GEMM signatures per dtype and batch bucket.
+_CAPACITY = 4096
+
+
+class _Checked:
+    """Any config, through the checked launcher (``gemm._run_checked``): TMA, repack, odd calls."""
+
+    __slots__ = ("config",)
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        return gemm._run_checked(self.config, a, b, out)
+
+
+class _Cublas:
+    """The baseline: ``torch.mm`` (what ``torch.matmul`` runs for 2-D operands, a step sooner)."""
+
+    __slots__ = ()
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        if out is None:
+            return torch.mm(a, b)
+        return gemm._run_checked(BASELINE, a, b, out)
+
+
+class _Direct:
+    """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done."""
+
+    __slots__ = ("config", "launch", "args", "c_shape", "dtype", "device", "workspace")
+
+    def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor) -> None:
+        m, k = a.shape
+        n = b.shape[1]
+        self.config, self.c_shape, self.dtype, self.device = config, (m, n), a.dtype, a.device
+        c = torch.empty(self.c_shape, dtype=a.dtype, device=a.device)
+        self.launch, self.workspace = gemm.direct_launch(config, a, b, c)
+        self.args = (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        if out is not None or (a.data_ptr() | b.data_ptr()) & 15:
+            return gemm._run_checked(self.config, a, b, out)
+        c = torch.empty(self.c_shape, dtype=self.dtype, device=self.device)
+        if self.workspace is None:
+            self.launch(a, b, c, *self.args)
+        else:
+            partial, arrivals = self.workspace()
+            self.launch(a, b, c, partial, arrivals, *self.args)
+        return c
+
+
+_CUBLAS = _Cublas()
+
+
+def build(config: Config, a: torch.Tensor, b: torch.Tensor) -> Plan:
+    """The plan for ``config`` on operands like ``a`` and ``b`` (already checked)."""
+    if is_baseline(config):
+        return _CUBLAS
+    m, k = a.shape
+    n = b.shape[1]
+    direct = (config.get("VARIANT", "tiled") in ("tiled", "splitk") and a.is_cuda and min(m, n, k) > 0
+              and not (a.data_ptr() | b.data_ptr()) & 15)
+    return _Direct(config, a, b) if direct else _Checked(config)
+
+
+@contextlib.contextmanager
+def pinned(config: Config, a: torch.Tensor, b: torch.Tensor) -> Iterator[None]:
+    """Within the block, ``kernels.matmul`` on operands shaped like ``a`` and ``b`` runs ``config``
+    in every mode: the public call, exactly as a user makes it, with the config forced."""
+    plan = build(config, a, b)
+    keys = [signature(a, b, mode) for mode in MODES]
+    saved = {key: _PLANS.get(key) for key in keys}
+    for key in keys:
+        _PLANS[key] = plan
+    try:
+        yield
+    finally:
+        with _LOCK:
+            for key, before in saved.items():
+                if before is None:
+                    _PLANS.pop(key, None)
+                else:
+                    _PLANS[key] = before
+
+
+def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:
+    """The plan a call would use now (for tests and ``explain``); None before the first call."""
+    return _PLANS.get(signature(a, b, mode))
