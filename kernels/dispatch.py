@@ -202,8 +202,10 @@ def _untuned_matmul(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
     says it will beat cuBLAS here, else cuBLAS (the user's torch.matmul, never worse than it)."""
     best: tuple[float, str, Config] | None = None
     for (key, entry_mode), entry in table.items():
-        if entry_mode != mode and not (mode == EAGER and entry_mode == GRAPH and _carries_to_eager(entry)):
-            continue
+        if entry_mode != mode:
+            # Eager may learn from a graph record, where that problem has no eager record of its own.
+            if not (mode == EAGER and (key, EAGER) not in table and _carries_to_eager(entry)):
+                continue
         if is_baseline(entry.config) or entry.time_ms is None or entry.cublas_ms is None:
             continue
         if entry.time_ms * (1 + UNTUNED_WIN_MARGIN) > entry.cublas_ms:

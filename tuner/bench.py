@@ -1,9 +1,10 @@
-"""Check and time one config of one kernel on one problem.
+"""Check and time one config of one kernel on one problem, in both dispatch modes.
 
 Every candidate runs on fresh random inputs and is compared with a float32 reference before it is
 timed; outputs are poisoned with NaN when released, so a kernel that writes nothing cannot pass on a
-previous candidate's result left in recycled memory. Times are the median of
-``triton.testing.do_bench`` with L2 flushed; under the interpreter on CPU, a wall clock stands in.
+previous candidate's result left in recycled memory. Each candidate gets two times (tuner/timing.py):
+``graph`` (a CUDA-graph replay, L2 flushed: the search's objective) and ``eager`` (the public call
+back to back, host time included). Under the interpreter on CPU, a wall clock stands in for both.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 import torch
 
-from kernels import Config, DeviceInfo, KernelSpec, Problem, is_baseline
+from kernels import EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem, is_baseline
+
+from . import timing
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,8 @@ log = logging.getLogger(__name__)
 TOLERANCE = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 5e-3}
 
 Timer = Callable[[Callable[[], Any]], float]
+# Times a call over rotating inputs: (call(inputs), [inputs, ...]) -> ms per call.
+EagerTimer = Callable[[Callable[[tuple], Any], Sequence[tuple]], float]
 
 # A candidate whose quick time is this much slower than the best so far gets no full timing. Quick
 # medians of one kernel spread by a few percent on the H100; 10% leaves no doubt that it loses.
@@ -41,7 +46,8 @@ class Measurement:
     """What one candidate did: ``ok`` with a time, or why not."""
 
     status: str  # "ok", "invalid", "compile_error", "wrong_result", "error"
-    time_ms: float | None = None
+    time_ms: float | None = None  # the graph-mode time: the search's objective
+    eager_ms: float | None = None  # the eager-mode time; None when timed only briefly
     rel_error: float | None = None
     reason: str = ""
     early_stopped: bool = False  # timed only briefly: clearly slower than the best so far
@@ -52,17 +58,18 @@ class Measurement:
 
 
 def gpu_timer(fn: Callable[[], Any]) -> float:
-    """Median milliseconds of ``fn`` by CUDA events with L2 flushed between runs."""
-    import triton.testing
-
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    """Median milliseconds of ``fn`` replayed from a CUDA graph, L2 flushed between runs."""
+    return timing.graph_ms(fn)
 
 
 def quick_gpu_timer(fn: Callable[[], Any]) -> float:
     """A first, rough median (about 15 ms of runs instead of 125) to weed out clearly slow candidates."""
-    import triton.testing
+    return timing.graph_ms(fn, timing.QUICK_MS)
 
-    return float(triton.testing.do_bench(fn, warmup=5, rep=10, return_mode="median"))
+
+def wall_eager_timer(call: Callable[[tuple], Any], inputs: Sequence[tuple]) -> float:
+    """Stand-in for the eager timer under the interpreter: wall-clock ms of one call per input set."""
+    return wall_timer(lambda: call(inputs[0]))
 
 
 def wall_timer(fn: Callable[[], Any], repeats: int = 3) -> float:
@@ -77,6 +84,10 @@ def wall_timer(fn: Callable[[], Any], repeats: int = 3) -> float:
 
 def default_timer(device: DeviceInfo) -> Timer:
     return wall_timer if device.is_cpu else gpu_timer
+
+
+def default_eager_timer(device: DeviceInfo) -> EagerTimer:
+    return wall_eager_timer if device.is_cpu else timing.eager_ms
 
 
 def default_quick_timer(device: DeviceInfo) -> Timer | None:
@@ -127,12 +138,17 @@ class Bench:
     """Measures configs of one kernel on one problem, on fresh inputs each time."""
 
     def __init__(self, spec: KernelSpec, problem: Problem, device: DeviceInfo,
-                 timer: Timer | None = None, seed: int = 0, quick_timer: Timer | None = None) -> None:
+                 timer: Timer | None = None, seed: int = 0, quick_timer: Timer | None = None,
+                 eager_timer: EagerTimer | None = None) -> None:
         self.spec = spec
         self.problem = problem
         self.device = device
         self.timer = timer or default_timer(device)
         self.quick_timer = quick_timer or (None if timer else default_quick_timer(device))
+        # A test's graph timer without an eager one: the eager time is that timer's, one call at a time.
+        self.eager_timer = eager_timer or (
+            (lambda call, inputs: self.timer(lambda: call(inputs[0]))) if timer else default_eager_timer(device))
+        self._rotation: list[tuple] | None = None
         self.tolerance = TOLERANCE[problem.dtype]
         self._torch_device = torch_device_of(device)
         self._seed = seed
@@ -140,6 +156,34 @@ class Bench:
     def _fresh_inputs(self) -> tuple:
         self._seed += 1
         return self.spec.make_inputs(self.problem, self._torch_device, self._seed)
+
+    def rotation(self) -> list[tuple]:
+        """Input sets that the eager timing cycles through (made once per problem, then shared)."""
+        if self._rotation is None:
+            count = 1 if self.device.is_cpu else timing.rotation_size(
+                self.problem, 4 if self.problem.dtype == "fp32" else 2, timing.l2_bytes())
+            self._rotation = [self._fresh_inputs() for _ in range(count)]
+        return self._rotation
+
+    def release(self) -> None:
+        """Free the rotating inputs (GPU memory) once the problem is done."""
+        self._rotation = None
+
+    def time(self, config: Config, mode: str, inputs: tuple | None = None) -> float:
+        """ms of ``config`` (or the baseline) in ``mode``: graph, or eager through the public call."""
+        if mode == GRAPH:
+            inputs = inputs if inputs is not None else self._fresh_inputs()
+            return self.timer(lambda: self.spec.execute(config, inputs))
+        rotation = self.rotation()
+        with timing.public_call(self.spec, config, rotation[0]) as call:
+            return self.eager_timer(call, rotation)
+
+    def baseline_time(self, mode: str, inputs: tuple | None = None) -> float:
+        """ms of what the user has without us (torch.matmul, a loop of it) in ``mode``."""
+        if mode == GRAPH:
+            inputs = inputs if inputs is not None else self._fresh_inputs()
+            return self.timer(lambda: self.spec.baseline(inputs))
+        return self.eager_timer(self.spec.baseline, self.rotation())
 
     def check(self, config: Config, inputs: tuple | None = None) -> float:
         """Relative error of ``config`` against the reference on fresh inputs."""
@@ -172,19 +216,19 @@ class Bench:
                 quick = self.quick_timer(run)
                 if quick > incumbent_ms * (1 + EARLY_STOP_MARGIN):
                     return Measurement("ok", time_ms=quick, rel_error=error, early_stopped=True)
-            return Measurement("ok", time_ms=self.timer(run), rel_error=error)
+            graph = self.timer(run)
+            return Measurement("ok", time_ms=graph, eager_ms=self.time(config, EAGER), rel_error=error)
         except Exception as exc:  # a candidate may fail in any way; the search goes on
             return Measurement(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}")
 
-    def baseline_ms(self) -> float:
+    def baseline_ms(self, mode: str = GRAPH) -> float:
         """Time of what the user has without us (torch.matmul, or a loop of it) in the same run."""
-        inputs = self._fresh_inputs()
-        self.spec.baseline(inputs)
-        return self.timer(lambda: self.spec.baseline(inputs))
+        return self.baseline_time(mode)
 
-    def contest(self, configs: Sequence[Config], rounds: int = HEAD_TO_HEAD_ROUNDS) -> tuple[list[float], float]:
-        """(each config's ms, baseline ms): medians of timings taken in turn, round after round, on the
-        same inputs.
+    def contest(self, configs: Sequence[Config], rounds: int = HEAD_TO_HEAD_ROUNDS,
+                mode: str = GRAPH) -> tuple[list[float], float]:
+        """(each config's ms, baseline ms) in ``mode``: medians of timings taken in turn, round after
+        round, on the same inputs.
 
         The search timed its finalists minutes apart, once each; deciding between them and cuBLAS on
         timings taken side by side removes the drift between those moments from the decision.
@@ -194,8 +238,8 @@ class Bench:
         theirs = []
         for _ in range(rounds):
             for config, times in zip(configs, ours):
-                times.append(self.timer(lambda: self.spec.execute(config, inputs)))
-            theirs.append(self.timer(lambda: self.spec.baseline(inputs)))
+                times.append(self.time(config, mode, inputs))
+            theirs.append(self.baseline_time(mode, inputs))
         return [sorted(times)[rounds // 2] for times in ours], sorted(theirs)[rounds // 2]
 
 

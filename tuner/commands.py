@@ -89,7 +89,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                     failed.append(problem)
                     print(f"  no winner: {exc}", flush=True)
                     continue
-                print(f"  winner: {_winner_text(record)}", flush=True)
+                print(f"  graph winner: {_winner_text(record)}", flush=True)
+                eager = store.get(record.device_name, record.kernel, record.problem_key, "eager")
+                if eager is not None:
+                    print(f"  eager winner: {_winner_text(eager)}", flush=True)
         finally:
             if pool:
                 pool.close()
@@ -153,9 +156,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no tuned problems" + (f" for {args.device}" if args.device else "")
               + "; run `python -m tuner search` first")
         return 0
-    rows = [("device", "kernel", "problem", "ms", "TFLOP/s", "cuBLAS ms", "speed-up", "trials", "config")]
+    rows = [("device", "kernel", "problem", "mode", "ms", "TFLOP/s", "cuBLAS ms", "speed-up", "trials", "config")]
     for r in records:
-        rows.append((r.device_alias, r.kernel, _short_key(r.problem_key, len(r.shapes)), f"{r.time_ms:.4f}", f"{r.tflops:.1f}",
+        rows.append((r.device_alias, r.kernel, _short_key(r.problem_key, len(r.shapes)), r.mode,
+                     f"{r.time_ms:.4f}", f"{r.tflops:.1f}",
                      f"{r.cublas_ms:.4f}" if r.cublas_ms else "-", f"{r.speedup:.2f}x" if r.speedup else "-",
                      str(r.trials), str(kernels.Config.from_dict(r.config))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]

@@ -276,13 +276,17 @@ def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: st
                                                         checked_error=checked_error)
 
 
-def _baseline_in_worker(kernel: str, problem_key: str, seed: int) -> float:
-    return _bench_of(kernel, problem_key, seed).baseline_ms()
+def _baseline_in_worker(kernel: str, problem_key: str, seed: int, mode: str = "graph") -> float:
+    return _bench_of(kernel, problem_key, seed).baseline_ms(mode)
 
 
-def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: list[str]
+def _time_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, mode: str) -> float:
+    return _bench_of(kernel, problem_key, seed).time(Config.parse(config_text), mode)
+
+
+def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: list[str], mode: str = "graph"
                        ) -> tuple[list[float], float]:
-    return _bench_of(kernel, problem_key, seed).contest([Config.parse(text) for text in config_texts])
+    return _bench_of(kernel, problem_key, seed).contest([Config.parse(text) for text in config_texts], mode=mode)
 
 
 class TimingWorker:
@@ -351,8 +355,11 @@ class IsolatedBench:
             status = "timeout" if "no result" in str(exc) else "crashed"
             return Measurement(status, reason=f"while checked and timed: {exc}")
 
-    def baseline_ms(self) -> float:
-        return self._call(_baseline_in_worker)
+    def baseline_ms(self, mode: str = "graph") -> float:
+        return self._call(_baseline_in_worker, mode)
 
-    def contest(self, configs: list[Config]) -> tuple[list[float], float]:
-        return self._call(_contest_in_worker, [str(config) for config in configs])
+    def time(self, config: Config, mode: str) -> float:
+        return self._call(_time_in_worker, str(config), mode)
+
+    def contest(self, configs: list[Config], mode: str = "graph") -> tuple[list[float], float]:
+        return self._call(_contest_in_worker, [str(config) for config in configs], mode)

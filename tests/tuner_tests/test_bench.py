@@ -92,9 +92,9 @@ def test_invalid_config_is_reported_without_running() -> None:
 def test_correct_config_is_checked_then_timed() -> None:
     timer = FakeTimer(ms=2.25)
     measurement = _bench(_torch_spec(lambda config, inputs: MATMUL.baseline(inputs)), timer).measure(GOOD)
-    assert measurement.ok and measurement.time_ms == 2.25
+    assert measurement.ok and measurement.time_ms == 2.25 and measurement.eager_ms == 2.25
     assert measurement.rel_error is not None and measurement.rel_error <= TOLERANCE["fp16"]
-    assert timer.calls == 1
+    assert timer.calls == 2  # graph, then eager: with no eager timer given, the test's timer stands in
 
 
 def test_real_kernel_passes_the_gate(torch_device) -> None:
@@ -166,8 +166,11 @@ def test_each_check_uses_fresh_inputs() -> None:
     bench = _bench(_torch_spec(run))
     bench.measure(GOOD)
     bench.measure(GOOD)
-    assert len(seen) == 4  # check + timing, twice
-    assert all(not torch.equal(seen[0], other) for other in seen[1:])
+    assert len(seen) == 6  # check, graph timing and eager timing, twice
+    fresh = [seen[i] for i in (0, 1, 3, 4)]
+    assert all(not torch.equal(fresh[0], other) for other in fresh[1:])
+    # The eager timing cycles through input sets made once per problem, shared by the candidates.
+    assert torch.equal(seen[2], seen[5]) and not torch.equal(seen[2], seen[0])
 
 
 def test_check_poisons_the_output_it_returned() -> None:

@@ -1,0 +1,161 @@
+"""Dispatch modes: the eager and graph winners of a problem, picked by whether the stream captures,
+by ``dispatch_mode`` or by KERNELS_MODE; and the policy for dense problems nobody tuned.
+
+There is no CUDA here, so "the stream is capturing" is a test double: ``kernels._modes.capturing`` is
+replaced by a function that says so. Everything else is real: SQLite files, the dispatcher, the
+kernels under the interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import kernels
+from db import Store
+from kernels import _modes, _plans
+from kernels._spec import BASELINE, Config, DeviceInfo, Problem, is_baseline
+from kernels.dispatch import Dispatcher
+from kernels.gemm import MATMUL
+
+from test_dispatch import SPLITK, TILED, WIDE, _inputs, launched, make_record  # noqa: F401 (fixture)
+
+# A GPU as the dispatcher sees it; choose() needs no GPU to run, only its name and limits.
+H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatch() -> Iterator[None]:
+    kernels.use_database(None)
+    yield
+    kernels.use_database(None)
+
+
+def _store(db_url: str, *records) -> None:
+    with Store(db_url) as store:
+        store.put_many(list(records), on_conflict="replace")
+
+
+def _problem(key: str) -> Problem:
+    return Problem.from_key("matmul", key)
+
+
+def _choose(db_url: str, key: str, mode: str, device: DeviceInfo = H100):
+    return Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem(key), device, mode)
+
+
+# --------------------------------------------------------------------------------------- mode selection
+
+def test_mode_is_eager_outside_a_capture_and_graph_inside(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_modes, "ENV_MODE", None)
+    monkeypatch.setattr(_modes, "capturing", lambda: False)
+    assert _modes.current(on_cuda=True) == "eager"
+    monkeypatch.setattr(_modes, "capturing", lambda: True)  # stand-in for a CUDA stream capture
+    assert _modes.current(on_cuda=True) == "graph"
+    assert _modes.current(on_cuda=False) == "eager", "CPU tensors are never captured"
+
+
+def test_dispatch_mode_overrides_the_capture_check_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_modes, "capturing", lambda: True)
+    monkeypatch.setattr(_modes, "ENV_MODE", "eager")
+    assert _modes.current(on_cuda=True) == "eager", "KERNELS_MODE=eager wins over the capture check"
+    with kernels.dispatch_mode("graph"):
+        assert _modes.current(on_cuda=False) == "graph"
+        with kernels.dispatch_mode("auto"):
+            assert _modes.current(on_cuda=True) == "graph", "auto: back to the capture check"
+        assert _modes.current(on_cuda=True) == "graph"
+    assert _modes.current(on_cuda=True) == "eager"
+    with pytest.raises(ValueError, match="eager, graph, auto"):
+        with kernels.dispatch_mode("fast"):
+            pass
+
+
+def test_environment_variable_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KERNELS_MODE", "graph")
+    assert _modes._mode_from_env() == "graph"
+    monkeypatch.setenv("KERNELS_MODE", "fastest")
+    with pytest.raises(ValueError, match="KERNELS_MODE='fastest'.*eager, graph or auto"):
+        _modes._mode_from_env()
+
+
+def test_each_mode_runs_its_own_winner_through_the_public_call(db_url, torch_device, launched,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    device = kernels.current_device(torch_device)
+    key = "fp16:nn:16x64x64"
+    _store(db_url, make_record(device, key, TILED, mode="eager"), make_record(device, key, WIDE, mode="graph"))
+    kernels.use_database(db_url, use_shipped=False)
+    a, b = _inputs(16, 64, 64, torch_device)
+    ref = a.double() @ b.double()
+    for mode, config in (("eager", TILED), ("graph", WIDE), ("eager", TILED)):
+        launched.clear()
+        with kernels.dispatch_mode(mode):
+            out = kernels.matmul(a, b)
+        assert (out.double() - ref).norm() <= 5e-3 * ref.norm()
+        if launched:  # the checked path reports its launches; a direct plan launches without it
+            assert launched[0][1] == config
+        plan = _plans.plan_of(a, b, mode)
+        assert getattr(plan, "config", None) == config
+    # Under a (stand-in) capture, with no mode forced, the graph winner is used.
+    monkeypatch.setattr(_modes, "ENV_MODE", None)
+    monkeypatch.setattr(_modes, "capturing", lambda: True)
+    monkeypatch.setattr(_modes, "current", lambda on_cuda: "graph")  # CPU tensors are never captured
+    kernels.matmul(a, b)
+    assert _plans.plan_of(a, b, "graph").config == WIDE
+
+
+# ------------------------------------------------------------------------------------------ exact records
+
+def test_an_exact_record_of_the_mode_asked_wins(db_url) -> None:
+    key = "fp16:nt:16x4096x4096"
+    _store(db_url, make_record(H100, key, TILED, mode="eager"), make_record(H100, key, SPLITK, mode="graph"))
+    assert _choose(db_url, key, "eager").config == TILED
+    assert _choose(db_url, key, "graph").config == SPLITK
+    assert _choose(db_url, key, "graph").record_mode == "graph"
+
+
+def test_eager_uses_a_graph_record_unless_its_host_cost_would_show(db_url) -> None:
+    tma = Config.from_dict({**TILED.as_dict(), "VARIANT": "tma", "NUM_SM": 132})
+    _store(db_url, make_record(H100, "fp16:nn:512x4096x4096", TILED, mode="graph"),
+           make_record(H100, "fp16:nn:64x4096x4096", tma, mode="graph", time_ms=0.02),
+           make_record(H100, "fp16:nn:8192x8192x8192", tma, mode="graph", time_ms=1.75))
+    chosen = _choose(db_url, "fp16:nn:512x4096x4096", "eager")
+    assert chosen.config == TILED and chosen.record_mode == "graph"
+    assert _choose(db_url, "fp16:nn:8192x8192x8192", "eager").config == tma, "1.75 ms of GPU hides the host"
+    small = _choose(db_url, "fp16:nn:64x4096x4096", "eager")
+    assert is_baseline(small.config), "a 20 us TMA call would show its descriptor-building host time"
+
+
+# ------------------------------------------------------------------------------------ untuned dense problems
+
+def test_a_gpu_with_no_records_gets_cublas_from_the_first_call(db_url) -> None:
+    for mode in ("eager", "graph"):
+        chosen = _choose(db_url, "bf16:nt:8x5120x5120", mode)
+        assert chosen.config == BASELINE and chosen.source.startswith("cublas")
+
+
+def test_untuned_problem_takes_a_near_record_only_where_it_beat_cublas_clearly(db_url) -> None:
+    _store(db_url,
+           make_record(H100, "fp16:nt:16x4096x4096", SPLITK, mode="graph", time_ms=0.020, cublas_ms=0.024),
+           make_record(H100, "fp16:nt:16x4096x4096", TILED, mode="eager", time_ms=0.023, cublas_ms=0.024))
+    near = "fp16:nt:32x4096x4096"
+    graph = _choose(db_url, near, "graph")
+    assert graph.config == SPLITK and graph.source == "nearest:fp16:nt:16x4096x4096"
+    assert is_baseline(_choose(db_url, near, "eager").config), "4% is within the noise: no evidence"
+    far = "fp16:nt:2048x4096x4096"  # 7 doublings of M away: the thin-M winner says nothing there
+    assert is_baseline(_choose(db_url, far, "graph").config)
+
+
+def test_untuned_problem_ignores_records_where_cublas_won(db_url) -> None:
+    _store(db_url, make_record(H100, "bf16:nt:128x8192x8192", BASELINE, mode="graph", time_ms=0.06, cublas_ms=0.06,
+                               triton_config=TILED.as_dict(), triton_ms=0.07))
+    assert is_baseline(_choose(db_url, "bf16:nt:128x8192x4096", "graph").config)
+
+
+def test_untuned_problem_skips_a_near_config_that_does_not_fit_it(db_url) -> None:
+    big = Config.from_dict({**TILED.as_dict(), "BLOCK_M": 128, "BLOCK_N": 128})
+    _store(db_url, make_record(H100, "fp16:nn:128x128x4096", big, mode="graph", time_ms=0.01, cublas_ms=0.02))
+    chosen = _choose(db_url, "fp16:nn:16x128x4096", "graph")  # BLOCK_M=128 > what 16 rows need
+    assert is_baseline(chosen.config)
