@@ -272,7 +272,8 @@ def _verdicts(study: optuna.Study, space: kernels.SearchSpace, problem: Problem)
             continue
         config_text = str(space.canonical(Config.parse(config_text), problem))
         if t.state == TrialState.COMPLETE:
-            verdict = Measurement("ok", time_ms=t.value, rel_error=t.user_attrs.get("rel_error"))
+            verdict = Measurement("ok", time_ms=t.value, eager_ms=t.user_attrs.get("eager_ms"),
+                                  rel_error=t.user_attrs.get("rel_error"))
         else:
             verdict = Measurement(t.user_attrs.get("status", "error"), reason=t.user_attrs.get("reason", ""))
         verdicts.setdefault(config_text, verdict)
@@ -282,22 +283,30 @@ def _verdicts(study: optuna.Study, space: kernels.SearchSpace, problem: Problem)
 def _verdict_of(measurement: Measurement) -> Measurement:
     """What a repeat of a measured config is told: its time or its failure, without the timing's flags."""
     if measurement.ok:
-        return Measurement("ok", time_ms=measurement.time_ms, rel_error=measurement.rel_error)
+        return Measurement("ok", time_ms=measurement.time_ms, eager_ms=measurement.eager_ms,
+                           rel_error=measurement.rel_error)
     return Measurement(measurement.status, reason=measurement.reason)
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) -> None:
-    trial.set_user_attr("status", measurement.status)
+def _tell_values(measurement: Measurement) -> dict[str, object]:
+    """The user attributes a trial keeps of its measurement (status, error, both modes' times)."""
+    attrs: dict[str, object] = {"status": measurement.status}
     if measurement.reason:
-        trial.set_user_attr("reason", measurement.reason)
+        attrs["reason"] = measurement.reason
     if measurement.rel_error is not None:
-        trial.set_user_attr("rel_error", measurement.rel_error)
+        attrs["rel_error"] = measurement.rel_error
     if measurement.early_stopped:
-        trial.set_user_attr("timing", "quick")
+        attrs["timing"] = "quick"
     if measurement.ok:
-        trial.set_user_attr("graph_ms", float(measurement.time_ms))
+        attrs["graph_ms"] = float(measurement.time_ms)
     if measurement.eager_ms is not None:
-        trial.set_user_attr("eager_ms", float(measurement.eager_ms))
+        attrs["eager_ms"] = float(measurement.eager_ms)
+    return attrs
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, measurement: Measurement) -> None:
+    for name, value in _tell_values(measurement).items():
+        trial.set_user_attr(name, value)
     if uses_constraints(study):
         trial.set_constraint("valid", 0.0)
     if measurement.ok:

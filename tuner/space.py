@@ -68,3 +68,9 @@ def config_of(params: dict[str, object], space: SearchSpace) -> Config:
         raw = params[param.name]
         values[param.name] = param.values[int(raw)] if is_ordinal(param) else raw
     return Config.from_dict(values)
+
+
+def distributions_of(space: SearchSpace) -> dict[str, optuna.distributions.BaseDistribution]:
+    """The distributions ``suggest_config`` draws from: for trials made outside a sampler (add_trial)."""
+    return {param.name: optuna.distributions.IntDistribution(0, len(param.values) - 1) if is_ordinal(param)
+            else optuna.distributions.CategoricalDistribution(list(param.values)) for param in space.params}

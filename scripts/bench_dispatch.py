@@ -1,0 +1,143 @@
+"""What a user's call gets: kernels.matmul against torch.matmul, per dispatch mode, on the GPU.
+
+For each problem, in each mode, both calls are timed side by side in interleaved rounds, the way the
+tuner times candidates (tuner/timing.py): eager = the public call back to back over rotating inputs
+(host time included), graph = the call captured in a CUDA graph and replayed (L2 flushed). Dispatch
+decides the config as it would for the user (no config is forced); the source of each choice is
+reported. With --stored, each problem's stored record (its speed-up over cuBLAS) is set beside the
+speed-up measured here, in this fresh process.
+
+    PYTHONPATH=. python3 scripts/bench_dispatch.py --corpus held_out --db sqlite:///fresh.db --json out.json
+    PYTHONPATH=. python3 scripts/bench_dispatch.py --keys keys.txt --no-shipped --modes graph
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+import kernels
+from db import Store
+from kernels import MATMUL, Problem
+from tuner import timing
+from tuner.bench import Bench, relative_error, TOLERANCE
+
+
+def problems_of(args: argparse.Namespace) -> list[Problem]:
+    keys = list(args.key or [])
+    if args.keys:
+        keys += [line.split("#")[0].strip() for line in Path(args.keys).read_text().splitlines()]
+    problems = [Problem.from_key("matmul", key) for key in keys if key]
+    if args.corpus:
+        from tuner import corpus
+
+        problems += corpus.corpus_problems(args.corpus)
+    if args.dtype:
+        problems = [p for p in problems if p.dtype in args.dtype]
+    if args.limit:
+        problems = problems[: args.limit]
+    return problems
+
+
+def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], rounds: int) -> dict:
+    bench = Bench(MATMUL, problem, device)
+    rotation = bench.rotation()
+    a, b = rotation[0]
+    row: dict = {"problem": problem.key}
+    ref = MATMUL.reference((a, b))
+    for mode in modes:
+        with kernels.dispatch_mode(mode):
+            out = kernels.matmul(a, b)
+        error = relative_error(out, ref)
+        if not error <= TOLERANCE[problem.dtype]:
+            raise AssertionError(f"{problem.key} {mode}: relative error {error:.3g}")
+        choice = kernels.explain("matmul", problem, device, mode)
+        ours, theirs = [], []
+        for _ in range(rounds):
+            if mode == "eager":
+                theirs.append(timing.eager_ms(lambda x: torch.matmul(*x), rotation))
+                ours.append(timing.eager_ms(lambda x: kernels.matmul(*x), rotation))
+            else:
+                theirs.append(timing.graph_ms(lambda: torch.matmul(a, b)))
+                ours.append(timing.graph_ms(lambda: kernels.matmul(a, b)))
+        row[mode] = dict(ours_ms=statistics.median(ours), cublas_ms=statistics.median(theirs),
+                         speedup=statistics.median(theirs) / statistics.median(ours),
+                         config=str(choice.config), source=choice.source)
+    bench.release()
+    return row
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--key", action="append", help="a problem key, e.g. bf16:nt:8x4096x4096 (repeatable)")
+    parser.add_argument("--keys", help="a file of problem keys, one per line")
+    parser.add_argument("--corpus", help="a part of the model corpus: tuned, held_out or all (tuner/corpus.py)")
+    parser.add_argument("--dtype", action="append", help="only these dtypes")
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--db", default=None, help="the database dispatch reads (default: TUNER_DB or the default file)")
+    parser.add_argument("--no-shipped", action="store_true", help="leave the shipped tables out")
+    parser.add_argument("--modes", default="eager,graph")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stored", action="store_true", help="compare with each problem's stored speed-up")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    kernels.use_database(args.db, use_shipped=not args.no_shipped)
+    device = kernels.current_device()
+    problems = problems_of(args)
+    print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
+          f"{len(problems)} problems, db {args.db}, shipped {'off' if args.no_shipped else 'on'}, "
+          f"{args.rounds} rounds", flush=True)
+    stored = {}
+    if args.stored:
+        with Store(args.db, create=False) as store:
+            stored = {(r.problem_key, r.mode): r for r in store.records(device=device.name, kernel="matmul")}
+    rows = []
+    started = time.monotonic()
+    for index, problem in enumerate(problems, 1):
+        row = measure(problem, device, modes, args.rounds)
+        for mode in modes:
+            record = stored.get((problem.key, mode))
+            if record is not None and record.speedup:
+                row[mode]["stored_speedup"] = record.speedup
+        rows.append(row)
+        text = "  ".join(f"{m} {row[m]['speedup']:.3f}x ({row[m]['source'][:24]})" for m in modes)
+        print(f"[{index}/{len(problems)}] {problem.key:28} {text}", flush=True)
+    summary = {}
+    for mode in modes:
+        ratios = [row[mode]["speedup"] for row in rows]
+        worst = sorted(rows, key=lambda row: row[mode]["speedup"])[:5]
+        summary[mode] = dict(geomean=geomean(ratios), under_097=sum(r < 0.97 for r in ratios),
+                             under_098=sum(r < 0.98 for r in ratios), problems=len(ratios),
+                             worst=[(row["problem"], row[mode]["speedup"], row[mode]["source"]) for row in worst])
+        drift = [row[mode]["speedup"] / row[mode]["stored_speedup"] for row in rows if "stored_speedup" in row[mode]]
+        if drift:
+            summary[mode]["stored_vs_measured"] = dict(count=len(drift), within_3pct=sum(abs(d - 1) <= 0.03 for d in drift),
+                                                       worst=min(drift, key=lambda d: -abs(d - 1)))
+        print(f"{mode}: geomean {summary[mode]['geomean']:.3f}x cuBLAS over {len(ratios)}, "
+              f"{summary[mode]['under_097']} under 0.97x; worst: "
+              + ", ".join(f"{p} {s:.2f}x" for p, s, _ in summary[mode]["worst"][:3]))
+        if drift:
+            print(f"  measured/stored speed-up: {summary[mode]['stored_vs_measured']}")
+    print(f"# {time.monotonic() - started:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dict(device=device.name, torch=torch.__version__,
+                                                   triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
+                                                   argv=sys.argv, summary=summary, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

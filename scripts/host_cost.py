@@ -1,0 +1,111 @@
+"""Host time per cached call: kernels.matmul per variant against torch.matmul, in one run, on the GPU.
+
+A loop of calls on a small problem (the GPU finishes each call before the host has issued the next),
+timed by the wall clock with one synchronize at the end: the time per call is the host's. Beside it,
+each call's GPU time from a CUDA-graph replay shows that the host is the bound. Variants are forced
+through the public call (``kernels.matmul`` with the config pinned, as the tuner times it). Then a
+cProfile of the tiled call says where the host time goes.
+
+    PYTHONPATH=. python3 scripts/host_cost.py [--calls 3000] [--rounds 5] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import time
+
+import torch
+import triton
+
+import kernels
+from kernels import BASELINE, Config, _plans
+from tuner import timing
+
+_BASE = dict(GROUP_SIZE_M=8, SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=3)
+VARIANTS = {
+    "cublas (our dispatch)": ((64, 64, 64), BASELINE),
+    "tiled": ((64, 64, 64), Config.from_dict({**_BASE, "VARIANT": "tiled", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64})),
+    "splitk": ((64, 64, 256), Config.from_dict({**_BASE, "VARIANT": "splitk", "BLOCK_M": 64, "BLOCK_N": 64,
+                                               "BLOCK_K": 64, "SPLIT_K": 2})),
+    "tma": ((64, 64, 64), Config.from_dict({**_BASE, "VARIANT": "tma", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64})),
+    "repack": ((64, 64, 60), Config.from_dict({**_BASE, "VARIANT": "repack", "BLOCK_M": 64, "BLOCK_N": 64,
+                                              "BLOCK_K": 32})),
+}
+
+
+def host_us(call, calls: int) -> float:
+    call()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) * 1e6 / calls
+
+
+def operands(shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n, k = shape
+    return (torch.randn(m, k, device="cuda", dtype=torch.float16),
+            torch.randn(k, n, device="cuda", dtype=torch.float16))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="cProfile the tiled call")
+    parser.add_argument("--json", default=None, help="write the figures here")
+    args = parser.parse_args()
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}, {args.calls} calls x {args.rounds} interleaved rounds")
+    cases = {}
+    for name, (shape, config) in VARIANTS.items():
+        a, b = operands(shape)
+        ref = a.float() @ b.float()
+        pin = _plans.pinned(config, a, b)
+        pin.__enter__()
+        out = kernels.matmul(a, b)
+        assert (out.float() - ref).norm() <= 1e-2 * ref.norm(), name
+        cases[name] = (a, b, pin)
+    torch_a, torch_b = operands((64, 64, 64))
+    samples: dict[str, list[float]] = {name: [] for name in ["torch.matmul", *cases]}
+    for _ in range(args.rounds):  # interleaved, so drift of the host's speed hits every column alike
+        samples["torch.matmul"].append(host_us(lambda: torch.matmul(torch_a, torch_b), args.calls))
+        for name, (a, b, _) in cases.items():
+            samples[name].append(host_us(lambda: kernels.matmul(a, b), args.calls))
+    gpu_us = {"torch.matmul": timing.graph_ms(lambda: torch.matmul(torch_a, torch_b)) * 1e3}
+    for name, (a, b, _) in cases.items():
+        gpu_us[name] = timing.graph_ms(lambda: kernels.matmul(a, b)) * 1e3
+    reference = statistics.median(samples["torch.matmul"])
+    print(f"{'call':24} {'host us/call (median)':>22} {'min':>7} {'max':>7} {'vs torch':>9} {'GPU us (graph)':>15}")
+    figures = {}
+    for name, values in samples.items():
+        median = statistics.median(values)
+        figures[name] = dict(host_us=median, host_us_all=values, gpu_us=gpu_us[name])
+        print(f"{name:24} {median:22.2f} {min(values):7.2f} {max(values):7.2f} {median / reference:8.2f}x "
+              f"{gpu_us[name]:15.2f}")
+    if args.profile:
+        a, b, _ = cases["tiled"]
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.calls):
+            kernels.matmul(a, b)
+        profiler.disable()
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+        print(text.getvalue())
+    for _, _, pin in cases.values():
+        pin.__exit__(None, None, None)
+    if args.json:
+        with open(args.json, "w") as stream:
+            json.dump(figures, stream, indent=1)
+
+
+if __name__ == "__main__":
+    main()

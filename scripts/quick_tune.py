@@ -1,0 +1,68 @@
+"""Quick-tune many dense problems (tuner/quick.py): a portfolio per problem, both modes, into a database.
+
+    PYTHONPATH=. python3 scripts/quick_tune.py --corpus tuned --db sqlite:///out.db --json out.json
+    PYTHONPATH=. python3 scripts/quick_tune.py --key bf16:nt:8x4096x4096 --db sqlite:///out.db
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import torch
+import triton
+
+import kernels
+from db import Store
+from tuner.quick import QuickResult, quick_tune
+from tuner.workers import CheckPool
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_dispatch import problems_of  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--key", action="append")
+    parser.add_argument("--keys")
+    parser.add_argument("--corpus")
+    parser.add_argument("--dtype", action="append")
+    parser.add_argument("--limit", type=int, default=0)
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--budget-s", type=float, default=0, help="stop starting problems after this many seconds")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    device = kernels.current_device()
+    problems = problems_of(args)
+    print(f"# quick tune, {device.name}, torch {torch.__version__}, triton {triton.__version__}, "
+          f"{time.strftime('%Y-%m-%d')}, {len(problems)} problems into {args.db}", flush=True)
+    started = time.monotonic()
+    rows = []
+
+    def report(result: QuickResult) -> None:
+        eager, graph = result.records["eager"], result.records["graph"]
+        rows.append(dict(problem=result.problem.key, seconds=result.seconds, measured=result.measured,
+                         eager=dict(speedup=eager.speedup, config=eager.config),
+                         graph=dict(speedup=graph.speedup, config=graph.config)))
+        print(f"{result.problem.key:28} eager {eager.speedup:.3f}x graph {graph.speedup:.3f}x "
+              f"({result.measured} configs, {result.seconds:.1f} s)", flush=True)
+
+    with Store(args.db) as store, CheckPool() as pool:
+        for problem in problems:
+            if args.budget_s and time.monotonic() - started > args.budget_s:
+                print(f"# budget of {args.budget_s} s spent; {len(problems) - len(rows)} problems left", flush=True)
+                break
+            quick_tune(kernels.MATMUL, [problem], device, store, pool=pool, on_result=report)
+    print(f"# {len(rows)} problems in {time.monotonic() - started:.0f} s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Quick tuning: a portfolio per problem, timed in both modes, both winners stored, every timing kept
+as a trial of the problem's study (real SQLite file, real kernels under the interpreter)."""
+
+from __future__ import annotations
+
+import optuna
+
+import kernels
+from db import Store
+from kernels import CPU, Config, Problem
+from tuner.quick import default_portfolio, quick_tune
+from tuner.search import open_study
+
+PROBLEM = Problem.from_key("matmul", "fp16:nn:16x32x32")
+_BASE = dict(VARIANT="tiled", GROUP_SIZE_M=1, SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
+             num_warps=4, num_stages=2)
+PORTFOLIO = [Config.from_dict({**_BASE, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),
+             Config.from_dict({**_BASE, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "num_stages": 3})]
+
+
+def test_quick_tune_stores_a_winner_per_mode_and_keeps_every_timing(db_url) -> None:
+    with Store(db_url) as store:
+        results = quick_tune(kernels.MATMUL, [PROBLEM], CPU, store, portfolio=lambda p, d: PORTFOLIO)
+        assert [r.measured for r in results] == [2]
+        stored = {r.mode: r for r in store.records(kernel="matmul")}
+        assert set(stored) == {"eager", "graph"}
+        canonical = [kernels.MATMUL.space.canonical(c, PROBLEM) for c in PORTFOLIO]
+        assert all(kernels.MATMUL.space.canonical(Config.from_dict(r.config), PROBLEM) in canonical
+                   for r in stored.values())
+        study = open_study(optuna.storages.RDBStorage(db_url), CPU, PROBLEM)
+        trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+        assert len(trials) == 2 and all(t.user_attrs["portfolio"] for t in trials)
+        assert all(t.user_attrs["graph_ms"] > 0 and t.user_attrs["eager_ms"] > 0 for t in trials)
+        again = quick_tune(kernels.MATMUL, [PROBLEM], CPU, store, portfolio=lambda p, d: PORTFOLIO)
+        assert [r.measured for r in again] == [0], "configs timed before are not timed again"
+
+
+def test_default_portfolio_is_valid_and_distinct_for_thin_and_wide_problems() -> None:
+    h100 = kernels.DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
+    for key in ("bf16:nt:1x4096x4096", "bf16:nt:8192x28672x8192", "fp16:nt:32x576x2048"):
+        problem = Problem.from_key("matmul", key)
+        configs = default_portfolio(problem, h100)
+        assert 8 <= len(configs) == len(set(configs))
+        assert all(kernels.MATMUL.space.violation(c, problem, h100) is None for c in configs)

@@ -1,0 +1,121 @@
+"""Quick tuning of many problems: a portfolio of configs per problem instead of a search.
+
+A model brings hundreds of GEMM problems (layers x token counts x dtypes); a 20-trial search costs
+18-27 s each on the H100. Here each problem gets a fixed portfolio of configs known to do well on
+some class of problems, checked in the compile workers and timed in both modes, then the same
+side-by-side contest per mode as the search (``search._decide``), cuBLAS included. Every timing is
+stored as a trial of the problem's Optuna study, so a later full search resumes from it, and the cost
+model (kernels/_costmodel.py) learns from it like from any trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import optuna
+
+import kernels
+from db import Record, Store
+from kernels import GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
+
+from . import timing
+from .bench import Bench, Measurement
+from .search import _decide, _tell_values, open_study, sampled_space
+from .space import distributions_of, params_of
+from .workers import CheckPool
+
+log = logging.getLogger(__name__)
+
+# Timing budgets of a quick tuning: a portfolio is timed once, so each timing can be shorter than the
+# search's (do_bench 25 + 100 ms): the contest at the end times the finalists again side by side.
+QUICK_GRAPH_MS = (10, 40)
+QUICK_EAGER_ROUND_MS = 5.0
+
+
+@dataclass(frozen=True)
+class QuickResult:
+    problem: Problem
+    records: dict[str, Record]  # mode -> the stored winner
+    measured: int
+    seconds: float
+
+
+def default_portfolio(problem: Problem, device: DeviceInfo) -> list[Config]:
+    """The matmul seeds for this problem's class, the tutorial's configs, and thin split-K configs."""
+    spec = kernels.get_kernel(problem.kernel)
+    candidates = list(spec.seeds(problem, device))
+    if problem.kernel == "matmul":
+        from kernels import gemm
+
+        candidates += list(gemm.tutorial_configs())
+        base = dict(VARIANT="splitk", GROUP_SIZE_M=8, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False)
+        for bm, bn, bk, split, warps, stages in ((16, 64, 256, 2, 4, 4), (16, 128, 128, 4, 4, 4),
+                                                  (32, 64, 128, 4, 4, 4), (64, 64, 128, 2, 4, 4),
+                                                  (64, 128, 64, 2, 4, 4), (128, 128, 64, 2, 8, 3)):
+            candidates.append(Config.from_dict({**base, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                                "SPLIT_K": split, "num_warps": warps, "num_stages": stages}))
+    seen: list[Config] = []
+    for config in candidates:
+        config = spec.space.canonical(config, problem)
+        if config not in seen and spec.space.violation(config, problem, device) is None:
+            seen.append(config)
+    return seen
+
+
+def quick_tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo, store: Store, *,
+               portfolio: Callable[[Problem, DeviceInfo], list[Config]] = default_portfolio,
+               pool: CheckPool | None = None,
+               on_result: Callable[[QuickResult], None] | None = None) -> list[QuickResult]:
+    """Time each problem's portfolio in both modes, store both winners, keep every timing as a trial."""
+    storage = optuna.storages.RDBStorage(store.url)
+    results = []
+    for problem in problems:
+        started = time.monotonic()
+        study = open_study(storage, device, problem)
+        space = sampled_space(study, spec, problem, device)
+        configs = portfolio(problem, device)
+        measured_before = {t.user_attrs.get("config") for t in study.trials}
+        configs = [c for c in configs if str(c) not in measured_before]
+        checked = pool.check(problem, configs) if pool is not None and configs else {}
+        bench = _quick_bench(spec, problem, device)
+        distributions = distributions_of(space)
+        for config in configs:
+            pre = checked.get(config)
+            if pre is not None and pre.status != "ok":
+                measurement = Measurement(pre.status, rel_error=pre.rel_error, reason=pre.reason)
+            else:
+                measurement = bench.measure(config, checked_error=pre.rel_error if pre is not None else None)
+            _add_trial(study, space, distributions, config, measurement)
+        if not any(t.user_attrs.get("status") == "ok" for t in study.trials):
+            log.warning("%s: no portfolio config ran correctly; nothing stored", problem)
+            continue
+        records = {mode: _decide(spec, problem, device, bench, study, mode) for mode in MODES}
+        bench.release()
+        store.put_many(list(records.values()), on_conflict="replace")
+        result = QuickResult(problem, records, len(configs), time.monotonic() - started)
+        results.append(result)
+        if on_result:
+            on_result(result)
+    kernels.clear_cache()
+    return results
+
+
+def _quick_bench(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Bench:
+    if device.is_cpu:
+        return Bench(spec, problem, device)
+    return Bench(spec, problem, device, timer=lambda fn: timing.graph_ms(fn, QUICK_GRAPH_MS),
+                 quick_timer=None,
+                 eager_timer=lambda call, inputs: timing.eager_ms(call, inputs, round_ms=QUICK_EAGER_ROUND_MS))
+
+
+def _add_trial(study: optuna.Study, space: kernels.SearchSpace, distributions: dict, config: Config,
+               measurement: Measurement) -> None:
+    """One portfolio timing as a finished trial of the problem's study (as if the sampler had asked it)."""
+    attrs = {"config": str(config), "portfolio": True, **_tell_values(measurement)}
+    state = optuna.trial.TrialState.COMPLETE if measurement.ok else optuna.trial.TrialState.FAIL
+    study.add_trial(optuna.trial.create_trial(
+        params=params_of(config, space), distributions=distributions, state=state,
+        value=float(measurement.time_ms) if measurement.ok else None, user_attrs=attrs))
