@@ -51,11 +51,20 @@ def default_portfolio(problem: Problem, device: DeviceInfo) -> list[Config]:
         from kernels import gemm
 
         candidates += list(gemm.tutorial_configs())
-        base = dict(VARIANT="splitk", GROUP_SIZE_M=8, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False)
-        for bm, bn, bk, split, warps, stages in ((16, 64, 256, 2, 4, 4), (16, 128, 128, 4, 4, 4),
-                                                  (32, 64, 128, 4, 4, 4), (64, 64, 128, 2, 4, 4),
-                                                  (64, 128, 64, 2, 4, 4), (128, 128, 64, 2, 8, 3)):
-            candidates.append(Config.from_dict({**base, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+        base = dict(GROUP_SIZE_M=8, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4)
+        m = problem.shape[0]
+        thin = [bm for bm in (16, 32, 64) if bm <= max(16, 1 << max(m - 1, 0).bit_length())]
+        # Few rows: the call is a stream of B; the programs in flight (split-K, narrow N tiles) decide.
+        for bm in thin if m <= 128 else ():
+            for bn, bk, split, stages in ((32, 256, 1, 5), (64, 128, 1, 4), (128, 128, 1, 4), (64, 256, 2, 4),
+                                          (32, 256, 4, 5), (64, 128, 4, 4), (128, 64, 8, 4), (128, 128, 2, 3)):
+                variant = "splitk" if split > 1 else "tiled"
+                candidates.append(Config.from_dict({**base, "VARIANT": variant, "BLOCK_M": bm, "BLOCK_N": bn,
+                                                    "BLOCK_K": bk, "SPLIT_K": split, "num_stages": stages}))
+        for bm, bn, bk, split, warps, stages in ((64, 128, 64, 2, 4, 4), (128, 128, 64, 2, 8, 3),
+                                                  (128, 256, 64, 1, 8, 3), (256, 128, 64, 1, 8, 3)):
+            variant = "splitk" if split > 1 else "tiled"
+            candidates.append(Config.from_dict({**base, "VARIANT": variant, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                                 "SPLIT_K": split, "num_warps": warps, "num_stages": stages}))
     seen: list[Config] = []
     for config in candidates:
