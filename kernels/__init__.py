@@ -53,14 +53,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     its plan runs (kernels/_plans.py); the first one checks the operands and resolves the config.
     """
     try:
-        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, _modes.current(a.is_cuda))
+        mode = _FORCED.mode or _modes.ENV_MODE  # _modes.current(), inlined: every call pays for it
+        if mode is None or mode is _AUTO:
+            mode = _GRAPH if a.is_cuda and _modes.capturing() else _EAGER
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, mode)
     except (AttributeError, TypeError):
         check_operands(a, b)  # not tensors: raises the TypeError that says so
         raise
-    plan = _plans.get(key)
+    plan = _PLANS.get(key)
     if plan is None:
         plan = _plan_matmul(key, a, b)
-    return plan(a, b, out)
+    if out is None:
+        return plan(a, b)
+    return _plans.with_out(plan, a, b, out)
+
+
+_PLANS = _plans._PLANS
+_FORCED = _modes.LOCAL
+_AUTO, _GRAPH, _EAGER = _modes.AUTO, _modes.GRAPH, _modes.EAGER
 
 
 def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.Plan:

@@ -39,6 +39,8 @@ except ImportError:  # an older triton without knobs: hooks cannot be installed 
 # What Triton itself calls for the current stream's handle: cheaper than torch.cuda.current_stream().
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda device: torch.cuda.current_stream(device).cuda_stream)
+# torch.cuda.current_device() without its Python wrapper (lazy-init checks): a call costs ~1 us there.
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or (lambda: torch.cuda.current_device())
 
 
 def _listening(hook: Any) -> bool:
@@ -49,9 +51,12 @@ def _listening(hook: Any) -> bool:
     return bool(calls) if calls is not None else True
 
 
+_RUNTIME = getattr(_knobs, "runtime", None)
+
+
 def _hooks_installed() -> bool:
     """Whether anything listens to kernel launches; the shortcut would skip their calls."""
-    runtime = getattr(_knobs, "runtime", None)
+    runtime = _RUNTIME
     return runtime is not None and (_listening(runtime.launch_enter_hook) or _listening(runtime.launch_exit_hook))
 
 
@@ -68,21 +73,21 @@ class DirectLaunch:
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.options = options
         self._compiled: Any = None
+        self._launch: Any = None  # what launches: Triton's C launcher itself, or the compiled kernel's run
+        self._fixed: tuple = ()  # the launch's arguments between the stream and the kernel's own
         self._constexprs: tuple = ()
         self._device = -1
         self.direct_calls = 0  # launches that took the shortcut (the GPU tests read it)
 
     def __call__(self, *args: Any) -> None:
-        compiled = self._compiled
-        if (compiled is not None and ENABLED and torch.cuda.current_device() == self._device
-                and not _hooks_installed()):
-            stream = _raw_stream(self._device)
-            compiled.run(*self.grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                         *args, *self._constexprs)
+        launch = self._launch
+        if launch is not None and ENABLED and _current_device() == self._device and not _hooks_installed():
+            gx, gy, gz = self.grid
+            launch(gx, gy, gz, _raw_stream(self._device), *self._fixed, *args, *self._constexprs)
             self.direct_calls += 1
             return
         result = self.kernel[self.grid](*args, **self.options)
-        if compiled is None:
+        if self._compiled is None:
             self._adopt(result, len(args))
 
     def _adopt(self, compiled: Any, runtime_args: int) -> None:
@@ -99,6 +104,25 @@ class DirectLaunch:
         self._constexprs = tuple(self.options[name] for name in tail)
         self._device = torch.cuda.current_device()
         self._compiled = compiled
+        self._launch, self._fixed = _launcher_of(compiled)
+
+
+def _launcher_of(compiled: Any) -> tuple[Any, tuple]:
+    """(callable, fixed arguments) that launch ``compiled`` given (grid, stream, fixed, args).
+
+    triton 3.6's ``CompiledKernel.run`` is a ``CudaLauncher`` whose ``__call__`` allocates scratch
+    space (none for kernels that need none), then calls its C ``launch`` with the grid, stream,
+    function, cooperative/PDL flags, both scratch buffers, the packed metadata and three hook
+    slots. Where no scratch is needed, that C function is called here directly: one Python frame
+    and two closures fewer per launch. Otherwise ``run`` itself is called, as Triton does.
+    """
+    run = compiled.run
+    c_launch = getattr(run, "launch", None)
+    if (c_launch is not None and getattr(run, "global_scratch_size", 1) == 0
+            and getattr(run, "profile_scratch_size", 1) == 0 and hasattr(run, "launch_cooperative_grid")):
+        return c_launch, (compiled.function, run.launch_cooperative_grid, getattr(run, "launch_pdl", False),
+                          None, None, compiled.packed_metadata, None, None, None)
+    return run, (compiled.function, compiled.packed_metadata, None, None, None)
 
 
 _ABSENT = object()

@@ -36,7 +36,17 @@ def _mode_from_env() -> str | None:
 
 
 ENV_MODE = _mode_from_env()
-_LOCAL = threading.local()
+AUTO = "auto"
+
+
+class _Forced(threading.local):
+    """The mode ``dispatch_mode`` forces on this thread: None when it forces none (then KERNELS_MODE
+    decides), AUTO to follow the capture check whatever KERNELS_MODE says."""
+
+    mode: str | None = None
+
+
+LOCAL = _Forced()
 
 
 def _cuda_capturing() -> bool:
@@ -50,26 +60,28 @@ capturing = _cuda_capturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing
 
 def forced() -> str | None:
     """The mode forced by ``dispatch_mode`` on this thread, else by ``KERNELS_MODE``, else None."""
-    mode = getattr(_LOCAL, "mode", None) or ENV_MODE
-    return None if mode == "auto" else mode
+    mode = LOCAL.mode or ENV_MODE
+    return None if mode == AUTO else mode
 
 
 def current(on_cuda: bool) -> str:
-    """The mode of a call whose operands are (``on_cuda``) or are not on a CUDA device."""
-    mode = getattr(_LOCAL, "mode", None) or ENV_MODE
-    if mode is not None and mode != "auto":
-        return mode
-    return GRAPH if on_cuda and capturing() else EAGER
+    """The mode of a call whose operands are (``on_cuda``) or are not on a CUDA device.
+
+    kernels.matmul inlines these lines (each call counts): keep the two in step."""
+    mode = LOCAL.mode or ENV_MODE
+    if mode is None or mode is AUTO:
+        return GRAPH if on_cuda and capturing() else EAGER
+    return mode
 
 
 @contextlib.contextmanager
 def dispatch_mode(mode: str) -> Iterator[None]:
     """Within the block, calls on this thread get ``mode``'s winners ("eager", "graph" or "auto")."""
-    if mode not in MODES + ("auto",):
+    if mode not in MODES + (AUTO,):
         raise ValueError(f"dispatch mode {mode!r} is not one of eager, graph, auto")
-    before = getattr(_LOCAL, "mode", None)
-    _LOCAL.mode = mode  # "auto" is kept as such: it overrides KERNELS_MODE too
+    before = LOCAL.mode
+    LOCAL.mode = AUTO if mode == AUTO else mode  # AUTO itself, so that ``is`` finds it
     try:
         yield
     finally:
-        _LOCAL.mode = before
+        LOCAL.mode = before

@@ -7,6 +7,9 @@ kernel directly (kernels/_launch.py); a cuBLAS plan calls ``torch.mm``; the othe
 through their launchers. Whatever a plan cannot vouch for on a given call (an ``out`` tensor, a
 pointer whose 16-byte alignment differs from the first call's, empty sizes) takes the checked path.
 
+A cuBLAS plan is ``torch.mm`` itself: kernels.matmul calls ``plan(a, b)``, so that a cuBLAS winner
+costs the lookup and torch's own call, nothing more.
+
 ``pinned`` installs a plan for one config: the tuner times the public call with it (tuner/timing.py).
 """
 
@@ -23,7 +26,8 @@ from . import gemm
 from ._modes import MODES
 from ._spec import BASELINE, Config, is_baseline
 
-Plan = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+# A plan is called as plan(a, b) on the hot path, and plan.with_out(a, b, out) when out is given.
+Plan = Any
 
 _PLANS: dict[Hashable, Plan] = {}
 _LOCK = threading.Lock()
@@ -63,47 +67,50 @@ class _Checked:
     def __init__(self, config: Config) -> None:
         self.config = config
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return gemm._run_checked(self.config, a, b)
+
+    def with_out(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm._run_checked(self.config, a, b, out)
-
-
-class _Cublas:
-    """The baseline: ``torch.mm`` (what ``torch.matmul`` runs for 2-D operands, a step sooner)."""
-
-    __slots__ = ()
-
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        if out is None:
-            return torch.mm(a, b)
-        return gemm._run_checked(BASELINE, a, b, out)
 
 
 class _Direct:
     """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done."""
 
-    __slots__ = ("config", "launch", "args", "c_shape", "dtype", "device", "workspace")
+    __slots__ = ("config", "launch", "args", "c_shape", "workspace")
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor) -> None:
         m, k = a.shape
         n = b.shape[1]
-        self.config, self.c_shape, self.dtype, self.device = config, (m, n), a.dtype, a.device
-        c = torch.empty(self.c_shape, dtype=a.dtype, device=a.device)
+        self.config, self.c_shape = config, (m, n)
+        c = a.new_empty(self.c_shape)
         self.launch, self.workspace = gemm.direct_launch(config, a, b, c)
         self.args = (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
-    def __call__(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-        if out is not None or (a.data_ptr() | b.data_ptr()) & 15:
-            return gemm._run_checked(self.config, a, b, out)
-        c = torch.empty(self.c_shape, dtype=self.dtype, device=self.device)
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if (a.data_ptr() | b.data_ptr()) & 15:  # the kernel was specialized for 16-byte aligned data
+            return gemm._run_checked(self.config, a, b)
+        c = a.new_empty(self.c_shape)
         if self.workspace is None:
             self.launch(a, b, c, *self.args)
         else:
-            partial, arrivals = self.workspace()
-            self.launch(a, b, c, partial, arrivals, *self.args)
+            self.launch(a, b, c, *self.workspace(), *self.args)
         return c
 
+    def with_out(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return gemm._run_checked(self.config, a, b, out)
 
-_CUBLAS = _Cublas()
+
+# The cuBLAS plan is ``torch.mm`` itself (what ``torch.matmul`` runs for 2-D operands, one step
+# sooner): a cuBLAS call then adds only the lookup to torch's own host time.
+_CUBLAS = torch.mm
+
+
+def with_out(plan: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """A call with ``out=``: through the checked launcher, which checks ``out`` too."""
+    if plan is _CUBLAS:
+        return gemm._run_checked(BASELINE, a, b, out)
+    return plan.with_out(a, b, out)
 
 
 def build(config: Config, a: torch.Tensor, b: torch.Tensor) -> Plan:

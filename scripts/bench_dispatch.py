@@ -61,13 +61,15 @@ def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], roun
             raise AssertionError(f"{problem.key} {mode}: relative error {error:.3g}")
         choice = kernels.explain("matmul", problem, device, mode)
         ours, theirs = [], []
-        for _ in range(rounds):
-            if mode == "eager":
-                theirs.append(timing.eager_ms(lambda x: torch.matmul(*x), rotation))
-                ours.append(timing.eager_ms(lambda x: kernels.matmul(*x), rotation))
-            else:
-                theirs.append(timing.graph_ms(lambda: torch.matmul(a, b)))
-                ours.append(timing.graph_ms(lambda: kernels.matmul(a, b)))
+        if mode == "eager":
+            sides = [(theirs, lambda: timing.eager_ms(lambda x: torch.matmul(*x), rotation)),
+                     (ours, lambda: timing.eager_ms(lambda x: kernels.matmul(*x), rotation))]
+        else:
+            sides = [(theirs, lambda: timing.graph_ms(lambda: torch.matmul(a, b))),
+                     (ours, lambda: timing.graph_ms(lambda: kernels.matmul(a, b)))]
+        for round_ in range(rounds):  # ABBA: neither side always runs on the warmer GPU
+            for times, timed in sides if round_ % 2 == 0 else reversed(sides):
+                times.append(timed())
         row[mode] = dict(ours_ms=statistics.median(ours), cublas_ms=statistics.median(theirs),
                          speedup=statistics.median(theirs) / statistics.median(ours),
                          config=str(choice.config), source=choice.source)

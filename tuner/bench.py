@@ -236,10 +236,12 @@ class Bench:
         inputs = self._fresh_inputs()
         ours: list[list[float]] = [[] for _ in configs]
         theirs = []
-        for _ in range(rounds):
-            for config, times in zip(configs, ours):
-                times.append(self.time(config, mode, inputs))
-            theirs.append(self.baseline_time(mode, inputs))
+        for round_ in range(rounds):
+            # Every other round in reverse order: a GPU that heats up over a round (large GEMMs
+            # lower its clocks) would otherwise always slow the same side.
+            order = list(zip(configs, ours)) + [(None, theirs)]
+            for config, times in order if round_ % 2 == 0 else reversed(order):
+                times.append(self.baseline_time(mode, inputs) if config is None else self.time(config, mode, inputs))
         return [sorted(times)[rounds // 2] for times in ours], sorted(theirs)[rounds // 2]
 
 
