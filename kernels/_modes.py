@@ -49,13 +49,9 @@ class _Forced(threading.local):
 LOCAL = _Forced()
 
 
-def _cuda_capturing() -> bool:
-    # torch.cuda.is_current_stream_capturing() without its Python wrapper: this runs on every call.
-    return torch._C._cuda_isCurrentStreamCapturing()
-
-
-# The capture check; tests on a machine without CUDA replace it with a stand-in (and say so).
-capturing = _cuda_capturing if hasattr(torch._C, "_cuda_isCurrentStreamCapturing") else (lambda: False)
+# The capture check: torch.cuda.is_current_stream_capturing() without its Python wrapper, since every
+# call makes it. Tests on a machine without CUDA replace it with a stand-in (and say so).
+capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (lambda: False)
 
 
 def forced() -> str | None:

@@ -49,6 +49,7 @@ class _Kernel:
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> dict:
     device = {"current": 0}
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device["current"])
+    monkeypatch.setattr(_launch, "_current_device", lambda: device["current"])
     monkeypatch.setattr(_launch, "_raw_stream", lambda index: 1000 + index)
     return device
 
