@@ -79,6 +79,17 @@ class DirectLaunch:
         self._device = -1
         self.direct_calls = 0  # launches that took the shortcut (the GPU tests read it)
 
+    def ready(self) -> bool:
+        """Whether this call may launch the compiled kernel directly: adopted, on its device, unheard."""
+        return (self._launch is not None and ENABLED and _current_device() == self._device
+                and not _hooks_installed())
+
+    def launch_direct(self, *args: Any) -> None:
+        """Launch the adopted kernel; only after ``ready()`` said so."""
+        gx, gy, gz = self.grid
+        self._launch(gx, gy, gz, _raw_stream(self._device), *self._fixed, *args, *self._constexprs)
+        self.direct_calls += 1
+
     def __call__(self, *args: Any) -> None:
         launch = self._launch
         if launch is not None and ENABLED and _current_device() == self._device and not _hooks_installed():
@@ -86,6 +97,10 @@ class DirectLaunch:
             launch(gx, gy, gz, _raw_stream(self._device), *self._fixed, *args, *self._constexprs)
             self.direct_calls += 1
             return
+        self.launch_triton(*args)
+
+    def launch_triton(self, *args: Any) -> None:
+        """Launch on Triton's own path (binding, specializing, hooks), adopting the compiled kernel."""
         result = self.kernel[self.grid](*args, **self.options)
         if self._compiled is None:
             self._adopt(result, len(args))

@@ -101,6 +101,26 @@ class _Direct:
         return gemm._run_checked(self.config, a, b, out)
 
 
+class _Tma:
+    """The persistent TMA kernel on operands laid out like the first call's (kernels/gemm.py TmaLaunch)."""
+
+    __slots__ = ("config", "launch", "c_shape")
+
+    def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+        self.config, self.c_shape = config, tuple(c.shape)
+        self.launch = gemm.TmaLaunch(config, a, b, c)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if (a.data_ptr() | b.data_ptr()) & 15:  # TMA needs 16-byte aligned bases
+            return gemm._run_checked(self.config, a, b)
+        c = a.new_empty(self.c_shape)
+        self.launch(a, b, c)
+        return c
+
+    def with_out(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return gemm._run_checked(self.config, a, b, out)
+
+
 # The cuBLAS plan is ``torch.mm`` itself (what ``torch.matmul`` runs for 2-D operands, one step
 # sooner): a cuBLAS call then adds only the lookup to torch's own host time.
 _CUBLAS = torch.mm
@@ -119,9 +139,15 @@ def build(config: Config, a: torch.Tensor, b: torch.Tensor) -> Plan:
         return _CUBLAS
     m, k = a.shape
     n = b.shape[1]
-    direct = (config.get("VARIANT", "tiled") in ("tiled", "splitk") and a.is_cuda and min(m, n, k) > 0
-              and not (a.data_ptr() | b.data_ptr()) & 15)
-    return _Direct(config, a, b) if direct else _Checked(config)
+    variant = config.get("VARIANT", "tiled")
+    if not (a.is_cuda and min(m, n, k) > 0) or (a.data_ptr() | b.data_ptr()) & 15:
+        return _Checked(config)
+    if variant in ("tiled", "splitk"):
+        return _Direct(config, a, b)
+    if variant == "tma":
+        c = a.new_empty((m, n))
+        return _Tma(config, a, b, c) if gemm._tma_ready(a, b, c) else _Checked(config)
+    return _Checked(config)
 
 
 @contextlib.contextmanager

@@ -347,24 +347,55 @@ def _launch_tma(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tenso
     if not _tma_ready(a, b, c):
         _launch_tiled(config, a, b, c)  # same tile shape, pointer loads: right on any strides
         return
-    m, k = a.shape
-    n = b.shape[1]
-    bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
-    b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
-    a_desc = TensorDescriptor(a, [m, k], [a.stride(0), 1], [bm, bk])
-    if b_kmajor:  # B = w.t() with w row-major (N, K): describe w and transpose the tile in-kernel
-        b_desc = TensorDescriptor(b.t(), [n, k], [b.stride(1), 1], [bn, bk])
-    else:
-        b_desc = TensorDescriptor(b, [k, n], [b.stride(0), 1], [bk, bn])
-    c_block = [bm, bn // 2] if config["EPILOGUE_SUBTILE"] else [bm, bn]
-    c_desc = TensorDescriptor(c, [m, n], [c.stride(0), 1], c_block)
-    programs = min(config["NUM_SM"], _cdiv(m, bm) * _cdiv(n, bn))
-    _tma_kernel[(programs,)](
-        a_desc, b_desc, c_desc, m, n, k,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"],
-        NUM_SM=programs, B_KMAJOR=b_kmajor, FLATTEN=config["FLATTEN"],
-        EPILOGUE_SUBTILE=config["EPILOGUE_SUBTILE"], DOT_PRECISION=_dot_precision(a),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+    launch = LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: TmaLaunch(config, a, b, c))
+    launch(a, b, c)
+
+
+class _Described:
+    """What Triton's launcher reads of a tensor descriptor (base, shape, strides, padding), without
+    ``TensorDescriptor``'s checks: this launch checked them once, on its first call, for tensors
+    laid out like every later call's (same sizes and strides, 16-byte aligned data)."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding")
+
+    def __init__(self, base: torch.Tensor, shape: list[int], strides: list[int], block_shape: list[int]) -> None:
+        self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, "zero"
+
+
+class TmaLaunch:
+    """The persistent TMA kernel on operands laid out like the first call's, launched directly.
+
+    The first call builds real ``TensorDescriptor``s (Triton specializes on them and checks them);
+    later calls hand the launcher light stand-ins with the same fields: one descriptor build per
+    operand per call is what the TMA hardware needs, the Python checks around it are not. This took
+    the variant's host time per call from 60 us to about a third of that (scripts/host_cost.py).
+    """
+
+    def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+        m, k = a.shape
+        n = b.shape[1]
+        bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
+        self.b_kmajor = b.stride(0) == 1 and b.stride(1) != 1
+        # (shape, strides, block) of A, of B (as w = b.t() when K-major), of C.
+        self.layouts = (([m, k], [a.stride(0), 1], [bm, bk]),
+                        ([n, k], [b.stride(1), 1], [bn, bk]) if self.b_kmajor else ([k, n], [b.stride(0), 1], [bk, bn]),
+                        ([m, n], [c.stride(0), 1], [bm, bn // 2] if config["EPILOGUE_SUBTILE"] else [bm, bn]))
+        self.sizes = (m, n, k)
+        programs = min(config["NUM_SM"], _cdiv(m, bm) * _cdiv(n, bn))
+        self.launch = DirectLaunch(_tma_kernel, (programs,), dict(
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"], NUM_SM=programs,
+            B_KMAJOR=self.b_kmajor, FLATTEN=config["FLATTEN"], EPILOGUE_SUBTILE=config["EPILOGUE_SUBTILE"],
+            DOT_PRECISION=_dot_precision(a), num_warps=config.num_warps, num_stages=config.num_stages))
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+        a_layout, b_layout, c_layout = self.layouts
+        b_base = b.t() if self.b_kmajor else b
+        if self.launch.ready():
+            self.launch.launch_direct(_Described(a, *a_layout), _Described(b_base, *b_layout),
+                                      _Described(c, *c_layout), *self.sizes)
+        else:  # Triton's path specializes on real descriptors, and checks them
+            self.launch.launch_triton(TensorDescriptor(a, *a_layout), TensorDescriptor(b_base, *b_layout),
+                                      TensorDescriptor(c, *c_layout), *self.sizes)
 
 
 _PAD_BLOCK_R, _PAD_BLOCK_C = 16, 256
