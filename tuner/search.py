@@ -381,6 +381,11 @@ def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench
         ours_cublas_ms = bench.time(BASELINE, EAGER)
         chosen = chosen + [(BASELINE, ours_cublas_ms)]
     ((found, search_ms), found_ms), baseline_ms = head_to_head(bench, chosen, mode)
+    # What the cost model needs besides the trials (kernels/_costmodel.py): the user's torch.matmul in
+    # this mode and, in eager mode, our own dispatch's cuBLAS path, whose lookup costs host time.
+    study.set_user_attr(f"{mode}_cublas_ms", baseline_ms)
+    if ours_cublas_ms is not None:
+        study.set_user_attr("eager_cublas_dispatch_ms", ours_cublas_ms)
     best_triton = next((pair for pair in chosen if not kernels.is_baseline(pair[0])), chosen[0])
     if kernels.is_baseline(found):
         return _winner_record(spec, problem, device, best_triton, baseline_ms, trials, mode, cublas_ms=found_ms,
