@@ -101,17 +101,16 @@ class _Direct:
         return gemm._run_checked(self.config, a, b, out)
 
 
-class _Tma:
-    """The persistent TMA kernel on operands laid out like the first call's (kernels/gemm.py TmaLaunch)."""
+class _Launched:
+    """TMA or repack on operands laid out like the first call's (kernels/gemm.py TmaLaunch, RepackLaunch)."""
 
     __slots__ = ("config", "launch", "c_shape")
 
-    def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-        self.config, self.c_shape = config, tuple(c.shape)
-        self.launch = gemm.TmaLaunch(config, a, b, c)
+    def __init__(self, config: Config, launch: Any, c: torch.Tensor) -> None:
+        self.config, self.c_shape, self.launch = config, tuple(c.shape), launch
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if (a.data_ptr() | b.data_ptr()) & 15:  # TMA needs 16-byte aligned bases
+        if (a.data_ptr() | b.data_ptr()) & 15:  # the launch was specialized for 16-byte aligned data
             return gemm._run_checked(self.config, a, b)
         c = a.new_empty(self.c_shape)
         self.launch(a, b, c)
@@ -144,9 +143,11 @@ def build(config: Config, a: torch.Tensor, b: torch.Tensor) -> Plan:
         return _Checked(config)
     if variant in ("tiled", "splitk"):
         return _Direct(config, a, b)
-    if variant == "tma":
-        c = a.new_empty((m, n))
-        return _Tma(config, a, b, c) if gemm._tma_ready(a, b, c) else _Checked(config)
+    c = a.new_empty((m, n))
+    if variant == "tma" and gemm._tma_ready(a, b, c):
+        return _Launched(config, gemm.TmaLaunch(config, a, b, c), c)
+    if variant == "repack":
+        return _Launched(config, gemm.RepackLaunch(config, a, b, c), c)
     return _Checked(config)
 
 

@@ -288,7 +288,7 @@ def direct_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Ten
                   ) -> tuple[DirectLaunch, Callable[[], tuple[torch.Tensor, torch.Tensor]] | None]:
     """A tiled or split-K launch for operands like these (a call plan keeps it, kernels/_plans.py),
     and for split-K the function that hands out its workspace; the runtime arguments are the caller's."""
-    if config["VARIANT"] == "tiled":
+    if config["VARIANT"] == "tiled" or (config["VARIANT"] == "repack" and config["SPLIT_K"] == 1):
         return _tiled_launch(config, a, b, c), None
     m, n = a.shape[0], b.shape[1]
     bm, bn, split = config["BLOCK_M"], config["BLOCK_N"], config["SPLIT_K"]
@@ -410,13 +410,45 @@ def _padded(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     on 3333x257x4099, where its search had timed 0.075 ms: the host's time, not the GPU's
     (docs/BENCHMARKS.md, seventh session).
     """
-    out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
     key = ("pad", x.device, x.dtype, *x.shape, *x.stride(), rows, cols, x.data_ptr() % 16)
-    launch = LAUNCHES.get_or_make(key, lambda: DirectLaunch(
-        _pad_kernel, (_cdiv(rows, _PAD_BLOCK_R), _cdiv(cols, _PAD_BLOCK_C)),
-        dict(BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4)))
-    launch(x, out, x.shape[0], x.shape[1], rows, cols, x.stride(0), x.stride(1))
-    return out
+    return LAUNCHES.get_or_make(key, lambda: PadLaunch(x, rows, cols))(x)
+
+
+class PadLaunch:
+    """The padding copy of sources laid out like ``x`` into (rows, cols), launched directly."""
+
+    def __init__(self, x: torch.Tensor, rows: int, cols: int) -> None:
+        self.shape = (rows, cols)
+        self.args = (x.shape[0], x.shape[1], rows, cols, x.stride(0), x.stride(1))
+        self.launch = DirectLaunch(_pad_kernel, (_cdiv(rows, _PAD_BLOCK_R), _cdiv(cols, _PAD_BLOCK_C)),
+                                   dict(BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_empty(self.shape)
+        self.launch(x, out, *self.args)
+        return out
+
+
+class RepackLaunch:
+    """``repack`` on operands laid out like the first call's: both padding copies and the kernel on the
+    padded operands, each launched directly, with nothing looked up per call (a call plan keeps it)."""
+
+    def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+        m, k = a.shape
+        n = b.shape[1]
+        k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
+        self.pad_a, self.pad_b = PadLaunch(a, m, k_padded), PadLaunch(b.t(), n, k_padded)
+        a_padded, b_padded = self.pad_a(a), self.pad_b(b.t()).t()
+        self.launch, self.workspace = direct_launch(config, a_padded, b_padded, c)
+        self.args = (m, n, k_padded, a_padded.stride(0), a_padded.stride(1), b_padded.stride(0),
+                     b_padded.stride(1), c.stride(0), c.stride(1))
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+        a_padded, b_padded = self.pad_a(a), self.pad_b(b.t()).t()
+        if self.workspace is None:
+            self.launch(a_padded, b_padded, c, *self.args)
+        else:
+            self.launch(a_padded, b_padded, c, *self.workspace(), *self.args)
 
 
 def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
