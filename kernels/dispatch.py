@@ -199,17 +199,20 @@ def _carries_to_eager(graph: _Entry) -> bool:
 def _untuned_matmul(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str,
                     table: dict[tuple[str, str], _Entry]) -> Choice:
     """A dense problem nobody tuned in ``mode``: a tuned problem's Triton config where the evidence
-    says it will beat cuBLAS here, else cuBLAS (the user's torch.matmul, never worse than it)."""
+    says it will beat cuBLAS here, else cuBLAS (the user's torch.matmul, never worse than it).
+
+    The evidence is the nearest tuned problem (within UNTUNED_NEAR) whose record in this mode is a
+    Triton config that won there: by UNTUNED_WIN_MARGIN over torch.matmul in graph mode; in eager
+    mode by winning its contest, in which our own cuBLAS path (torch's call plus the lookup's host
+    time) took part too."""
     best: tuple[float, str, Config] | None = None
     for (key, entry_mode), entry in table.items():
         if entry_mode != mode:
             # Eager may learn from a graph record, where that problem has no eager record of its own.
             if not (mode == EAGER and (key, EAGER) not in table and _carries_to_eager(entry)):
                 continue
-        if is_baseline(entry.config) or entry.time_ms is None or entry.cublas_ms is None:
+        if not _won_clearly(entry, eager=entry_mode == EAGER):
             continue
-        if entry.time_ms * (1 + UNTUNED_WIN_MARGIN) > entry.cublas_ms:
-            continue  # it did not beat cuBLAS clearly even where it was tuned
         d = spec.transfer_distance(problem, entry.problem)
         if d <= UNTUNED_NEAR and (best is None or d < best[0]) and \
                 spec.space.violation(entry.config, problem, device) is None:
@@ -217,6 +220,14 @@ def _untuned_matmul(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
     if best is not None:
         return Choice(best[2], f"nearest:{best[1]}")
     return Choice(BASELINE, "cublas: no tuned evidence that a Triton config wins here")
+
+
+def _won_clearly(entry: _Entry, eager: bool) -> bool:
+    """Whether ``entry`` is a Triton config that beat cuBLAS where it was tuned (see _untuned_matmul)."""
+    if is_baseline(entry.config) or entry.time_ms is None or entry.cublas_ms is None:
+        return False
+    margin = 0.0 if eager else UNTUNED_WIN_MARGIN
+    return entry.time_ms * (1 + margin) <= entry.cublas_ms
 
 
 def _minor(version: str) -> str:

@@ -139,11 +139,16 @@ def test_a_gpu_with_no_records_gets_cublas_from_the_first_call(db_url) -> None:
 def test_untuned_problem_takes_a_near_record_only_where_it_beat_cublas_clearly(db_url) -> None:
     _store(db_url,
            make_record(H100, "fp16:nt:16x4096x4096", SPLITK, mode="graph", time_ms=0.020, cublas_ms=0.024),
-           make_record(H100, "fp16:nt:16x4096x4096", TILED, mode="eager", time_ms=0.023, cublas_ms=0.024))
+           make_record(H100, "fp16:nt:16x4096x4096", TILED, mode="eager", time_ms=0.023, cublas_ms=0.024),
+           make_record(H100, "fp16:nt:64x4096x4096", SPLITK, mode="graph", time_ms=0.023, cublas_ms=0.024),
+           make_record(H100, "fp16:nt:64x4096x4096", BASELINE, mode="eager", time_ms=0.024, cublas_ms=0.024))
     near = "fp16:nt:32x4096x4096"
     graph = _choose(db_url, near, "graph")
     assert graph.config == SPLITK and graph.source == "nearest:fp16:nt:16x4096x4096"
-    assert is_baseline(_choose(db_url, near, "eager").config), "4% is within the noise: no evidence"
+    # Eager: the Triton config won its eager contest (our cuBLAS path took part), so it counts.
+    assert _choose(db_url, near, "eager").config == TILED
+    assert is_baseline(_choose(db_url, "fp16:nt:96x4096x4096", "graph").config), "4% is within the noise"
+    assert is_baseline(_choose(db_url, "fp16:nt:96x4096x4096", "eager").config), "cuBLAS won there"
     far = "fp16:nt:2048x4096x4096"  # 7 doublings of M away: the thin-M winner says nothing there
     assert is_baseline(_choose(db_url, far, "graph").config)
 
