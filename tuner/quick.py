@@ -76,12 +76,17 @@ def default_portfolio(problem: Problem, device: DeviceInfo) -> list[Config]:
 
 def quick_tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo, store: Store, *,
                portfolio: Callable[[Problem, DeviceInfo], list[Config]] = default_portfolio,
-               pool: CheckPool | None = None,
+               pool: CheckPool | None = None, skip_tuned: bool = True,
                on_result: Callable[[QuickResult], None] | None = None) -> list[QuickResult]:
-    """Time each problem's portfolio in both modes, store both winners, keep every timing as a trial."""
+    """Time each problem's portfolio in both modes, store both winners, keep every timing as a trial.
+
+    ``skip_tuned`` leaves out problems that have a record in every mode on this device already (so
+    that an interrupted run goes on where it stopped)."""
     storage = optuna.storages.RDBStorage(store.url)
     results = []
     for problem in problems:
+        if skip_tuned and all(store.get(device.name, spec.name, problem.key, mode) for mode in MODES):
+            continue
         started = time.monotonic()
         study = open_study(storage, device, problem)
         space = sampled_space(study, spec, problem, device)

@@ -31,7 +31,9 @@ def test_quick_tune_stores_a_winner_per_mode_and_keeps_every_timing(db_url) -> N
         trials = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
         assert len(trials) == 2 and all(t.user_attrs["portfolio"] for t in trials)
         assert all(t.user_attrs["graph_ms"] > 0 and t.user_attrs["eager_ms"] > 0 for t in trials)
-        again = quick_tune(kernels.MATMUL, [PROBLEM], CPU, store, portfolio=lambda p, d: PORTFOLIO)
+        assert quick_tune(kernels.MATMUL, [PROBLEM], CPU, store, portfolio=lambda p, d: PORTFOLIO) == [], \
+            "a problem with both winners is not tuned again"
+        again = quick_tune(kernels.MATMUL, [PROBLEM], CPU, store, portfolio=lambda p, d: PORTFOLIO, skip_tuned=False)
         assert [r.measured for r in again] == [0], "configs timed before are not timed again"
 
 
