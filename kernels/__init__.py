@@ -49,38 +49,44 @@ def get_kernel(name: str) -> KernelSpec:
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """C = A @ B with the config tuned for this GPU, problem and dispatch mode (docs/MODES.md).
 
-    A repeated call signature (shapes, strides, dtypes, device, mode) costs one dict lookup before
-    its plan runs (kernels/_plans.py); the first one checks the operands and resolves the config.
+    A repeated call signature (shapes, strides, dtypes, device) costs one dict lookup before its plan
+    runs (kernels/_plans.py); the first one checks the operands and resolves both modes' configs.
+    Where the two modes run the same plan (most signatures), the mode is not even asked: the capture
+    check is a CUDA runtime query.
     """
     try:
-        mode = _FORCED.mode or _modes.ENV_MODE  # _modes.current(), inlined: every call pays for it
-        if mode is None or mode is _AUTO:
-            mode = _GRAPH if a.is_cuda and _modes.capturing() else _EAGER
-        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, mode)
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device)
     except (AttributeError, TypeError):
         check_operands(a, b)  # not tensors: raises the TypeError that says so
         raise
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _plan_matmul(key, a, b)
+    plans = _PLANS.get(key)
+    if plans is None:
+        plans = _plan_matmul(key, a, b)
+    plan = plans.both
+    if plan is None:  # the modes differ here: _modes.current(), inlined (every such call pays for it)
+        mode = _FORCED.mode or _modes.ENV_MODE
+        if mode is None or mode is _AUTO:
+            mode = _GRAPH if a.is_cuda and _modes.capturing() else _EAGER
+        plan = plans.graph if mode == _GRAPH else plans.eager
     if out is None:
         return plan(a, b)
     return _plans.with_out(plan, a, b, out)
 
 
+def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.ModePlans:
+    """The first call of a signature: check, resolve each mode's config, build and keep the plans."""
+    check_operands(a, b)
+    if a.device.type == "cpu" and not _INTERPRETED:
+        configs = {mode: BASELINE for mode in MODES}  # no Triton on the CPU unless the interpreter is on
+    else:
+        problem, device = MATMUL.problem_of(a, b), current_device(a.device)
+        configs = {mode: DISPATCHER.resolve(key + (mode,), MATMUL, problem, device, mode) for mode in MODES}
+    return _plans.put(key, _plans.plans_for(configs, a, b))
+
+
 _PLANS = _plans._PLANS
 _FORCED = _modes.LOCAL
 _AUTO, _GRAPH, _EAGER = _modes.AUTO, _modes.GRAPH, _modes.EAGER
-
-
-def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.Plan:
-    """The first call of a signature: check, resolve the config for its mode, build and keep the plan."""
-    check_operands(a, b)
-    if a.device.type == "cpu" and not _INTERPRETED:
-        config = BASELINE  # no Triton on the CPU unless the interpreter is on
-    else:
-        config = DISPATCHER.resolve(key, MATMUL, MATMUL.problem_of(a, b), current_device(a.device), key[-1])
-    return _plans.put(key, _plans.build(config, a, b))
 
 
 def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

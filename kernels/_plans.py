@@ -23,26 +23,36 @@ from typing import Any
 import torch
 
 from . import gemm
-from ._modes import MODES
+from ._modes import EAGER, GRAPH
 from ._spec import BASELINE, Config, is_baseline
 
 # A plan is called as plan(a, b) on the hot path, and plan.with_out(a, b, out) when out is given.
 Plan = Any
 
-_PLANS: dict[Hashable, Plan] = {}
+_PLANS: dict[Hashable, "ModePlans"] = {}
 _LOCK = threading.Lock()
 
 
-def signature(a: torch.Tensor, b: torch.Tensor, mode: str) -> tuple:
-    """The plan key of a call: everything a plan depends on but the data's addresses."""
-    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, mode)
+def signature(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    """The plan key of a call: everything a plan depends on but the data's addresses and the mode."""
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device)
 
 
-def get(key: Hashable) -> Plan | None:
+class ModePlans:
+    """The plans of one call signature, per mode; ``both`` is the plan when the two are the same."""
+
+    __slots__ = ("eager", "graph", "both")
+
+    def __init__(self, eager: Plan, graph: Plan) -> None:
+        self.eager, self.graph = eager, graph
+        self.both = eager if eager is graph else None
+
+
+def get(key: Hashable) -> ModePlans | None:
     return _PLANS.get(key)
 
 
-def put(key: Hashable, plan: Plan) -> Plan:
+def put(key: Hashable, plan: ModePlans) -> ModePlans:
     with _LOCK:
         if len(_PLANS) >= _CAPACITY:  # a workload of ever-new shapes must not grow memory for ever
             _PLANS.clear()
@@ -151,26 +161,32 @@ def build(config: Config, a: torch.Tensor, b: torch.Tensor) -> Plan:
     return _Checked(config)
 
 
+def plans_for(configs: dict[str, Config], a: torch.Tensor, b: torch.Tensor) -> ModePlans:
+    """The plans of each mode's config; one plan serves both where the configs agree."""
+    eager = build(configs[EAGER], a, b)
+    graph = eager if configs[GRAPH] == configs[EAGER] else build(configs[GRAPH], a, b)
+    return ModePlans(eager, graph)
+
+
 @contextlib.contextmanager
 def pinned(config: Config, a: torch.Tensor, b: torch.Tensor) -> Iterator[None]:
     """Within the block, ``kernels.matmul`` on operands shaped like ``a`` and ``b`` runs ``config``
     in every mode: the public call, exactly as a user makes it, with the config forced."""
     plan = build(config, a, b)
-    keys = [signature(a, b, mode) for mode in MODES]
-    saved = {key: _PLANS.get(key) for key in keys}
-    for key in keys:
-        _PLANS[key] = plan
+    key = signature(a, b)
+    before = _PLANS.get(key)
+    _PLANS[key] = ModePlans(plan, plan)
     try:
         yield
     finally:
         with _LOCK:
-            for key, before in saved.items():
-                if before is None:
-                    _PLANS.pop(key, None)
-                else:
-                    _PLANS[key] = before
+            if before is None:
+                _PLANS.pop(key, None)
+            else:
+                _PLANS[key] = before
 
 
 def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:
-    """The plan a call would use now (for tests and ``explain``); None before the first call."""
-    return _PLANS.get(signature(a, b, mode))
+    """The plan a call in ``mode`` would use now (for tests and ``explain``); None before the first call."""
+    plans = _PLANS.get(signature(a, b))
+    return None if plans is None else getattr(plans, mode)

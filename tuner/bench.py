@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -242,7 +243,7 @@ class Bench:
             order = list(zip(configs, ours)) + [(None, theirs)]
             for config, times in order if round_ % 2 == 0 else reversed(order):
                 times.append(self.baseline_time(mode, inputs) if config is None else self.time(config, mode, inputs))
-        return [sorted(times)[rounds // 2] for times in ours], sorted(theirs)[rounds // 2]
+        return [statistics.median(times) for times in ours], statistics.median(theirs)
 
 
 

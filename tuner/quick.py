@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # search's (do_bench 25 + 100 ms): the contest at the end times the finalists again side by side.
 QUICK_GRAPH_MS = (10, 40)
 QUICK_EAGER_ROUND_MS = 5.0
+# The contest of a quick tuning: its two best configs per mode and cuBLAS, two rounds in ABBA order.
+QUICK_FINALISTS = 2
+QUICK_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,8 @@ def quick_tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo
         if not any(t.user_attrs.get("status") == "ok" for t in study.trials):
             log.warning("%s: no portfolio config ran correctly; nothing stored", problem)
             continue
-        records = {mode: _decide(spec, problem, device, bench, study, mode) for mode in MODES}
+        records = {mode: _decide(spec, problem, device, bench, study, mode, QUICK_FINALISTS, QUICK_ROUNDS)
+                   for mode in MODES}
         bench.release()
         store.put_many(list(records.values()), on_conflict="replace")
         result = QuickResult(problem, records, len(configs), time.monotonic() - started)

@@ -364,15 +364,15 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
 
 
 def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,
-            study: optuna.Study, mode: str) -> Record:
+            study: optuna.Study, mode: str, most: int = FINALISTS, rounds: int | None = None) -> Record:
     """The winner of ``mode``: the study's best configs in that mode and cuBLAS, side by side.
 
     In eager mode cuBLAS enters twice: as the user's own ``torch.matmul`` (the baseline every
     speed-up is against) and as our dispatch's cuBLAS path, so a cuBLAS winner's stored time is what
     ``kernels.matmul`` costs, host time included."""
-    chosen = finalists(study, mode=mode)
+    chosen = finalists(study, most=most, mode=mode)
     if not chosen:  # no candidate got an eager time (all early-stopped): take the graph finalists'
-        chosen = finalists(study, mode=GRAPH)
+        chosen = finalists(study, most=most, mode=GRAPH)
     trials = len(measured_trials(study))
     if device.is_cpu:  # interpreter times say nothing about speed: no contest with the baseline
         return _winner_record(spec, problem, device, chosen[0], bench.baseline_ms(mode), trials, mode)
@@ -380,7 +380,7 @@ def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench
     if mode == EAGER and spec.name == "matmul":
         ours_cublas_ms = bench.time(BASELINE, EAGER)
         chosen = chosen + [(BASELINE, ours_cublas_ms)]
-    ((found, search_ms), found_ms), baseline_ms = head_to_head(bench, chosen, mode)
+    ((found, search_ms), found_ms), baseline_ms = head_to_head(bench, chosen, mode, rounds)
     # What the cost model needs besides the trials (kernels/_costmodel.py): the user's torch.matmul in
     # this mode and, in eager mode, our own dispatch's cuBLAS path, whose lookup costs host time.
     study.set_user_attr(f"{mode}_cublas_ms", baseline_ms)
@@ -420,8 +420,8 @@ def finalists(study: optuna.Study, most: int = FINALISTS, within: float = FINALI
     return chosen
 
 
-def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config, float]], mode: str = GRAPH
-                 ) -> tuple[tuple[tuple[Config, float], float], float]:
+def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config, float]], mode: str = GRAPH,
+                 rounds: int | None = None) -> tuple[tuple[tuple[Config, float], float], float]:
     """((winner, the search's time for it), its time side by side), baseline ms): the finalists and the
     baseline timed in turn on the same inputs, the contest that decides the winner.
 
@@ -435,7 +435,8 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
     for attempt in range(CONTEST_ATTEMPTS):
         if attempt:
             time.sleep(CONTEST_PAUSE_S)
-        times, baseline_ms = bench.contest(configs, mode=mode)
+        times, baseline_ms = (bench.contest(configs, mode=mode) if rounds is None
+                              else bench.contest(configs, rounds=rounds, mode=mode))
         best = min(range(len(configs)), key=times.__getitem__)
         if believed(times[best], finalists[best][1]):
             return (finalists[best], times[best]), baseline_ms  # believed: this attempt decides
@@ -667,9 +668,12 @@ def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found
     triton_config = spec.space.portable(triton_config, problem, device, spec.portable_values(device))
     # A Triton config must beat the baseline by a margin: run-to-run spread of one kernel's median on
     # the H100 was 1-3% (scripts/bench.py vs the search's own timings, 2026-11-23).
-    baseline_wins = cublas_won or (baseline_ms < triton_ms * (1 + WIN_MARGIN) and not device.is_cpu)
+    # cuBLAS as we call it: torch.matmul's time, or our own dispatch path's where it was timed (eager:
+    # its lookup costs host time, so a Triton config that beats it wins even if it only ties torch).
+    cublas_cost = max(baseline_ms, cublas_ms or 0.0)
+    baseline_wins = cublas_won or (cublas_cost < triton_ms * (1 + WIN_MARGIN) and not device.is_cpu)
     if baseline_wins:
-        config, time_ms = BASELINE, max(baseline_ms, cublas_ms or 0.0)
+        config, time_ms = BASELINE, cublas_cost
     else:
         config, time_ms = triton_config, triton_ms
     return Record(

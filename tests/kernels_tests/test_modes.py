@@ -98,12 +98,23 @@ def test_each_mode_runs_its_own_winner_through_the_public_call(db_url, torch_dev
             assert launched[0][1] == config
         plan = _plans.plan_of(a, b, mode)
         assert getattr(plan, "config", None) == config
-    # Under a (stand-in) capture, with no mode forced, the graph winner is used.
-    monkeypatch.setattr(_modes, "ENV_MODE", None)
-    monkeypatch.setattr(_modes, "capturing", lambda: True)
-    monkeypatch.setattr(_modes, "current", lambda on_cuda: "graph")  # CPU tensors are never captured
+    # The two modes' plans differ here, so each call asks the mode (tests/kernels_tests/test_capture.py
+    # checks on the GPU that a real capture gets the graph winner).
+    assert _plans.plan_of(a, b, "eager") is not _plans.plan_of(a, b, "graph")
+
+
+def test_a_signature_whose_modes_agree_runs_one_plan_without_asking_the_mode(db_url, torch_device,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    device = kernels.current_device(torch_device)
+    key = "fp16:nn:16x64x64"
+    _store(db_url, make_record(device, key, TILED, mode="eager"), make_record(device, key, TILED, mode="graph"))
+    kernels.use_database(db_url, use_shipped=False)
+    asked = []
+    monkeypatch.setattr(_modes, "capturing", lambda: asked.append(1) or False)
+    a, b = _inputs(16, 64, 64, torch_device)
     kernels.matmul(a, b)
-    assert _plans.plan_of(a, b, "graph").config == WIDE
+    assert _plans.plan_of(a, b, "eager") is _plans.plan_of(a, b, "graph")
+    assert asked == []
 
 
 # ------------------------------------------------------------------------------------------ exact records
