@@ -31,6 +31,9 @@ from tuner import timing
 from tuner.bench import Bench, relative_error, TOLERANCE
 
 
+GRAPH_BUDGET = timing.FULL_MS
+
+
 def problems_of(args: argparse.Namespace) -> list[Problem]:
     keys = list(args.key or [])
     if args.keys:
@@ -42,6 +45,7 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
         problems += corpus.corpus_problems(args.corpus)
     if args.dtype:
         problems = [p for p in problems if p.dtype in args.dtype]
+    problems = problems[:: getattr(args, "every", 1) or 1]
     if args.limit:
         problems = problems[: args.limit]
     return problems
@@ -65,8 +69,8 @@ def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], roun
             sides = [(theirs, lambda: timing.eager_ms(lambda x: torch.matmul(*x), rotation)),
                      (ours, lambda: timing.eager_ms(lambda x: kernels.matmul(*x), rotation))]
         else:
-            sides = [(theirs, lambda: timing.graph_ms(lambda: torch.matmul(a, b))),
-                     (ours, lambda: timing.graph_ms(lambda: kernels.matmul(a, b)))]
+            sides = [(theirs, lambda: timing.graph_ms(lambda: torch.matmul(a, b), GRAPH_BUDGET)),
+                     (ours, lambda: timing.graph_ms(lambda: kernels.matmul(a, b), GRAPH_BUDGET))]
         for round_ in range(rounds):  # ABBA: neither side always runs on the warmer GPU
             for times, timed in sides if round_ % 2 == 0 else reversed(sides):
                 times.append(timed())
@@ -93,6 +97,9 @@ def main() -> int:
     parser.add_argument("--modes", default="eager,graph")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--stored", action="store_true", help="compare with each problem's stored speed-up")
+    parser.add_argument("--stored-table", default=None, help="... as stored in this export (a shipped table)")
+    parser.add_argument("--every", type=int, default=1, help="every N-th problem only (a sample)")
+    parser.add_argument("--graph-budget", default="25,100", help="do_bench warm-up,rep ms of the graph timing")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -102,8 +109,15 @@ def main() -> int:
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(problems)} problems, db {args.db}, shipped {'off' if args.no_shipped else 'on'}, "
           f"{args.rounds} rounds", flush=True)
+    global GRAPH_BUDGET
+    GRAPH_BUDGET = tuple(int(x) for x in args.graph_budget.split(","))
     stored = {}
-    if args.stored:
+    if args.stored_table:
+        from db import load_document
+
+        stored = {(r.problem_key, r.mode): r for r in load_document(args.stored_table)
+                  if r.device_name == device.name and r.kernel == "matmul"}
+    elif args.stored:
         with Store(args.db, create=False) as store:
             stored = {(r.problem_key, r.mode): r for r in store.records(device=device.name, kernel="matmul")}
     rows = []
