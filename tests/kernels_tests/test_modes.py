@@ -153,7 +153,7 @@ def test_untuned_problem_takes_a_near_record_only_where_it_beat_cublas_clearly(d
            make_record(H100, "fp16:nt:16x4096x4096", TILED, mode="eager", time_ms=0.023, cublas_ms=0.024),
            make_record(H100, "fp16:nt:64x4096x4096", SPLITK, mode="graph", time_ms=0.023, cublas_ms=0.024),
            make_record(H100, "fp16:nt:64x4096x4096", BASELINE, mode="eager", time_ms=0.024, cublas_ms=0.024))
-    near = "fp16:nt:32x4096x4096"
+    near = "fp16:nt:24x4096x4096"
     graph = _choose(db_url, near, "graph")
     assert graph.config == SPLITK and graph.source == "nearest:fp16:nt:16x4096x4096"
     # Eager takes the graph evidence (split-K's host cost is torch's); an eager win is no evidence.
