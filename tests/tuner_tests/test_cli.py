@@ -45,9 +45,10 @@ def tuner(tmp_path: Path, *args: str, interpret: bool = not ON_GPU) -> subproces
                           capture_output=True, text=True, timeout=300)
 
 
-def _records(url: str) -> list:
+def _records(url: str, mode: str | None = None) -> list:
+    """The database's records (of one dispatch mode, if given; a search stores one per mode)."""
     with Store(url) as store:
-        return store.records()
+        return [r for r in store.records() if mode is None or r.mode == mode]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +64,10 @@ def test_search_stores_a_winner(tuned) -> None:
     url, done, tmp = tuned
     assert done.returncode == 0, done.stderr
     assert f"tuning 1 matmul problem(s) on {DEVICE.name} ({DEVICE.alias})" in done.stdout
-    assert "trial 3/3" in done.stdout and "winner: VARIANT:" in done.stdout
-    [record] = _records(url)
+    assert "trial 3/3" in done.stdout and "graph winner: VARIANT:" in done.stdout
+    assert "eager winner: VARIANT:" in done.stdout
+    assert sorted(r.mode for r in _records(url)) == ["eager", "graph"]
+    [record] = _records(url, "graph")
     assert (record.device_name, record.kernel, record.problem_key, record.trials) == (DEVICE.name, "matmul", KEY, 3)
     assert not (tmp / "unused-default.db").exists(), "--db must win over TUNER_DB"
 
@@ -75,21 +78,22 @@ def test_list_export_and_import_round_trip(tuned, tmp_path, capsys) -> None:
     listed = tuner(tmp_path, "list", "--db", url)
     assert listed.returncode == 0, listed.stderr
     assert KEY in listed.stdout and DEVICE.alias in listed.stdout and "matmul" in listed.stdout
+    assert "eager" in listed.stdout and "graph" in listed.stdout
 
     exported = tmp_path / "records.json"
     out = tuner(tmp_path, "export", "--db", url, "-o", str(exported))
     assert out.returncode == 0, out.stderr
-    assert "exported 1 record(s)" in out.stdout
+    assert "exported 2 record(s)" in out.stdout  # the problem's eager and graph winners
     assert json.loads(exported.read_text())["records"][0]["problem_key"] == KEY
 
     fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
     imported = tuner(tmp_path, "import", str(exported), "--db", fresh)
     assert imported.returncode == 0, imported.stderr
-    assert "1 new, 0 replaced, 0 kept" in imported.stdout
+    assert "2 new, 0 replaced, 0 kept" in imported.stdout
     assert _records(fresh) == _records(url)
 
     assert main(["import", str(exported), "--db", fresh]) == 0  # again: the same record, not faster
-    assert "0 new, 0 replaced, 1 kept" in capsys.readouterr().out
+    assert "0 new, 0 replaced, 2 kept" in capsys.readouterr().out
     assert _records(fresh) == _records(url)
 
 
@@ -125,7 +129,7 @@ def test_grouped_search_tunes_a_group(tmp_path) -> None:
     done = tuner(tmp_path, "search", "--kernel", "grouped_matmul", *SEARCH_ON, "--shape", group,
                  "--trials", "2", "--seed", "0", "--db", url)
     assert done.returncode == 0, done.stderr
-    [record] = _records(url)
+    [record] = _records(url, "graph")
     assert (record.kernel, record.problem_key, record.shapes) == ("grouped_matmul", f"fp16:nn:{group}",
                                                                   ((16, 32, 32), (8, 16, 32)))
 
@@ -137,7 +141,7 @@ def test_moe_search_tunes_an_expert_group(tmp_path) -> None:
                  "--trials", "2", "--seed", "0", "--db", url)
     assert done.returncode == 0, done.stderr
     assert "measured" in done.stdout and "waiting for compiles" in done.stdout, "the wall-time summary line"
-    [record] = _records(url)
+    [record] = _records(url, "graph")
     assert (record.kernel, record.problem_key) == ("moe_matmul", f"fp16:nn:{group}")
 
 
@@ -221,5 +225,5 @@ def test_search_stops_at_a_seconds_budget(tmp_path) -> None:
     done = tuner(tmp_path, "search", *SEARCH_ON, "--shape", SHAPE, "--budget", "1s", "--budget", "50",
                  "--seed", "0", "--no-shipped", "--db", url)
     assert done.returncode == 0, done.stderr
-    [record] = _records(url)
+    [record] = _records(url, "graph")
     assert 1 <= record.trials < 50
