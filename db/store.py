@@ -38,6 +38,7 @@ ON_CONFLICT_CHOICES = ("faster", "replace", "keep", "error")
 
 # SQLite waits this long for another process's write lock before reporting "database is locked";
 # a put holds the lock for milliseconds, so 30 s only runs out when something is badly stuck.
+# TUNER_SQLITE_BUSY_TIMEOUT_S overrides it (the fault tests hold a lock past a short timeout).
 _SQLITE_BUSY_TIMEOUT_S = 30.0
 # Whole-transaction retries for lost races (locked SQLite, duplicate insert on PostgreSQL).
 _ATTEMPTS = 5
@@ -236,6 +237,9 @@ class Store:
         if isinstance(exc, IntegrityError) and self._engine.dialect.name != "sqlite":
             return _RetryableError(f"{where}: another process wrote the same problem at the same "
                                    f"time ({detail}); try again")
+        if any(sign in str(detail).lower() for sign in ("disk is full", "disk i/o", "file too large")):
+            return StoreError(f"{where} could not be written: {detail}; nothing of this write was kept; "
+                              "free space on its disk (or raise the file size limit) and run the command again")
         if any(sign in str(detail).lower() for sign in ("not a database", "malformed", "disk image")):
             return StoreError(f"{where} is damaged or is not a SQLite database ({detail}); restore it from a "
                               "backup or re-import an export into a new file, or point --db / TUNER_DB elsewhere")
@@ -343,7 +347,7 @@ def _make_engine(url: str, *, wal: bool) -> Engine:
     try:
         if make_url(url).get_backend_name() != "sqlite":
             return create_engine(url, pool_pre_ping=True)
-        engine = create_engine(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S})
+        engine = create_engine(url, connect_args={"timeout": _busy_timeout_s()})
     except (SQLAlchemyError, ImportError) as exc:
         raise StoreError(f"cannot open database URL {_shown(url)}: {exc}; pass a SQLAlchemy URL such "
                          "as sqlite:////path/to/tuner.db or postgresql://host/db (with its "
@@ -353,6 +357,16 @@ def _make_engine(url: str, *, wal: bool) -> Engine:
         event.listen(engine, "connect", _enable_wal)
     event.listen(engine, "begin", _on_sqlite_begin)
     return engine
+
+
+def _busy_timeout_s() -> float:
+    text = os.environ.get("TUNER_SQLITE_BUSY_TIMEOUT_S", "").strip()
+    try:
+        value = float(text) if text else _SQLITE_BUSY_TIMEOUT_S
+    except ValueError:
+        raise StoreError(f"TUNER_SQLITE_BUSY_TIMEOUT_S={text!r} is not a number of seconds; "
+                         "unset it or give e.g. 30") from None
+    return value if value >= 0 else _SQLITE_BUSY_TIMEOUT_S
 
 
 def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, connection_record: Any) -> None:
