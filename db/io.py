@@ -118,7 +118,7 @@ def import_records(store: Store, source: Source, on_conflict: str = "faster",
 
 def _read(source: Source) -> tuple[str, Any]:
     """(a name for messages, the parsed JSON) of ``source``."""
-    if isinstance(source, Mapping):
+    if not isinstance(source, (str, os.PathLike)):  # already parsed: the envelope check says what it is
         return "document", source
     path = Path(source)
     try:

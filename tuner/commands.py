@@ -9,6 +9,7 @@ import optuna
 
 import kernels
 from db import Record, Store, StoreError, export_records, load_document
+from db._plausible import MAX_DIM, MAX_GEMMS
 from db.store import check_on_conflict
 
 from . import suites
@@ -56,6 +57,9 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
             spec.check_problem(problem)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        if max(max(shape) for shape in problem.shapes) > MAX_DIM or len(problem.shapes) > MAX_GEMMS:
+            raise UserError(f"--shape {_short_key(text, len(problem.shapes))!r} is beyond the sizes a record may "
+                            f"hold (each of M, N, K up to {MAX_DIM}, up to {MAX_GEMMS} GEMMs)")
         if problem.flops == 0:
             raise UserError(f"--shape {text!r} has no work (every GEMM has a zero M, N or K): nothing to "
                             "tune; give sizes >= 1, e.g. --shape 16x4096x4096")
