@@ -126,6 +126,9 @@ def _read(source: Source) -> tuple[str, Any]:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} does not exist; pass the path of a file written by "
                                 "export") from None
+    except OSError as exc:  # a folder, a file this user may not read
+        raise OSError(f"cannot read {path}: {exc.strerror or exc}; pass the path of a file written by "
+                      "export") from None
     except UnicodeDecodeError as exc:
         raise ImportValidationError(str(path), [f"not UTF-8 text ({exc.reason}); is it a "
                                                 "records export?"]) from None
