@@ -78,3 +78,12 @@ def test_matmul_is_right_or_raises_value_or_type_error(data, m, n, k, k_b, dtype
     tolerance = TOLERANCE[a.dtype]
     if tolerance is not None:
         torch.testing.assert_close(c.float(), expected, atol=tolerance * max(k, 1), rtol=tolerance)
+
+
+def test_a_cached_signature_with_b_on_another_device_still_raises_value_error() -> None:
+    # Found by the fuzzer: the call-plan key left out b's device, so after a (cpu, cpu) call the same
+    # shapes with b on another device skipped the checks and launched on b's foreign pointer.
+    a, b = torch.randn(5, 5).half(), torch.randn(5, 7).half()
+    kernels.matmul(a, b)
+    with pytest.raises(ValueError, match="b is on meta"):
+        kernels.matmul(a, b.to("meta"))
