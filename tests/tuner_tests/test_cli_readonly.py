@@ -5,6 +5,8 @@ In-process through ``tuner.cli.main``: each case needs no fresh interpreter.
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,37 @@ def test_a_corrupt_database_is_named_as_damaged(tmp_path: Path, capsys) -> None:
     bad.write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 20)
     assert main(["list", "--db", str(bad)]) == 2
     assert "damaged" in _one_error_line(capsys)
+
+
+OLD_DB = Path(__file__).resolve().parents[1] / "data" / "v1_tuner.db"
+
+
+def test_list_of_a_newer_schema_names_the_release_to_install(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "new.db"
+    shutil.copy(OLD_DB, path)
+    assert main(["import", str(_export_of(OLD_DB, tmp_path, capsys)), "--db", str(path)]) == 0  # migrates
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE tuner_alembic_version SET version_num = '0099_future'")
+    before = path.read_bytes()
+    for command in (["list"], ["export", "-o", str(tmp_path / "o.json")]):
+        assert main([*command, "--db", str(path)]) == 2
+        err = _one_error_line(capsys)
+        assert "0099_future" in err and "install" in err
+    assert path.read_bytes() == before
+
+
+def test_list_reads_an_older_schema_without_migrating_it(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_DB, path)
+    before = path.read_bytes()
+    assert main(["list", "--db", str(path)]) == 0
+    assert "h100" in capsys.readouterr().out
+    assert path.read_bytes() == before, "a command that only reads must not migrate"
+
+
+def _export_of(source: Path, tmp_path: Path, capsys) -> Path:
+    out, copy = tmp_path / "v1.json", tmp_path / "source.db"
+    shutil.copy(source, copy)  # the checked-in file is never opened, even to read
+    assert main(["export", "--db", str(copy), "-o", str(out)]) == 0
+    capsys.readouterr()
+    return out
