@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,15 @@ def plausibility_problems(record: Record | Mapping[str, Any]) -> list[str]:
     problems += _key_problems(fields, shapes)
     problems += _timing_problems(fields, shapes)
     return problems
+
+
+def check_plausible(records: Sequence[Record]) -> None:
+    """Raise ValueError naming the first implausible record and why: such a record is never stored."""
+    for record in records:
+        problems = plausibility_problems(record)
+        if problems:
+            raise ValueError(f"{record.device_alias} {record.kernel} {_show(record.problem_key)} is not "
+                             f"plausible, so nothing was stored: {'; '.join(problems)}")
 
 
 def _format_problems(fields: Mapping[str, Any]) -> list[str]:

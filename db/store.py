@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from . import _migrate
 from ._record import ImportSummary, Record
-from ._plausible import plausibility_problems
+from ._plausible import check_plausible, plausibility_problems
 from .models import TABLE_NAME, RecordModel
 
 _logger = logging.getLogger(__name__)
@@ -301,15 +301,6 @@ def check_on_conflict(on_conflict: str) -> None:
     if on_conflict not in ON_CONFLICT_CHOICES:
         raise ValueError(f"on_conflict {on_conflict!r} is not one of {', '.join(ON_CONFLICT_CHOICES)}; "
                          "pass --on-conflict faster (keep the lower time), replace, keep or error")
-
-
-def check_plausible(records: Sequence[Record]) -> None:
-    """Raise ValueError naming each implausible record and why: such a record is never stored."""
-    for record in records:
-        problems = plausibility_problems(record)
-        if problems:
-            raise ValueError(f"{record.device_alias} {record.kernel} {_short(record.problem_key)} is not "
-                             f"plausible, so nothing was stored: {'; '.join(problems)}")
 
 
 def _put(session: Session, record: Record, on_conflict: str) -> Outcome:
