@@ -6,12 +6,17 @@ them between machines as JSON. Nothing here imports torch, triton, or the kernel
 
 from __future__ import annotations
 
+from ._plausible import PEAKS, DevicePeak, peak_of, plausibility_problems
 from ._record import ImportSummary, Record
 from .io import (SCHEMA_VERSION, ImportValidationError, dump_document, export_records,
                  import_records, load_document)
 from .store import ON_CONFLICT_CHOICES, Store, StoreError, default_url
 
 __all__ = [
+    "PEAKS",
+    "DevicePeak",
+    "peak_of",
+    "plausibility_problems",
     "ON_CONFLICT_CHOICES",
     "SCHEMA_VERSION",
     "ImportSummary",

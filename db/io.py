@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ._record import ImportSummary, Record
+from ._plausible import plausibility_problems
 from ._validate import FIELDS, record_from_raw, record_problems
 from .store import Store, check_on_conflict
 
@@ -117,7 +118,7 @@ def import_records(store: Store, source: Source, on_conflict: str = "faster",
 
 def _read(source: Source) -> tuple[str, Any]:
     """(a name for messages, the parsed JSON) of ``source``."""
-    if isinstance(source, Mapping):
+    if not isinstance(source, (str, os.PathLike)):  # already parsed: the envelope check says what it is
         return "document", source
     path = Path(source)
     try:
@@ -125,6 +126,9 @@ def _read(source: Source) -> tuple[str, Any]:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path} does not exist; pass the path of a file written by "
                                 "export") from None
+    except OSError as exc:  # a folder, a file this user may not read
+        raise OSError(f"cannot read {path}: {exc.strerror or exc}; pass the path of a file written by "
+                      "export") from None
     except UnicodeDecodeError as exc:
         raise ImportValidationError(str(path), [f"not UTF-8 text ({exc.reason}); is it a "
                                                 "records export?"]) from None
@@ -132,6 +136,9 @@ def _read(source: Source) -> tuple[str, Any]:
         return str(path), json.loads(text)
     except json.JSONDecodeError as exc:
         raise ImportValidationError(str(path), [f"not JSON: {exc}"]) from None
+    except RecursionError:  # Python's parser recurses per bracket: a hostile file must not end in a traceback
+        raise ImportValidationError(str(path), ["nested deeper than any records export; is it a "
+                                                "records export?"]) from None
 
 
 def _document_problems(document: Any) -> list[str]:
@@ -171,6 +178,8 @@ def _parse_records(raws: list[Any], validate: Validator | None) -> tuple[list[Re
                          "keep one of them")
         elif key is not None:
             first_of[key] = index
+        if not found:
+            found = plausibility_problems(raw)
         if not found:
             record = record_from_raw(raw)
             found = _caller_problems(record, validate)

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from . import _migrate
 from ._record import ImportSummary, Record
+from ._plausible import check_plausible, plausibility_problems
 from .models import TABLE_NAME, RecordModel
 
 _logger = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ ON_CONFLICT_CHOICES = ("faster", "replace", "keep", "error")
 
 # SQLite waits this long for another process's write lock before reporting "database is locked";
 # a put holds the lock for milliseconds, so 30 s only runs out when something is badly stuck.
+# TUNER_SQLITE_BUSY_TIMEOUT_S overrides it (the fault tests hold a lock past a short timeout).
 _SQLITE_BUSY_TIMEOUT_S = 30.0
 # Whole-transaction retries for lost races (locked SQLite, duplicate insert on PostgreSQL).
 _ATTEMPTS = 5
@@ -60,8 +62,8 @@ class _RetryableError(StoreError):
 def default_url() -> str:
     """Where records live unless told otherwise: ``$TUNER_DB``, else a SQLite file in the user's cache.
 
-    The cache folder is ``$XDG_CACHE_HOME/triton-tuner`` (``~/.cache/triton-tuner`` by default);
-    it is created here, the database file only when something is written.
+    The cache folder is ``$XDG_CACHE_HOME/triton-tuner`` (``~/.cache/triton-tuner`` by default).
+    Nothing is created here: a reader must not leave folders behind; a writer creates the folder.
     """
     configured = os.environ.get("TUNER_DB", "").strip()
     if configured:
@@ -69,12 +71,7 @@ def default_url() -> str:
     cache = os.environ.get("XDG_CACHE_HOME", "").strip()
     # The XDG spec says to ignore a relative XDG_CACHE_HOME.
     root = Path(cache) if cache and os.path.isabs(cache) else Path.home() / ".cache"
-    folder = root / "triton-tuner"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # a read-only home still lets readers run; writers get a StoreError
-        _logger.debug("cannot create %s: %s", folder, exc)
-    return f"sqlite:///{folder / 'tuner.db'}"
+    return f"sqlite:///{root / 'triton-tuner' / 'tuner.db'}"
 
 
 def as_url(url_or_path: str) -> str:
@@ -123,22 +120,29 @@ class Store:
         """Close the engine's pooled connections (the store opens new ones if used again)."""
         self._engine.dispose()
 
+    def exists(self) -> bool:
+        """Whether the database holds our records table; checked without creating anything."""
+        return self._readable()
+
     # Writes -------------------------------------------------------------------------------------
 
     def put(self, record: Record, on_conflict: str = "faster") -> Outcome:
         """Store ``record``; returns "inserted", "replaced" or "kept" (the stored one stayed).
 
         ``on_conflict`` decides between ``record`` and one already stored for its problem: "faster"
-        keeps the lower ``time_ms`` (the stored one on a tie), "replace" the new, "keep" the old,
-        and "error" raises ``StoreError``.
+        keeps the lower ``time_ms`` (the stored one on a tie; a stored one that fails the plausibility
+        rules always loses), "replace" the new, "keep" the old, and "error" raises ``StoreError``.
+        An implausible ``record`` raises ValueError and is never stored.
         """
         check_on_conflict(on_conflict)
+        check_plausible([record])
         self._require_table()
         return self._transaction(lambda session: _put(session, record, on_conflict), write=True)
 
     def put_many(self, records: Sequence[Record], on_conflict: str = "faster") -> ImportSummary:
         """Store every record in one transaction: all are written or, on any error, none."""
         check_on_conflict(on_conflict)
+        check_plausible(records)
         self._require_table()
 
         def work(session: Session) -> ImportSummary:
@@ -233,6 +237,12 @@ class Store:
         if isinstance(exc, IntegrityError) and self._engine.dialect.name != "sqlite":
             return _RetryableError(f"{where}: another process wrote the same problem at the same "
                                    f"time ({detail}); try again")
+        if any(sign in str(detail).lower() for sign in ("disk is full", "disk i/o", "file too large")):
+            return StoreError(f"{where} could not be written: {detail}; nothing of this write was kept; "
+                              "free space on its disk (or raise the file size limit) and run the command again")
+        if any(sign in str(detail).lower() for sign in ("not a database", "malformed", "disk image")):
+            return StoreError(f"{where} is damaged or is not a SQLite database ({detail}); restore it from a "
+                              "backup or re-import an export into a new file, or point --db / TUNER_DB elsewhere")
         return StoreError(f"{where} failed: {detail}; check that the URL (TUNER_DB or --db) names "
                           "a reachable database this user may write, and that the file is a "
                           "triton-tuner database")
@@ -305,7 +315,8 @@ def _put(session: Session, record: Record, on_conflict: str) -> Outcome:
             f"{record.device_alias} ({record.device_name}) {record.kernel} {_short(record.problem_key)} "
             f"is already stored ({stored.time_ms:.4g} ms; new {record.time_ms:.4g} ms); pass "
             "--on-conflict faster to keep the faster, replace to take the new, or keep to keep the old")
-    if on_conflict == "replace" or (on_conflict == "faster" and record.time_ms < stored.time_ms):
+    faster = record.time_ms < stored.time_ms or bool(plausibility_problems(stored.to_record()))
+    if on_conflict == "replace" or (on_conflict == "faster" and faster):
         stored.overwrite(record)
         return "replaced"
     return "kept"
@@ -327,7 +338,7 @@ def _make_engine(url: str, *, wal: bool) -> Engine:
     try:
         if make_url(url).get_backend_name() != "sqlite":
             return create_engine(url, pool_pre_ping=True)
-        engine = create_engine(url, connect_args={"timeout": _SQLITE_BUSY_TIMEOUT_S})
+        engine = create_engine(url, connect_args={"timeout": _busy_timeout_s()})
     except (SQLAlchemyError, ImportError) as exc:
         raise StoreError(f"cannot open database URL {_shown(url)}: {exc}; pass a SQLAlchemy URL such "
                          "as sqlite:////path/to/tuner.db or postgresql://host/db (with its "
@@ -337,6 +348,16 @@ def _make_engine(url: str, *, wal: bool) -> Engine:
         event.listen(engine, "connect", _enable_wal)
     event.listen(engine, "begin", _on_sqlite_begin)
     return engine
+
+
+def _busy_timeout_s() -> float:
+    text = os.environ.get("TUNER_SQLITE_BUSY_TIMEOUT_S", "").strip()
+    try:
+        value = float(text) if text else _SQLITE_BUSY_TIMEOUT_S
+    except ValueError:
+        raise StoreError(f"TUNER_SQLITE_BUSY_TIMEOUT_S={text!r} is not a number of seconds; "
+                         "unset it or give e.g. 30") from None
+    return value if value >= 0 else _SQLITE_BUSY_TIMEOUT_S
 
 
 def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, connection_record: Any) -> None:

@@ -55,7 +55,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     check is a CUDA runtime query.
     """
     try:
-        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device)
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device)
     except (AttributeError, TypeError):
         check_operands(a, b)  # not tensors: raises the TypeError that says so
         raise

@@ -35,7 +35,7 @@ _LOCK = threading.Lock()
 
 def signature(a: torch.Tensor, b: torch.Tensor) -> tuple:
     """The plan key of a call: everything a plan depends on but the data's addresses and the mode."""
-    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device)
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device)
 
 
 class ModePlans:

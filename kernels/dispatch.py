@@ -156,6 +156,7 @@ class Dispatcher:
         for fields, source in rows:  # the database comes last: it wins
             key, version = fields.get("problem_key", ""), fields.get("triton_version", "")
             try:
+                _check_plausible(fields)
                 entry = _entry(spec, fields, source)
                 table[(key, entry.mode)] = entry
             except (ValueError, TypeError, KeyError) as exc:  # a damaged or hand-edited table
@@ -170,6 +171,14 @@ class Dispatcher:
                         spec.name, device.alias, tuned_with, triton.__version__, spec.name)
         log.debug("loaded %d tuned %s problems for %s", len(table), spec.name, device.name)
         return table
+
+
+def _check_plausible(fields: dict) -> None:
+    from db import plausibility_problems  # db is imported only when a table loads
+
+    problems = plausibility_problems(fields)
+    if problems:
+        raise ValueError("not plausible: " + "; ".join(problems))
 
 
 def _entry(spec: KernelSpec, fields: dict, source: str) -> _Entry:
@@ -263,9 +272,17 @@ def _shipped_records(device_name: str, kernel: str) -> list[dict]:
     for entry in folder.iterdir():
         if not entry.name.endswith(".json"):
             continue
-        document = json.loads(entry.read_text())
-        found.extend(r for r in document.get("records", [])
-                     if r.get("device_name") == device_name and r.get("kernel") == kernel)
+        try:
+            document = json.loads(entry.read_text())
+            records = document.get("records", [])
+            if not isinstance(records, list):
+                raise ValueError("'records' is not a list")
+        except (ValueError, OSError, AttributeError, RecursionError) as exc:  # a damaged install must not stop a matmul
+            log.warning("skipping the shipped table %s: it is not a records export (%s); reinstall "
+                        "triton-tuner", entry.name, exc)
+            continue
+        found.extend(r for r in records
+                     if isinstance(r, dict) and r.get("device_name") == device_name and r.get("kernel") == kernel)
     return found
 
 

@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from db import StoreError  # torch- and triton-free: safe before the interpreter switch
 
@@ -39,8 +40,15 @@ def _prepare_device(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the CLI's rule for every user error), exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tuner",
+    parser = _Parser(prog="python -m tuner",
                                      description="Tune Triton kernels per GPU and keep the winners in a database.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the library does")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -8,7 +8,9 @@ import itertools
 import optuna
 
 import kernels
-from db import Record, Store, StoreError, export_records, import_records
+from db import Record, Store, StoreError, export_records, load_document
+from db._plausible import MAX_DIM, MAX_GEMMS
+from db.store import check_on_conflict
 
 from . import suites
 from .cli import UserError
@@ -55,6 +57,12 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
             spec.check_problem(problem)
         except ValueError as exc:
             raise UserError(str(exc)) from None
+        if max(max(shape) for shape in problem.shapes) > MAX_DIM or len(problem.shapes) > MAX_GEMMS:
+            raise UserError(f"--shape {_short_key(text, len(problem.shapes))!r} is beyond the sizes a record may "
+                            f"hold (each of M, N, K up to {MAX_DIM}, up to {MAX_GEMMS} GEMMs)")
+        if problem.flops == 0:
+            raise UserError(f"--shape {text!r} has no work (every GEMM has a zero M, N or K): nothing to "
+                            "tune; give sizes >= 1, e.g. --shape 16x4096x4096")
         problems.append(problem)
     return problems
 
@@ -149,8 +157,21 @@ def _open_store(url: str | None) -> Store:
         raise UserError(str(exc)) from None
 
 
+def _open_reader(url: str | None) -> Store:
+    """The store for a command that only reads: refuses a database that is not there, creating nothing."""
+    try:
+        store = Store(url, create=False)
+        if not store.exists():
+            store.close()
+            raise UserError(f"database {store.url} does not exist (no tuner_records table there); check "
+                            "--db or TUNER_DB, or create it with `python -m tuner search` or `import`")
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
+    return store
+
+
 def cmd_list(args: argparse.Namespace) -> int:
-    with _open_store(args.db) as store:
+    with _open_reader(args.db) as store:
         records = store.records(device=args.device, kernel=args.kernel)
     if not records:
         print("no tuned problems" + (f" for {args.device}" if args.device else "")
@@ -174,15 +195,17 @@ def _short_key(key: str, gemms: int, width: int = 48) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    with _open_store(args.db) as store:
+    with _open_reader(args.db) as store:
         count = export_records(store, args.output, device=args.device, kernel=args.kernel)
     print(f"exported {count} record(s) to {args.output}")
     return 0 if count else 1
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    check_on_conflict(args.on_conflict)
+    records = load_document(args.file, validate=kernels.validate_record)  # before the database is touched
     with _open_store(args.db) as store:
-        summary = import_records(store, args.file, on_conflict=args.on_conflict, validate=kernels.validate_record)
+        summary = store.put_many(records, on_conflict=args.on_conflict)
         print(f"imported {args.file} into {store.url}: {summary.inserted} new, "
               f"{summary.replaced} replaced, {summary.kept} kept")
     return 0

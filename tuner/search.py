@@ -24,7 +24,7 @@ import torch
 import triton
 
 import kernels
-from db import Record, Store
+from db import Record, Store, plausibility_problems
 from kernels import BASELINE, EAGER, GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
 from kernels.dispatch import Dispatcher
 
@@ -357,6 +357,10 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     bench_release = getattr(bench, "release", None)
     if bench_release:
         bench_release()
+    implausible = {mode: plausibility_problems(record) for mode, record in records.items()}
+    if any(implausible.values()):  # a timer glitch (a 1 ns kernel) must not become the fleet's winner
+        raise NoWinner(f"the winner of {problem.key} is not plausible, so it was not stored: "
+                       + "; ".join(f"{mode}: {', '.join(found)}" for mode, found in implausible.items() if found))
     store.put_many(list(records.values()), on_conflict="replace")  # both modes' winners, or neither
     if on_finish:
         on_finish(stats)

@@ -87,7 +87,7 @@ def test_import_with_on_conflict_error_writes_nothing(store: Store, tmp_path: Pa
 
 
 def test_load_document_accepts_int_for_float_fields_and_a_parsed_object() -> None:
-    document = dump_document([make_record()])
+    document = dump_document([make_record(time_ms=2.0)])
     document["records"][0]["time_ms"] = 2
     [record] = load_document(document)
     assert record.time_ms == 2.0 and isinstance(record.time_ms, float)

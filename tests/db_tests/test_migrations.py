@@ -70,7 +70,8 @@ def test_writing_store_upgrades_an_old_database_and_loses_nothing(old_db: Path) 
 def test_upgraded_database_keeps_a_record_per_mode(old_db: Path) -> None:
     store = Store(f"sqlite:///{old_db}")
     graph = store.records(device="h100", kernel="matmul")[0]
-    eager = Record(**{**graph.__dict__, "mode": "eager", "time_ms": graph.time_ms * 2})
+    eager = Record(**{**graph.__dict__, "mode": "eager", "time_ms": graph.time_ms * 2,
+                     "tflops": graph.tflops / 2})
     assert store.put(eager) == "inserted"
     assert store.get(graph.device_name, "matmul", graph.problem_key, "graph").time_ms == graph.time_ms
     assert store.get(graph.device_name, "matmul", graph.problem_key, "eager").time_ms == graph.time_ms * 2

@@ -6,6 +6,8 @@ user's database turn them off and the shipped tables have tests of their own.
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +18,8 @@ import torch
 import triton
 
 import kernels
-from db import Record, Store, load_document
+from db import Record, Store, dump_document, load_document
+from kernels import dispatch as dispatch_module
 from kernels import gemm
 from kernels._spec import BASELINE, Config, DeviceInfo, Problem, is_baseline
 from kernels.dispatch import SHIPPED_TABLES, Dispatcher
@@ -39,6 +42,8 @@ def make_record(device: DeviceInfo, key: str, config: Config, kernel: str = "mat
         triton_config=config.as_dict(), triton_ms=0.5, torch_version="2.11.0", triton_version="3.6.0",
         cuda_version="", trials=8, created_at=datetime(2025, 1, 31, tzinfo=timezone.utc))
     values.update(changes)
+    if "tflops" not in changes:  # the record must agree with itself (db.plausibility_problems)
+        values["tflops"] = problem.flops / (values["time_ms"] * 1e-3) / 1e12
     return Record(**values)
 
 
@@ -322,3 +327,35 @@ def test_shipped_table_answers_for_its_gpu_and_the_database_wins(db_url) -> None
         store.put(make_record(device, record.problem_key, own, kernel=record.kernel))
     mine = Dispatcher(db_url).choose(spec, problem, device)
     assert mine.source == "database" and mine.config == own
+
+
+# ---------------------------------------------------------------------------------------- hostile tables
+
+
+def test_an_implausible_stored_record_is_skipped_with_one_warning(db_url, put, device, caplog) -> None:
+    put("fp16:nn:16x32x32", SPLITK)
+    put("fp16:nn:16x32x64", TILED)
+    # A record written before the rules existed (Store.put now refuses it): 1e-300 ms, 1e300 TFLOP/s.
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as connection:
+        connection.execute("UPDATE tuner_records SET time_ms = 1e-300, tflops = 1e300 "
+                           "WHERE problem_key = 'fp16:nn:16x32x32'")
+    choice = Dispatcher(db_url, use_shipped=False).choose(MATMUL, _problem("fp16:nn:16x32x32"), device)
+    assert choice.source == "nearest:fp16:nn:16x32x64" and choice.config == TILED
+    skipped = [r.getMessage() for r in caplog.records if "not plausible" in r.getMessage()]
+    assert len(skipped) == 1 and "fp16:nn:16x32x32" in skipped[0]
+
+
+def test_a_corrupt_shipped_table_is_skipped_with_a_warning(tmp_path, device, monkeypatch, caplog) -> None:
+    # A double for the package's resource folder only: the tables are read from tmp_path instead.
+    tables = tmp_path / SHIPPED_TABLES
+    tables.mkdir()
+    good = make_record(device, "fp16:nn:16x32x32", SPLITK)
+    (tables / "good.json").write_text(json.dumps(dump_document([good])))
+    (tables / "truncated.json").write_text(json.dumps(dump_document([good]))[:100])
+    (tables / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tables / "list.json").write_text("[1, 2]")
+    monkeypatch.setattr(dispatch_module.resources, "files", lambda package: tmp_path)
+    choice = Dispatcher(f"sqlite:///{tmp_path / 'none.db'}").choose(MATMUL, _problem("fp16:nn:16x32x32"), device)
+    assert (choice.config, choice.source) == (SPLITK, "shipped")
+    warned = [r.getMessage() for r in caplog.records if "skipping the shipped table" in r.getMessage()]
+    assert sorted(m.split()[4] for m in warned) == ["deep.json:", "list.json:", "truncated.json:"]

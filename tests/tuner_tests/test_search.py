@@ -225,6 +225,15 @@ def test_crashing_candidate_is_recorded_as_failed_and_the_search_goes_on(db_url)
         "a failed config was run again instead of answered from the study"
 
 
+def test_search_whose_winner_time_is_implausible_stores_nothing(db_url) -> None:
+    # A timer glitch: every config measures 1e-30 of its time, far under any device's floor.
+    kernel = Kernel(_space(), slowdown=lambda config: 1e-30)
+    with pytest.raises(NoWinner, match="not plausible"):
+        _tune(kernel, db_url, trials=3)
+    with Store(db_url) as store:
+        assert store.records() == []
+
+
 def test_search_where_nothing_runs_raises(db_url) -> None:
     kernel = Kernel(_space(), fails=lambda config: True)
     with pytest.raises(NoWinner, match="no config of matmul ran correctly") as info:
