@@ -173,3 +173,11 @@ def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     DISPATCHER.configure(url, use_shipped)
     _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables
+
+
+# The PyTorch integration (issue 13): custom operators (registered on import), autograd, nn modules.
+from . import ops  # noqa: E402
+from . import nn  # noqa: E402
+from .nn import patch, unpatch  # noqa: E402
+
+__all__ += ["nn", "ops", "patch", "unpatch"]

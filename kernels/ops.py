@@ -1,0 +1,182 @@
+"""The tuned GEMMs as PyTorch custom operators, so that ``torch.compile`` traces them and autograd runs them.
+
+``torch.ops.triton_tuner.matmul`` and friends call the Python dispatch (``kernels.matmul`` ...) inside, so
+the config the user gets is the tuned one; each has a fake implementation (shapes only) so that
+``torch.compile(fullgraph=True)`` records the call without a graph break, and the ``out=`` forms declare
+their mutation in the schema (``Tensor(a!) out``). Under CUDA-graph capture the dispatch itself picks the
+graph winner; the operator adds nothing on the host but the op-dispatch call.
+
+Autograd: ``matmul``'s backward is two tuned GEMMs, dA = dC @ B^T and dB = A^T @ dC, each dispatched as a
+problem of its own (its own shape and layout: ``B^T`` and ``A^T`` are transposed views, so the backward
+problems carry the layout letters ``t``). ``moe_matmul``'s backward: the tokens' gradient is one more
+``moe_matmul`` over the transposed experts; the experts' gradient, X_e^T @ dY_e per expert, is one
+``grouped_matmul`` over the experts' row ranges, which the host must know, so it reads ``offsets`` (one
+device sync) and cannot be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+import kernels as _kernels  # the package's public functions, looked up per call (the lead may rebind them)
+
+NAMESPACE = "triton_tuner"
+
+__all__ = ["NAMESPACE", "grouped_matmul", "matmul", "matmul_out", "moe_matmul", "moe_matmul_out", "moe_weight_grad"]
+
+
+# ------------------------------------------------------------------------------------------------ matmul
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul", mutates_args=())
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C = A @ B through the tuned dispatch."""
+    return _kernels.matmul(a, b)
+
+
+@matmul.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check_matmul_shapes(a, b)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_out", mutates_args=("out",))
+def matmul_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """C = A @ B written into ``out``."""
+    _kernels.matmul(a, b, out=out)
+
+
+@matmul_out.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    _check_matmul_shapes(a, b)
+
+
+def _check_matmul_shapes(a: torch.Tensor, b: torch.Tensor) -> None:
+    """What the fake can check without data: rank and inner dimension (dtype and device errors come at run)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"triton_tuner::matmul takes [M, K] @ [K, N]; got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
+def _dense_grad(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient the kernels can read: autograd may hand over an expanded (stride 0) or otherwise odd view."""
+    if grad.stride(-1) == 1 or grad.stride(0) == 1:
+        if 0 not in grad.stride():
+            return grad
+    return grad.contiguous()
+
+
+def _matmul_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _matmul_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    a, b = ctx.saved_tensors
+    grad = _dense_grad(grad)
+    grad_a = matmul(grad, b.t()) if ctx.needs_input_grad[0] else None
+    grad_b = matmul(a.t(), grad) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b
+
+
+matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+
+
+# ------------------------------------------------------------------------------------------------ grouped
+
+@torch.library.custom_op(f"{NAMESPACE}::grouped_matmul", mutates_args=())
+def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """[A_i @ B_i] in one launch through the tuned dispatch."""
+    # The dispatch may hand back its own buffers for a repeated call; an operator's outputs must be fresh.
+    return [c.clone() if _aliases_input(c, As, Bs) else c for c in _kernels.grouped_matmul(list(As), list(Bs))]
+
+
+@grouped_matmul.register_fake
+def _(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if len(As) != len(Bs):
+        raise ValueError(f"triton_tuner::grouped_matmul takes as many A as B; got {len(As)} and {len(Bs)}")
+    for a, b in zip(As, Bs):
+        _check_matmul_shapes(a, b)
+    return [a.new_empty((a.shape[0], b.shape[1])) for a, b in zip(As, Bs)]
+
+
+def _aliases_input(c: torch.Tensor, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> bool:
+    storage = c.untyped_storage().data_ptr()
+    return any(t.untyped_storage().data_ptr() == storage for t in (*As, *Bs))
+
+
+# ------------------------------------------------------------------------------------------------ moe
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_matmul", mutates_args=())
+def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Rows of expert e of ``x`` times ``w[e]``; rows at or past ``offsets[-1]`` are zero (not left unwritten,
+    so the result is a well-defined tensor for autograd and for the compiler)."""
+    out = x.new_zeros((x.shape[0], w.shape[2])) if _may_leave_rows(x) else None
+    return _kernels.moe_matmul(x, w, offsets, out=out)
+
+
+@moe_matmul.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    _check_moe_shapes(x, w, offsets)
+    return x.new_empty((x.shape[0], w.shape[2]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_matmul_out", mutates_args=("out",))
+def moe_matmul_out(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
+    """``moe_matmul`` written into ``out``; rows at or past ``offsets[-1]`` keep what ``out`` held."""
+    _kernels.moe_matmul(x, w, offsets, out=out)
+
+
+@moe_matmul_out.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
+    _check_moe_shapes(x, w, offsets)
+
+
+def _may_leave_rows(x: torch.Tensor) -> bool:
+    """Always true: whether offsets[-1] < T is on the device, and the host must not read it (a sync)."""
+    return x.shape[0] > 0
+
+
+def _check_moe_shapes(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> None:
+    if x.dim() != 2 or w.dim() != 3 or offsets.dim() != 1 or x.shape[1] != w.shape[1] \
+            or offsets.shape[0] != w.shape[0]:
+        raise ValueError(f"triton_tuner::moe_matmul takes x [T, K], w [E, K, N], offsets [E]; got "
+                         f"{tuple(x.shape)}, {tuple(w.shape)}, {tuple(offsets.shape)}")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_weight_grad", mutates_args=())
+def moe_weight_grad(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """dW[e] = x[rows of e]^T @ grad[rows of e], [E, K, N], as one tuned ``grouped_matmul`` over the
+    non-empty experts. Reads ``offsets`` on the host (a sync): the row ranges are the group's shapes."""
+    ends = [int(e) for e in offsets.tolist()]
+    starts = [0] + ends[:-1]
+    dw = x.new_zeros((len(ends), x.shape[1], grad.shape[1]))
+    busy = [e for e, (s, t) in enumerate(zip(starts, ends)) if t > s]
+    if busy and x.shape[1] > 0 and grad.shape[1] > 0:
+        As = [x[starts[e]:ends[e]].t() for e in busy]
+        Bs = [grad[starts[e]:ends[e]] for e in busy]
+        for e, c in zip(busy, _kernels.grouped_matmul(As, Bs)):
+            dw[e].copy_(c)
+    return dw
+
+
+@moe_weight_grad.register_fake
+def _(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((offsets.shape[0], x.shape[1], grad.shape[1]))
+
+
+def _moe_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, w, offsets = inputs
+    ctx.save_for_backward(x, w, offsets)
+
+
+def _moe_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+    x, w, offsets = ctx.saved_tensors
+    grad = grad if grad.is_contiguous() else grad.contiguous()  # moe_matmul reads x row-major
+    grad_x = moe_matmul(grad, w.transpose(1, 2), offsets) if ctx.needs_input_grad[0] else None
+    grad_w = moe_weight_grad(x, grad, offsets) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w, None
+
+
+moe_matmul.register_autograd(_moe_backward, setup_context=_moe_setup)
