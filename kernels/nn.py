@@ -66,7 +66,9 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor,
     gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype)
     flat = chosen.reshape(-1)
     sorted_experts, perm = torch.sort(flat, stable=True)
-    counts = torch.bincount(sorted_experts, minlength=experts)
+    # scatter_add, not bincount: its output size is static, so torch.compile traces it without a break.
+    counts = torch.zeros(experts, dtype=torch.int64, device=logits.device).scatter_add_(
+        0, sorted_experts, torch.ones_like(sorted_experts))
     offsets = torch.cumsum(counts, 0).to(torch.int32)
     return perm // top_k, gate.reshape(-1)[perm], offsets, counts
 
