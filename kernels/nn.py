@@ -16,14 +16,11 @@ __all__ = ["Linear", "MoE", "patch", "route", "unpatch"]
 
 
 class Linear(nn.Linear):
-    """An ``nn.Linear`` whose forward is the tuned GEMM: y = x @ W^T (+ bias), x flattened to 2-D."""
+    """An ``nn.Linear`` whose forward is the tuned GEMM: y = x @ W^T (+ bias in the epilogue), x flattened to 2-D."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        y = ops.matmul(rows, self.weight.t())
-        if self.bias is not None:
-            y = y + self.bias  # torch's add; a fused bias epilogue is not built yet
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Linear:

@@ -25,7 +25,8 @@ import kernels as _kernels  # the package's public functions, looked up per call
 
 NAMESPACE = "triton_tuner"
 
-__all__ = ["NAMESPACE", "grouped_matmul", "matmul", "matmul_out", "moe_matmul", "moe_matmul_out", "moe_weight_grad"]
+__all__ = ["NAMESPACE", "gated_matmul", "grouped_matmul", "linear", "matmul", "matmul_out", "moe_matmul", "moe_matmul_out",
+           "moe_weight_grad"]
 
 
 # ------------------------------------------------------------------------------------------------ matmul
@@ -179,3 +180,52 @@ def _moe_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, to
 
 
 moe_matmul.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+# ------------------------------------------------------------------------------------------------ epilogues
+
+@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``nn.functional.linear`` on 2-D x: x @ weight^T (+ bias), the bias added in the GEMM's epilogue."""
+    if bias is None:
+        return _kernels.matmul(x, weight.t())
+    return _kernels.matmul_bias(x, weight.t(), bias)
+
+
+@linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"triton_tuner::linear takes x [M, K] and weight [N, K]; got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _linear_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, weight = ctx.saved_tensors
+    grad = _dense_grad(grad)
+    grad_x = matmul(grad, weight) if ctx.needs_input_grad[0] else None
+    grad_w = matmul(grad.t(), x) if ctx.needs_input_grad[1] else None
+    grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gated_matmul", mutates_args=())
+def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch (forward only: no autograd registered)."""
+    return _kernels.gated_matmul(a, b)
+
+
+@gated_matmul.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"triton_tuner::gated_matmul takes [M, K] @ [K, 2N]; got {tuple(a.shape)}, {tuple(b.shape)}")
+    return a.new_empty((a.shape[0], b.shape[1] // 2))

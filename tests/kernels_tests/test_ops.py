@@ -145,3 +145,18 @@ def test_operator_captured_in_a_cuda_graph_replays_new_inputs(op: str) -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert _error(result.cpu(), references[op]().cpu()) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_operator_passes_opcheck_with_autograd(with_bias: bool) -> None:
+    x = torch.randn(6, 16, device=DEVICE, requires_grad=True)
+    w = torch.randn(12, 16, device=DEVICE, requires_grad=True)
+    bias = torch.randn(12, device=DEVICE, requires_grad=True) if with_bias else None
+    torch.library.opcheck(torch.ops.triton_tuner.linear.default, (x, w, bias))
+    assert _error(ops.linear(x, w, bias), torch.nn.functional.linear(x, w, bias)) < TOLERANCE[torch.float32]
+
+
+def test_gated_matmul_operator_passes_opcheck() -> None:
+    a = torch.randn(6, 16, device=DEVICE).half()
+    b = torch.randn(24, 16, device=DEVICE).div(4).half().t()
+    torch.library.opcheck(torch.ops.triton_tuner.gated_matmul.default, (a, b))
