@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ._gemm_triton import _grouped_tile, _tile_dot, _tile_offsets
+from . import _modes
 from ._device import current_device
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 from .dispatch import DISPATCHER
@@ -205,8 +206,9 @@ def _resolve(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor) -> Config:
     if a.device.type == "cpu" and not _INTERPRETED:
         return BASELINE  # no Triton on the CPU unless the interpreter is on
     problem = spec.problem_of(a, b)
-    key = (spec.name, a.device, problem)
-    return DISPATCHER.cached(key) or DISPATCHER.resolve(key, spec, problem, current_device(a.device))
+    mode = _modes.current(a.is_cuda)  # the graph winner while the stream captures, else the eager one
+    key = (spec.name, a.device, problem, mode)
+    return DISPATCHER.cached(key) or DISPATCHER.resolve(key, spec, problem, current_device(a.device), mode)
 
 
 def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

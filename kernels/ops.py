@@ -16,7 +16,7 @@ device sync) and cannot be captured in a CUDA graph.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ import kernels as _kernels  # the package's public functions, looked up per call
 NAMESPACE = "triton_tuner"
 
 __all__ = ["NAMESPACE", "gated_matmul", "grouped_matmul", "linear", "matmul", "matmul_out", "moe_matmul", "moe_matmul_out",
-           "moe_weight_grad"]
+           "moe_weight_grad", "warm_for_capture"]
 
 
 # ------------------------------------------------------------------------------------------------ matmul
@@ -229,3 +229,14 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"triton_tuner::gated_matmul takes [M, K] @ [K, 2N]; got {tuple(a.shape)}, {tuple(b.shape)}")
     return a.new_empty((a.shape[0], b.shape[1] // 2))
+
+
+# ------------------------------------------------------------------------------------------------ capture
+
+def warm_for_capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn`` once per dispatch mode before a CUDA graph captures it: every config the capture will use
+    (the graph winners) is then resolved and compiled, so nothing is looked up, compiled or loaded while
+    the stream captures. Returns the last result."""
+    fn(*args, **kwargs)
+    with _kernels.dispatch_mode(_kernels.GRAPH):
+        return fn(*args, **kwargs)

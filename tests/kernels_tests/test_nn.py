@@ -116,7 +116,7 @@ def test_patched_layer_captured_in_a_cuda_graph_replays_new_inputs() -> None:
     x = torch.randn(32, 256, device="cuda").half()
     kernels.patch(model)
     with torch.no_grad():
-        model(x)  # warm up: compile and resolve outside the capture
+        kernels.ops.warm_for_capture(model, x)  # resolve and compile both modes' configs outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):

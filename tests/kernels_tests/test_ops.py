@@ -135,7 +135,7 @@ def test_operator_captured_in_a_cuda_graph_replays_new_inputs(op: str) -> None:
         "matmul": lambda: a.float() @ b.float(), "matmul_out": lambda: a.float() @ b.float(),
         "grouped_matmul": lambda: a[:32].float() @ b.float(), "moe_matmul": lambda: _moe_reference(x, w, offsets),
     }
-    calls[op]()  # warm up outside the capture: compile the kernel and resolve the config
+    ops.warm_for_capture(calls[op])  # outside the capture: resolve and compile both modes' configs
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
