@@ -90,9 +90,10 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, x.shape[-1])
         order, weights, offsets, _ = route(self.gate(tokens), self.top_k)
         rows = tokens[order]
-        gate = ops.moe_matmul(rows, self.w1.transpose(1, 2), offsets)
-        up = ops.moe_matmul(rows, self.w3.transpose(1, 2), offsets)
-        down = ops.moe_matmul(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets)
+        # route's offsets end at T * top_k, every row: no output fill needed (all_rows=True)
+        gate = ops.moe_matmul(rows, self.w1.transpose(1, 2), offsets, True)
+        up = ops.moe_matmul(rows, self.w3.transpose(1, 2), offsets, True)
+        down = ops.moe_matmul(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets, True)
         out = torch.zeros_like(tokens).index_add_(0, order, down * weights[:, None])
         return out.reshape(x.shape)
 

@@ -109,15 +109,16 @@ def _(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tens
 # ------------------------------------------------------------------------------------------------ moe
 
 @torch.library.custom_op(f"{NAMESPACE}::moe_matmul", mutates_args=())
-def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Rows of expert e of ``x`` times ``w[e]``; rows at or past ``offsets[-1]`` are zero (not left unwritten,
-    so the result is a well-defined tensor for autograd and for the compiler)."""
-    out = x.new_zeros((x.shape[0], w.shape[2])) if _may_leave_rows(x) else None
+def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    """Rows of expert e of ``x`` times ``w[e]``. Rows at or past ``offsets[-1]`` are zero, so the result is
+    a well-defined tensor for autograd and the compiler; that costs a fill of the output, which a caller
+    whose ``offsets[-1]`` is always T (a router's top-k, ``kernels.nn.route``) skips with ``all_rows=True``."""
+    out = None if all_rows or x.shape[0] == 0 else x.new_zeros((x.shape[0], w.shape[2]))
     return _kernels.moe_matmul(x, w, offsets, out=out)
 
 
 @moe_matmul.register_fake
-def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
     _check_moe_shapes(x, w, offsets)
     return x.new_empty((x.shape[0], w.shape[2]))
 
@@ -131,11 +132,6 @@ def moe_matmul_out(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out:
 @moe_matmul_out.register_fake
 def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
     _check_moe_shapes(x, w, offsets)
-
-
-def _may_leave_rows(x: torch.Tensor) -> bool:
-    """Always true: whether offsets[-1] < T is on the device, and the host must not read it (a sync)."""
-    return x.shape[0] > 0
 
 
 def _check_moe_shapes(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -167,16 +163,17 @@ def _(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tenso
 
 
 def _moe_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    x, w, offsets = inputs
+    x, w, offsets, all_rows = inputs
     ctx.save_for_backward(x, w, offsets)
+    ctx.all_rows = all_rows
 
 
-def _moe_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+def _moe_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
     x, w, offsets = ctx.saved_tensors
     grad = grad if grad.is_contiguous() else grad.contiguous()  # moe_matmul reads x row-major
-    grad_x = moe_matmul(grad, w.transpose(1, 2), offsets) if ctx.needs_input_grad[0] else None
+    grad_x = moe_matmul(grad, w.transpose(1, 2), offsets, ctx.all_rows) if ctx.needs_input_grad[0] else None
     grad_w = moe_weight_grad(x, grad, offsets) if ctx.needs_input_grad[1] else None
-    return grad_x, grad_w, None
+    return grad_x, grad_w, None, None
 
 
 moe_matmul.register_autograd(_moe_backward, setup_context=_moe_setup)

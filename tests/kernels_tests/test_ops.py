@@ -75,6 +75,7 @@ def test_grouped_matmul_operator_passes_opcheck() -> None:
 def test_moe_matmul_operator_passes_opcheck_and_zeroes_rows_past_the_last_expert() -> None:
     x, w, offsets = _moe_inputs()
     torch.library.opcheck(torch.ops.triton_tuner.moe_matmul.default, (x, w, offsets))
+    torch.library.opcheck(torch.ops.triton_tuner.moe_matmul.default, (x, w, offsets, True))  # no output fill
     short = offsets.clone()
     short[-1] = 6  # the last two rows belong to no expert
     out = ops.moe_matmul(x, w, short)
