@@ -173,3 +173,14 @@ def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     DISPATCHER.configure(url, use_shipped)
     _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables
+
+
+# The PyTorch integration (issue 13): fused epilogues, custom operators (registered on import), autograd, nn.
+from . import epilogue  # noqa: E402
+from .epilogue import GATED_MATMUL, MATMUL_BIAS, gated_matmul, matmul_bias  # noqa: E402
+from . import ops  # noqa: E402
+from . import nn  # noqa: E402
+from .nn import patch, unpatch  # noqa: E402
+
+KERNELS.update({spec.name: spec for spec in (MATMUL_BIAS, GATED_MATMUL)})
+__all__ += ["GATED_MATMUL", "MATMUL_BIAS", "epilogue", "gated_matmul", "matmul_bias", "nn", "ops", "patch", "unpatch"]

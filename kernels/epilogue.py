@@ -1,0 +1,223 @@
+"""GEMMs that do more per byte they move: a bias added in the epilogue, and the SiLU-gated gate/up product.
+
+Two kernel families, each a problem of its own for the tuner (its own KernelSpec, space, reference):
+- ``matmul_bias``: C = A @ B + bias, bias [N] broadcast over rows (``nn.Linear``'s forward in one launch);
+- ``gated_matmul``: C = silu(A @ Bg) * (A @ Bu), with the gate and up weights stacked in one B [K, 2N]
+  (columns 0..N the gate, N..2N the up; ``w = torch.cat([w_gate, w_up]).t()`` for weights kept as
+  ``nn.Linear`` keeps them). One program computes both accumulators of its tile, so A is read once and
+  the [M, 2N] intermediate never reaches memory.
+Both share the tiled kernel's inner loop (``_gemm_triton._tile_dot``); the problem's N is the output width.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ._gemm_triton import _grouped_tile, _tile_dot, _tile_offsets
+from . import _modes
+from ._device import current_device
+from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
+from .dispatch import DISPATCHER
+from .gemm import DTYPE_NAMES, TORCH_DTYPES, _dot_precision, _needs_int64, layout_letter
+
+__all__ = ["GATED_MATMUL", "MATMUL_BIAS", "gated_matmul", "gated_matmul_with", "matmul_bias", "matmul_bias_with"]
+
+SPACE = SearchSpace(params=(
+    Param("BLOCK_M", (16, 32, 64, 128, 256)),
+    Param("BLOCK_N", (32, 64, 128, 256)),
+    Param("BLOCK_K", (32, 64, 128)),
+    Param("GROUP_SIZE_M", (1, 4, 8, 16)),
+    Param("num_warps", (2, 4, 8)),
+    Param("num_stages", (2, 3, 4, 5)),
+))
+
+
+@triton.jit
+def _epilogue_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+                     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), num_pid_m, num_pid_n, GROUP_SIZE_M)
+    acc = _tile_dot(a_ptr, b_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                    pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K),
+                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION, 1, False)
+    offs_m, offs_n = _tile_offsets(pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    if GATED:  # the up half of B starts N columns in
+        up = _tile_dot(a_ptr, b_ptr + N * stride_bn, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                       pid_m, pid_n, 0, tl.cdiv(K, BLOCK_K),
+                       BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64, DOT_PRECISION, 1, False)
+        acc = acc * tl.sigmoid(acc) * up
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def _launch(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, n: int,
+            gated: bool) -> torch.Tensor:
+    m, k = a.shape
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return c
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _epilogue_kernel[grid](
+        a, b, c, bias if bias is not None else c, m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=config["BLOCK_K"], GROUP_SIZE_M=config["GROUP_SIZE_M"],
+        EVEN_K=k % config["BLOCK_K"] == 0, INDEX_64=_needs_int64(a, b, c), DOT_PRECISION=_dot_precision(a),
+        HAS_BIAS=bias is not None, GATED=gated, num_warps=config.num_warps, num_stages=config.num_stages)
+    return c
+
+
+def _check(name: str, a: Any, b: Any, columns_per_output: int) -> None:
+    for label, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise TypeError(f"{name} takes 2-D torch tensors; {label} is {getattr(t, 'shape', type(t).__name__)}")
+        if t.dtype not in DTYPE_NAMES:
+            raise TypeError(f"{name} takes float16, bfloat16 or float32; {label} is {t.dtype}")
+    if a.dtype != b.dtype or a.device != b.device:
+        raise TypeError(f"{name}: a and b must share dtype and device; got {a.dtype}/{a.device}, {b.dtype}/{b.device}")
+    if a.shape[1] != b.shape[0] or b.shape[1] % columns_per_output:
+        raise ValueError(f"{name}: a is {tuple(a.shape)} and b {tuple(b.shape)}; b must be [K, "
+                         f"{'2N (gate then up)' if columns_per_output == 2 else 'N'}] with K = a's columns")
+
+
+def matmul_bias_with(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A @ B + bias with one explicit config."""
+    _check("matmul_bias", a, b, 1)
+    if bias.shape != (b.shape[1],) or bias.device != a.device:
+        raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; it must be [{b.shape[1]}] on {a.device}")
+    return _launch(config, a, b, bias if bias.is_contiguous() else bias.contiguous(), b.shape[1], gated=False)
+
+
+def gated_matmul_with(config: Config, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(A @ B[:, :N]) * (A @ B[:, N:]) with one explicit config; B is [K, 2N]."""
+    _check("gated_matmul", a, b, 2)
+    return _launch(config, a, b, None, b.shape[1] // 2, gated=True)
+
+
+# ---------------------------------------------------------------------------------------------- the specs
+
+def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    size = 4 if problem.dtype == "fp32" else 2
+    b_tiles = 2 if problem.kernel == "gated_matmul" else 1
+    need = config.num_stages * (config["BLOCK_M"] + b_tiles * config["BLOCK_N"]) * config["BLOCK_K"] * size
+    if need > device.shared_memory_bytes:
+        return f"needs ~{need // 1024} KiB of shared memory, over the device's {device.shared_memory_bytes // 1024} KiB"
+    return None
+
+
+def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    # The tiled kernel's measured limit (gemm._fits_registers), with the gated kernel's two accumulators.
+    accumulators = 2 if problem.kernel == "gated_matmul" else 1
+    per_thread = accumulators * config["BLOCK_M"] * config["BLOCK_N"] // (32 * config.num_warps)
+    return None if per_thread <= 256 else f"{per_thread} fp32 accumulators per thread would spill"
+
+
+SPACE = SearchSpace(params=SPACE.params, constraints=(_fits_shared_memory, _fits_registers))
+
+
+def _make_inputs(kernel: str):
+    def make_inputs(problem: Problem, device: Any, seed: int) -> tuple:
+        m, n, k = problem.shapes[0]
+        gen = torch.Generator(device=device).manual_seed(seed)
+        dtype = TORCH_DTYPES[problem.dtype]
+        scale = k ** -0.25  # C = O(1)
+
+        def rand(*shape: int) -> torch.Tensor:
+            return (torch.randn(shape, generator=gen, device=device) * scale).to(dtype)
+
+        a = rand(k, m).t() if problem.layout[0] == "t" else rand(m, k)
+        width = 2 * n if kernel == "gated_matmul" else n
+        b = rand(width, k).t() if problem.layout[1] == "t" else rand(k, width)
+        return (a, b) if kernel == "gated_matmul" else (a, b, rand(n))
+    return make_inputs
+
+
+def _reference(inputs: tuple) -> torch.Tensor:
+    a, b = inputs[0].double() if inputs[0].device.type == "cpu" else inputs[0].float(), inputs[1]
+    c = a @ b.to(a.dtype)
+    if len(inputs) == 3:
+        return (c + inputs[2].to(a.dtype)).float()
+    n = c.shape[1] // 2
+    return (torch.nn.functional.silu(c[:, :n]) * c[:, n:]).float()
+
+
+def _baseline(inputs: tuple) -> torch.Tensor:
+    """What the user writes without us: torch.addmm, or one GEMM over the stacked weights and the gating."""
+    if len(inputs) == 3:
+        a, b, bias = inputs
+        return torch.addmm(bias, a, b)
+    c = inputs[0] @ inputs[1]
+    n = c.shape[1] // 2
+    return torch.nn.functional.silu(c[:, :n]) * c[:, n:]
+
+
+def _problem_of(kernel: str):
+    def problem_of(a: torch.Tensor, b: torch.Tensor, *rest: torch.Tensor) -> Problem:
+        _check(kernel, a, b, 2 if kernel == "gated_matmul" else 1)
+        n = b.shape[1] // 2 if kernel == "gated_matmul" else b.shape[1]
+        return Problem(kernel, DTYPE_NAMES[a.dtype], layout_letter(a) + layout_letter(b), ((a.shape[0], n, a.shape[1]),))
+    return problem_of
+
+
+def default_config(problem: Problem, device: DeviceInfo) -> Config:
+    """Tiles no larger than the problem; smaller for the gated kernel's two accumulators."""
+    m, n, k = problem.shapes[0]
+    bm = min(128 if problem.kernel == "matmul_bias" else 64, max(16, triton.next_power_of_2(max(m, 1))))
+    bn = min(128, max(32, triton.next_power_of_2(max(n, 1))))
+    bk = min(64, max(32, triton.next_power_of_2(max(k, 1))))
+    config = Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=8, num_warps=4 if bm * bn <= 64 * 128 else 8,
+                         num_stages=3 if problem.dtype != "fp32" else 2)
+    while SPACE.violation(config, problem, device) and config.num_stages > 2:
+        config = config.replace(num_stages=config.num_stages - 1)
+    return config
+
+
+def _distance(p: Problem, q: Problem) -> float:
+    if p.kernel != q.kernel or p.dtype != q.dtype or p.layout != q.layout:
+        return math.inf
+    return log_distance(p.shapes[0], q.shapes[0])
+
+
+def _spec(kernel: str, run: Any) -> KernelSpec:
+    return KernelSpec(name=kernel, space=SPACE, dtypes=("fp16", "bf16", "fp32"), problem_of=_problem_of(kernel),
+                      make_inputs=_make_inputs(kernel), reference=_reference, run=run, baseline=_baseline,
+                      default_config=default_config, distance=_distance)
+
+
+MATMUL_BIAS = _spec("matmul_bias", lambda config, inputs: matmul_bias_with(config, *inputs))
+GATED_MATMUL = _spec("gated_matmul", lambda config, inputs: gated_matmul_with(config, *inputs))
+
+
+# ---------------------------------------------------------------------------------------------- dispatch
+
+def _resolve(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor) -> Config:
+    from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
+    if a.device.type == "cpu" and not _INTERPRETED:
+        return BASELINE  # no Triton on the CPU unless the interpreter is on
+    problem = spec.problem_of(a, b)
+    mode = _modes.current(a.is_cuda)  # the graph winner while the stream captures, else the eager one
+    key = (spec.name, a.device, problem, mode)
+    return DISPATCHER.cached(key) or DISPATCHER.resolve(key, spec, problem, current_device(a.device), mode)
+
+
+def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A @ B + bias in one launch, with the config tuned for this problem (or torch.addmm where that won)."""
+    config = _resolve(MATMUL_BIAS, a, b)
+    return _baseline((a, b, bias)) if is_baseline(config) else matmul_bias_with(config, a, b, bias)
+
+
+def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch, with the config tuned for this problem."""
+    config = _resolve(GATED_MATMUL, a, b)
+    return _baseline((a, b)) if is_baseline(config) else gated_matmul_with(config, a, b)

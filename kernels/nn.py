@@ -1,0 +1,111 @@
+"""Drop-in modules: a model's ``nn.Linear`` layers and MoE experts run on the tuned kernels.
+
+``kernels.patch(model)`` turns every ``nn.Linear`` of a model into a ``kernels.nn.Linear`` in place (the same
+Parameter objects, the same state dict), ``kernels.unpatch(model)`` turns them back. Both go through the
+custom operators of ``kernels.ops``, so ``torch.compile(fullgraph=True)`` traces them and autograd runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from . import ops
+
+__all__ = ["Linear", "MoE", "patch", "route", "unpatch"]
+
+
+class Linear(nn.Linear):
+    """An ``nn.Linear`` whose forward is the tuned GEMM: y = x @ W^T (+ bias in the epilogue), x flattened to 2-D."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return ops.linear(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Linear:
+        """``linear`` as a ``Linear``: the object itself, its class changed, sharing every Parameter."""
+        linear.__class__ = cls
+        return linear
+
+
+def patch(model: nn.Module) -> nn.Module:
+    """Make every ``nn.Linear`` in ``model`` (itself included) run on the tuned matmul, in place; returns it.
+
+    Subclasses of ``nn.Linear`` other than plain ones (e.g. quantized layers) are left alone: their forward
+    is not ``nn.Linear``'s, so swapping it would change what they compute.
+    """
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            Linear.from_linear(module)
+    return model
+
+
+def unpatch(model: nn.Module) -> nn.Module:
+    """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again."""
+    for module in model.modules():
+        if type(module) is Linear:
+            module.__class__ = nn.Linear
+    return model
+
+
+def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k routing in torch, laid out for ``moe_matmul``.
+
+    Returns (order, weights, offsets, counts): ``order`` [T * top_k] the token of each sorted row, ``weights``
+    [T * top_k] each sorted row's gate weight (softmax over the chosen k), ``offsets`` [E] int32 the running
+    end row of each expert, on the device (no host sync), and ``counts`` [E] the rows per expert.
+    """
+    experts = logits.shape[-1]
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k must be in 1..{experts} (the number of experts); got {top_k}")
+    gate, chosen = torch.topk(logits, top_k, dim=-1)
+    gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype)
+    flat = chosen.reshape(-1)
+    sorted_experts, perm = torch.sort(flat, stable=True)
+    # scatter_add, not bincount: its output size is static, so torch.compile traces it without a break.
+    counts = torch.zeros(experts, dtype=torch.int64, device=logits.device).scatter_add_(
+        0, sorted_experts, torch.ones_like(sorted_experts))
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    return perm // top_k, gate.reshape(-1)[perm], offsets, counts
+
+
+class MoE(nn.Module):
+    """A Mixtral-style sparse MLP: router, top-k, and per-expert SwiGLU (w1 gate, w3 up, w2 down), the three
+    expert GEMMs each one ``moe_matmul`` launch. Weights are stored as nn.Linear would: [E, out, in]."""
+
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int = 2,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.top_k = top_k
+        self.gate = nn.Linear(hidden, experts, bias=False, **factory)
+        self.w1 = nn.Parameter(torch.empty(experts, ffn, hidden, **factory))
+        self.w3 = nn.Parameter(torch.empty(experts, ffn, hidden, **factory))
+        self.w2 = nn.Parameter(torch.empty(experts, hidden, ffn, **factory))
+        for w, fan_in in ((self.w1, hidden), (self.w3, hidden), (self.w2, ffn)):
+            nn.init.normal_(w, std=fan_in ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        order, weights, offsets, _ = route(self.gate(tokens), self.top_k)
+        rows = tokens[order]
+        # route's offsets end at T * top_k, every row: no output fill needed (all_rows=True)
+        gate = ops.moe_matmul(rows, self.w1.transpose(1, 2), offsets, True)
+        up = ops.moe_matmul(rows, self.w3.transpose(1, 2), offsets, True)
+        down = ops.moe_matmul(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets, True)
+        out = torch.zeros_like(tokens).index_add_(0, order, down * weights[:, None])
+        return out.reshape(x.shape)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The same block in plain torch, expert by expert: what ``forward`` must equal."""
+        tokens = x.reshape(-1, x.shape[-1])
+        logits = self.gate(tokens)
+        gate, chosen = torch.topk(logits, self.top_k, dim=-1)
+        gate = torch.softmax(gate.float(), dim=-1).to(x.dtype)
+        out = torch.zeros_like(tokens)
+        for e in range(self.w1.shape[0]):
+            token, slot = torch.nonzero(chosen == e, as_tuple=True)
+            h = nn.functional.silu(tokens[token] @ self.w1[e].t()) * (tokens[token] @ self.w3[e].t())
+            out.index_add_(0, token, (h @ self.w2[e].t()) * gate[token, slot][:, None])
+        return out.reshape(x.shape)

@@ -1,0 +1,239 @@
+"""The tuned GEMMs as PyTorch custom operators, so that ``torch.compile`` traces them and autograd runs them.
+
+``torch.ops.triton_tuner.matmul`` and friends call the Python dispatch (``kernels.matmul`` ...) inside, so
+the config the user gets is the tuned one; each has a fake implementation (shapes only) so that
+``torch.compile(fullgraph=True)`` records the call without a graph break, and the ``out=`` forms declare
+their mutation in the schema (``Tensor(a!) out``). Under CUDA-graph capture the dispatch itself picks the
+graph winner; the operator adds nothing on the host but the op-dispatch call.
+
+Autograd: ``matmul``'s backward is two tuned GEMMs, dA = dC @ B^T and dB = A^T @ dC, each dispatched as a
+problem of its own (its own shape and layout: ``B^T`` and ``A^T`` are transposed views, so the backward
+problems carry the layout letters ``t``). ``moe_matmul``'s backward: the tokens' gradient is one more
+``moe_matmul`` over the transposed experts; the experts' gradient, X_e^T @ dY_e per expert, is one
+``grouped_matmul`` over the experts' row ranges, which the host must know, so it reads ``offsets`` (one
+device sync) and cannot be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import kernels as _kernels  # the package's public functions, looked up per call (the lead may rebind them)
+
+NAMESPACE = "triton_tuner"
+
+__all__ = ["NAMESPACE", "gated_matmul", "grouped_matmul", "linear", "matmul", "matmul_out", "moe_matmul", "moe_matmul_out",
+           "moe_weight_grad", "warm_for_capture"]
+
+
+# ------------------------------------------------------------------------------------------------ matmul
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul", mutates_args=())
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C = A @ B through the tuned dispatch."""
+    return _kernels.matmul(a, b)
+
+
+@matmul.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    _check_matmul_shapes(a, b)
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::matmul_out", mutates_args=("out",))
+def matmul_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """C = A @ B written into ``out``."""
+    _kernels.matmul(a, b, out=out)
+
+
+@matmul_out.register_fake
+def _(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    _check_matmul_shapes(a, b)
+
+
+def _check_matmul_shapes(a: torch.Tensor, b: torch.Tensor) -> None:
+    """What the fake can check without data: rank and inner dimension (dtype and device errors come at run)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"triton_tuner::matmul takes [M, K] @ [K, N]; got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
+def _dense_grad(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient the kernels can read: autograd may hand over an expanded (stride 0) or otherwise odd view."""
+    if grad.stride(-1) == 1 or grad.stride(0) == 1:
+        if 0 not in grad.stride():
+            return grad
+    return grad.contiguous()
+
+
+def _matmul_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    a, b = inputs
+    ctx.save_for_backward(a, b)
+
+
+def _matmul_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    a, b = ctx.saved_tensors
+    grad = _dense_grad(grad)
+    grad_a = matmul(grad, b.t()) if ctx.needs_input_grad[0] else None
+    grad_b = matmul(a.t(), grad) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b
+
+
+matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+
+
+# ------------------------------------------------------------------------------------------------ grouped
+
+@torch.library.custom_op(f"{NAMESPACE}::grouped_matmul", mutates_args=())
+def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """[A_i @ B_i] in one launch through the tuned dispatch.
+
+    The launch writes every C_i into one buffer; an operator's outputs may not alias each other, so all but
+    the first are copied out (one extra read and write of the C_i, i > 0: the price of the operator form).
+    """
+    outputs = _kernels.grouped_matmul(list(As), list(Bs))
+    return [c if i == 0 else c.clone() for i, c in enumerate(outputs)]
+
+
+@grouped_matmul.register_fake
+def _(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if len(As) != len(Bs):
+        raise ValueError(f"triton_tuner::grouped_matmul takes as many A as B; got {len(As)} and {len(Bs)}")
+    for a, b in zip(As, Bs):
+        _check_matmul_shapes(a, b)
+    return [a.new_empty((a.shape[0], b.shape[1])) for a, b in zip(As, Bs)]
+
+
+# ------------------------------------------------------------------------------------------------ moe
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_matmul", mutates_args=())
+def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    """Rows of expert e of ``x`` times ``w[e]``. Rows at or past ``offsets[-1]`` are zero, so the result is
+    a well-defined tensor for autograd and the compiler; that costs a fill of the output, which a caller
+    whose ``offsets[-1]`` is always T (a router's top-k, ``kernels.nn.route``) skips with ``all_rows=True``."""
+    out = None if all_rows or x.shape[0] == 0 else x.new_zeros((x.shape[0], w.shape[2]))
+    return _kernels.moe_matmul(x, w, offsets, out=out)
+
+
+@moe_matmul.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    _check_moe_shapes(x, w, offsets)
+    return x.new_empty((x.shape[0], w.shape[2]))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_matmul_out", mutates_args=("out",))
+def moe_matmul_out(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
+    """``moe_matmul`` written into ``out``; rows at or past ``offsets[-1]`` keep what ``out`` held."""
+    _kernels.moe_matmul(x, w, offsets, out=out)
+
+
+@moe_matmul_out.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
+    _check_moe_shapes(x, w, offsets)
+
+
+def _check_moe_shapes(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> None:
+    if x.dim() != 2 or w.dim() != 3 or offsets.dim() != 1 or x.shape[1] != w.shape[1] \
+            or offsets.shape[0] != w.shape[0]:
+        raise ValueError(f"triton_tuner::moe_matmul takes x [T, K], w [E, K, N], offsets [E]; got "
+                         f"{tuple(x.shape)}, {tuple(w.shape)}, {tuple(offsets.shape)}")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_weight_grad", mutates_args=())
+def moe_weight_grad(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """dW[e] = x[rows of e]^T @ grad[rows of e], [E, K, N], as one tuned ``grouped_matmul`` over the
+    non-empty experts. Reads ``offsets`` on the host (a sync): the row ranges are the group's shapes."""
+    ends = [int(e) for e in offsets.tolist()]
+    starts = [0] + ends[:-1]
+    dw = x.new_zeros((len(ends), x.shape[1], grad.shape[1]))
+    busy = [e for e, (s, t) in enumerate(zip(starts, ends)) if t > s]
+    if busy and x.shape[1] > 0 and grad.shape[1] > 0:
+        As = [x[starts[e]:ends[e]].t() for e in busy]
+        Bs = [grad[starts[e]:ends[e]] for e in busy]
+        for e, c in zip(busy, _kernels.grouped_matmul(As, Bs)):
+            dw[e].copy_(c)
+    return dw
+
+
+@moe_weight_grad.register_fake
+def _(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((offsets.shape[0], x.shape[1], grad.shape[1]))
+
+
+def _moe_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, w, offsets, all_rows = inputs
+    ctx.save_for_backward(x, w, offsets)
+    ctx.all_rows = all_rows
+
+
+def _moe_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+    x, w, offsets = ctx.saved_tensors
+    grad = grad if grad.is_contiguous() else grad.contiguous()  # moe_matmul reads x row-major
+    grad_x = moe_matmul(grad, w.transpose(1, 2), offsets, ctx.all_rows) if ctx.needs_input_grad[0] else None
+    grad_w = moe_weight_grad(x, grad, offsets) if ctx.needs_input_grad[1] else None
+    return grad_x, grad_w, None, None
+
+
+moe_matmul.register_autograd(_moe_backward, setup_context=_moe_setup)
+
+
+# ------------------------------------------------------------------------------------------------ epilogues
+
+@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``nn.functional.linear`` on 2-D x: x @ weight^T (+ bias), the bias added in the GEMM's epilogue."""
+    if bias is None:
+        return _kernels.matmul(x, weight.t())
+    return _kernels.matmul_bias(x, weight.t(), bias)
+
+
+@linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise ValueError(f"triton_tuner::linear takes x [M, K] and weight [N, K]; got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _linear_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, weight = ctx.saved_tensors
+    grad = _dense_grad(grad)
+    grad_x = matmul(grad, weight) if ctx.needs_input_grad[0] else None
+    grad_w = matmul(grad.t(), x) if ctx.needs_input_grad[1] else None
+    grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gated_matmul", mutates_args=())
+def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch (forward only: no autograd registered)."""
+    return _kernels.gated_matmul(a, b)
+
+
+@gated_matmul.register_fake
+def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"triton_tuner::gated_matmul takes [M, K] @ [K, 2N]; got {tuple(a.shape)}, {tuple(b.shape)}")
+    return a.new_empty((a.shape[0], b.shape[1] // 2))
+
+
+# ------------------------------------------------------------------------------------------------ capture
+
+def warm_for_capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run ``fn`` once per dispatch mode before a CUDA graph captures it: every config the capture will use
+    (the graph winners) is then resolved and compiled, so nothing is looked up, compiled or loaded while
+    the stream captures. Returns the last result."""
+    fn(*args, **kwargs)
+    with _kernels.dispatch_mode(_kernels.GRAPH):
+        return fn(*args, **kwargs)

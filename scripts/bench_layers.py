@@ -1,0 +1,297 @@
+"""Whole layers, end to end: a Llama-3-70B decoder layer and a Mixtral MoE block, torch against ours.
+
+Columns (per layer and token count): torch eager; torch eager captured by hand in a CUDA graph;
+torch.compile default; torch.compile(mode="max-autotune"); ours (kernels.patch, gate/up fused, MoE through
+moe_matmul) eager, in a hand-captured CUDA graph, and under torch.compile(fullgraph=True). For each: the
+latency (ms per layer call), the time to get there (compile/autotune of the first call; for ours the
+tuner's search of every problem the layer poses, with --tune), and the error against torch eager.
+
+    PYTHONPATH=. python scripts/bench_layers.py --quick --out $OUT            # ~5 min on an H100
+    PYTHONPATH=. python scripts/bench_layers.py --tune 20 --out $OUT          # everything, tuned first
+    TRITON_INTERPRET=1 PYTHONPATH=. python scripts/bench_layers.py --cpu-smoke  # tiny dims, runs anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+import kernels
+from kernels import moe
+from _layers import DecoderDims, DecoderLayer, MoEDims, OursMoE, TorchMoE, fuse_gate_up
+
+LOG = logging.getLogger("bench_layers")
+ALL_COLUMNS = ("torch_eager", "torch_graph", "compile_default", "compile_max_autotune",
+               "ours_eager", "ours_graph", "ours_compile")
+QUICK_COLUMNS = ("torch_eager", "torch_graph", "compile_max_autotune", "ours_eager", "ours_graph")
+TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float32: 1e-3}  # relative L2 error vs eager
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_calls(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """ms per call of ``fn`` run back to back (host included, as an eager model sees it)."""
+    for _ in range(3 if device.type == "cuda" else 1):
+        fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / iters * 1e3
+
+
+def captured(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
+    """``fn`` captured in a CUDA graph after a warm-up on a side stream: (replay, the graph's output)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            kernels.ops.warm_for_capture(fn)  # our graph winners resolved and compiled before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph.replay, out
+
+
+# ------------------------------------------------------------------------------------- ours on and off
+
+@contextlib.contextmanager
+def ours(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``model`` running on our kernels (patched Linears, fused gate/up, moe_matmul), then restored."""
+    is_moe = isinstance(model, TorchMoE)
+    kernels.patch(model)
+    if is_moe:
+        model.__class__ = OursMoE
+    else:
+        fuse_gate_up(model)
+    try:
+        yield model
+    finally:
+        kernels.unpatch(model)
+        if is_moe:
+            model.__class__ = TorchMoE
+        else:
+            model.mlp.gate_up = None
+
+
+@contextlib.contextmanager
+def recording(problems: set) -> Iterator[None]:
+    """Every problem the package's dispatch sees while inside, added to ``problems`` (kernel, problem)."""
+    saved = {name: getattr(kernels, name) for name in ("matmul", "matmul_bias", "gated_matmul", "moe_matmul")}
+
+    def wrap(name: str, problem_of: Callable) -> Callable:
+        def call(*args, **kwargs):
+            problems.add(problem_of(*args))
+            return saved[name](*args, **kwargs)
+        return call
+
+    kernels.matmul = wrap("matmul", lambda a, b, *_: kernels.MATMUL.problem_of(a, b))
+    kernels.matmul_bias = wrap("matmul_bias", lambda a, b, *_: kernels.MATMUL_BIAS.problem_of(a, b))
+    kernels.gated_matmul = wrap("gated_matmul", lambda a, b: kernels.GATED_MATMUL.problem_of(a, b))
+    kernels.moe_matmul = wrap("moe_matmul", lambda x, w, offsets, *_: moe.balanced_problem(
+        moe._DTYPE_NAMES[x.dtype], "n" + moe.weight_layout(w), x.shape[0], w.shape[0], w.shape[2], x.shape[1]))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(kernels, name, fn)
+
+
+def tune(problems: set, db: str, budget: str) -> float:
+    """Search every problem with the tuner's CLI into ``db``; the seconds it took."""
+    start = time.perf_counter()
+    by_family: dict[tuple[str, str, str], list[str]] = {}
+    for p in problems:
+        by_family.setdefault((p.kernel, p.dtype, p.layout), []).append(p.key.split(":", 2)[2])
+    for (kernel, dtype, layout), shapes in sorted(by_family.items()):
+        cmd = [sys.executable, "-m", "tuner", "search", "--db", db, "--kernel", kernel, "--dtype", dtype,
+               "--layout", layout, "--budget", budget] + [a for s in shapes for a in ("--shape", s)]
+        LOG.info("tuning: %s", " ".join(cmd))
+        subprocess.run(cmd, check=True)
+    kernels.use_database(db)
+    kernels.clear_cache()
+    return time.perf_counter() - start
+
+
+# ----------------------------------------------------------------------------------------------- columns
+
+def run_column(column: str, model: torch.nn.Module, x: torch.Tensor, iters: int, smoke: bool) -> tuple:
+    """(latency ms, setup s, output) of one column."""
+    torch._dynamo.reset()
+    context = ours(model) if column.startswith("ours") else contextlib.nullcontext(model)
+    with context as m, torch.no_grad():
+        start = time.perf_counter()
+        if column.endswith("eager"):
+            fn = lambda: m(x)  # noqa: E731
+        elif column.endswith("graph"):
+            replay, out = captured(lambda: m(x))
+            fn = replay
+        else:
+            options = {"compile_default": {}, "compile_max_autotune": {"mode": "max-autotune"},
+                       "ours_compile": {"fullgraph": True}}[column]
+            if smoke:
+                options["backend"] = "aot_eager"
+            compiled = torch.compile(m, dynamic=False, **options)
+            fn = lambda: compiled(x)  # noqa: E731
+        fn()  # the first call: compiles, autotunes, resolves configs
+        _sync(x.device)
+        setup = time.perf_counter() - start
+        latency = time_calls(fn, x.device, iters)
+        result = out if column.endswith("graph") else fn()
+        _sync(x.device)
+        return latency, setup, result.detach().float().clone()
+
+
+def error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-6))
+
+
+def bench_setting(name: str, model: torch.nn.Module, x: torch.Tensor, columns: tuple, iters: int, smoke: bool,
+                  tune_s: float) -> list[dict]:
+    rows, reference = [], None
+    for column in columns:
+        try:
+            latency, setup, out = run_column(column, model, x, iters, smoke)
+        except Exception as exc:  # a column that cannot run here (e.g. Inductor without a compiler) is reported
+            LOG.warning("%s %s failed: %s", name, column, exc)
+            rows.append({"setting": name, "column": column, "error_msg": repr(exc)[:300]})
+            continue
+        reference = out if column == "torch_eager" else reference
+        err = error(out, reference) if reference is not None else float("nan")
+        rows.append({"setting": name, "column": column, "latency_ms": latency,
+                     "setup_s": setup + (tune_s if column.startswith("ours") else 0.0), "rel_error": err,
+                     "ok": err < TOLERANCE[x.dtype]})
+        LOG.info("%s %-22s %9.3f ms  setup %7.1f s  err %.1e", name, column, latency, rows[-1]["setup_s"], err)
+    return rows
+
+
+def settings(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(layer, mode, tokens) to run."""
+    if args.cpu_smoke:
+        decode, prefill = (2,), (8,)
+    else:
+        decode, prefill = ((1, 32), (2048,)) if args.quick else ((1, 8, 32, 64), (2048, 8192))
+    out = []
+    for layer in args.layers:
+        out += [(layer, "decode", t) for t in decode] + [(layer, "prefill", t) for t in prefill]
+    return out
+
+
+def build(layer: str, smoke: bool, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if layer == "decoder":
+        dims = DecoderDims(hidden=64, heads=4, kv_heads=2, ffn=128, context=16) if smoke else DecoderDims()
+        return DecoderLayer(dims, device=device, dtype=dtype).eval()
+    dims = MoEDims(hidden=64, ffn=96, experts=4, top_k=2) if smoke else MoEDims()
+    return TorchMoE(dims.hidden, dims.ffn, dims.experts, dims.top_k, device=device, dtype=dtype).eval()
+
+
+def inputs(model: torch.nn.Module, mode: str, tokens: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    hidden = model.gate.in_features if isinstance(model, TorchMoE) else model.dims.hidden
+    if isinstance(model, DecoderLayer):
+        if mode == "decode":
+            model.make_cache(tokens)  # one new token for each of `tokens` sequences
+            return torch.randn(tokens, 1, hidden, device=device, dtype=dtype)
+        model.cache = None
+    return torch.randn(1, tokens, hidden, device=device, dtype=dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="decode 1 and 32, prefill 2048, five columns")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny dims on the CPU (set TRITON_INTERPRET=1)")
+    parser.add_argument("--layers", default="decoder,moe", type=lambda s: s.split(","))
+    parser.add_argument("--columns", default=None, type=lambda s: tuple(s.split(",")), help="subset of columns")
+    parser.add_argument("--tune", default=None, metavar="BUDGET",
+                        help="tune every problem of each layer first with this per-problem budget (20, 30s)")
+    parser.add_argument("--db", default=None, help="database for --tune (default: a fresh SQLite under --out)")
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per column (default 50; 10 prefill)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench_layers_out"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    smoke = args.cpu_smoke
+    device = torch.device("cpu" if smoke else "cuda")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns = args.columns or (("torch_eager", "ours_eager", "ours_compile") if smoke
+                               else QUICK_COLUMNS if args.quick else ALL_COLUMNS)
+    rows: list[dict] = []
+    models: dict[str, torch.nn.Module] = {}
+    for layer, mode, tokens in settings(args):
+        dtype = (torch.float32 if layer == "decoder" else torch.float16) if smoke else torch.bfloat16
+        model = models.get(layer) or models.setdefault(layer, build(layer, smoke, device, dtype))
+        x = inputs(model, mode, tokens, device, dtype)
+        tune_s = 0.0
+        if args.tune:
+            problems: set = set()
+            with ours(model) as m, recording(problems), torch.no_grad():
+                m(x)
+            tune_s = tune(problems, args.db or f"sqlite:///{out_dir / 'tuned.db'}", args.tune)
+        name = f"{layer}/{mode}/{tokens}"
+        iters = args.iters or (3 if smoke else 10 if mode == "prefill" else 50)
+        rows += bench_setting(name, model, x, columns, iters, smoke, tune_s)
+    device_name = "cpu" if smoke else torch.cuda.get_device_name()
+    meta = {"device": device_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "columns": columns, "tuned": args.tune}
+    (out_dir / "bench_layers.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(table(rows, columns))
+    plot(rows, columns, out_dir)
+    return 0
+
+
+def table(rows: list[dict], columns: tuple) -> str:
+    """One line per setting: ms per column, ours' best over torch's best, and the correctness flags."""
+    by_setting: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_setting.setdefault(r["setting"], {})[r["column"]] = r
+    lines = ["| setting | " + " | ".join(columns) + " | ours best / torch best | all ok |",
+             "|---|" + "---:|" * (len(columns) + 2)]
+    for name, cells in by_setting.items():
+        ms = {c: cells[c]["latency_ms"] for c in columns if "latency_ms" in cells.get(c, {})}
+        torch_best = min((v for c, v in ms.items() if not c.startswith("ours")), default=float("nan"))
+        ours_best = min((v for c, v in ms.items() if c.startswith("ours")), default=float("nan"))
+        ok = all(cells[c].get("ok", False) for c in cells)
+        lines.append(f"| {name} | " + " | ".join(f"{ms[c]:.3f}" if c in ms else "-" for c in columns)
+                     + f" | {torch_best / ours_best:.2f}x | {'yes' if ok else 'NO'} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], columns: tuple, out_dir: Path) -> None:
+    """A bar chart per setting (PNG), where matplotlib is installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        LOG.info("matplotlib not installed: no plots")
+        return
+    for name in dict.fromkeys(r["setting"] for r in rows):
+        cells = [r for r in rows if r["setting"] == name and "latency_ms" in r]
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.barh([r["column"] for r in cells], [r["latency_ms"] for r in cells])
+        ax.set_xlabel("ms per layer call")
+        ax.set_title(name)
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{name.replace('/', '_')}.png", dpi=120)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""Fused epilogues: bias in the GEMM and the SiLU-gated gate/up product, against torch, and as tuner kernels.
+
+fp32 and fp16 on the CPU under the interpreter (its bf16 dot is wrong, GPU.md); every dtype on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import kernels
+from kernels._device import current_device, interpreter_enabled
+from kernels._spec import Config, Problem
+from kernels.epilogue import gated_matmul_with, matmul_bias_with
+
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
+TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}  # relative L2 error; the interpreter's fp16 ~3e-4
+SMALL = Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=4, num_warps=2, num_stages=2)
+
+
+@pytest.fixture(autouse=True)
+def own_database(db_url: str) -> Iterator[None]:
+    kernels.use_database(db_url, use_shipped=False)
+    yield
+    kernels.use_database(None)
+
+
+def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm().clamp_min(1e-6))
+
+
+CPU_DTYPES = ["fp32", "fp16"]
+
+
+@pytest.mark.parametrize("kernel", ["matmul_bias", "gated_matmul"])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_epilogue_kernel_matches_its_reference(kernel: str, dtype: str, layout: str) -> None:
+    spec = kernels.get_kernel(kernel)
+    problem = Problem(kernel, dtype, layout, ((20, 40, 72),))  # no dimension a tile multiple
+    inputs = spec.make_inputs(problem, DEVICE, 0)
+    assert spec.problem_of(*inputs) == problem
+    out = spec.run(SMALL, inputs)
+    assert out.shape == (20, 40)
+    assert _error(out, spec.reference(inputs)) < TOLERANCE[dtype]
+    assert _error(spec.baseline(inputs), spec.reference(inputs)) < TOLERANCE[dtype]
+
+
+def test_dispatched_epilogues_match_torch() -> None:
+    a = torch.randn(9, 48, device=DEVICE).half()
+    w_gate, w_up = torch.randn(2, 24, 48, device=DEVICE).div(48 ** 0.5).half()
+    bias = torch.randn(24, device=DEVICE).half()
+    expected_bias = a.float() @ w_gate.float().t() + bias.float()
+    assert _error(kernels.matmul_bias(a, w_gate.t(), bias), expected_bias) < TOLERANCE["fp16"]
+    stacked = torch.cat([w_gate, w_up]).t()  # [K, 2N]: gate columns first
+    expected = torch.nn.functional.silu(a.float() @ w_gate.float().t()) * (a.float() @ w_up.float().t())
+    assert _error(kernels.gated_matmul(a, stacked), expected) < TOLERANCE["fp16"]
+
+
+def test_default_configs_are_in_the_space_and_fit() -> None:
+    device = current_device()
+    for kernel in ("matmul_bias", "gated_matmul"):
+        spec = kernels.get_kernel(kernel)
+        for shape in ((1, 4096, 4096), (8192, 28672, 8192), (5, 7, 3)):
+            problem = Problem(kernel, "bf16", "nt", (shape,))
+            config = spec.default_config(problem, device)
+            assert spec.outside(config) is None
+            assert spec.space.violation(config, problem, device) is None
+
+
+def test_gated_matmul_rejects_an_odd_stacked_width() -> None:
+    a, b = torch.randn(4, 8), torch.randn(8, 7)
+    with pytest.raises(ValueError, match="2N"):
+        gated_matmul_with(SMALL, a, b)
+
+
+def test_matmul_bias_rejects_a_bias_of_the_wrong_length() -> None:
+    with pytest.raises(ValueError, match="bias has shape"):
+        matmul_bias_with(SMALL, torch.randn(4, 8), torch.randn(8, 6), torch.randn(5))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["matmul_bias", "gated_matmul"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_epilogue_kernels_match_torch_on_the_gpu(kernel: str, dtype: str) -> None:
+    spec = kernels.get_kernel(kernel)
+    problem = Problem(kernel, dtype, "nt", ((257, 1000, 1032),))
+    inputs = spec.make_inputs(problem, "cuda", 0)
+    config = spec.default_config(problem, current_device())
+    assert _error(spec.run(config, inputs), spec.reference(inputs)) < TOLERANCE[dtype]

@@ -1,0 +1,130 @@
+"""kernels.nn: the patched Linear is an nn.Linear, patch/unpatch keep the Parameters, the MoE block is right."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import kernels
+from kernels._device import interpreter_enabled
+
+DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
+FP32_TOLERANCE = 1e-4  # relative L2 error
+FP16_TOLERANCE = 1e-2  # relative L2 error of fp16 outputs; the interpreter measures ~3e-4
+
+
+@pytest.fixture(autouse=True)
+def own_database(db_url: str) -> Iterator[None]:
+    kernels.use_database(db_url, use_shipped=False)
+    yield
+    kernels.use_database(None)
+
+
+def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-6))
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.GELU(), torch.nn.Linear(24, 8, bias=False)).to(DEVICE)
+
+
+def test_patch_swaps_linears_in_place_and_keeps_the_same_parameters() -> None:
+    model = _model()
+    params = {name: p for name, p in model.named_parameters()}
+    x = torch.randn(3, 5, 16, device=DEVICE)
+    with torch.no_grad():
+        expected = model(x)
+        assert kernels.patch(model) is model
+        got = model(x)
+    assert all(type(model[i]) is kernels.nn.Linear for i in (0, 2))
+    assert all(isinstance(model[i], torch.nn.Linear) for i in (0, 2))
+    assert {name: p for name, p in model.named_parameters()} == params  # the very same objects
+    assert _error(got, expected) < FP32_TOLERANCE
+
+
+def test_unpatch_restores_plain_linears() -> None:
+    model = kernels.patch(_model())
+    kernels.unpatch(model)
+    assert all(type(model[i]) is torch.nn.Linear for i in (0, 2))
+
+
+def test_patch_leaves_linear_subclasses_alone() -> None:
+    class Scaled(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    model = torch.nn.Sequential(Scaled(4, 4))
+    kernels.patch(model)
+    assert type(model[0]) is Scaled
+
+
+def test_linear_state_dict_round_trips_with_nn_linear() -> None:
+    plain = torch.nn.Linear(16, 24).to(DEVICE)
+    ours = kernels.nn.Linear(16, 24, device=DEVICE)
+    assert ours.state_dict().keys() == plain.state_dict().keys()
+    ours.load_state_dict(plain.state_dict())
+    back = torch.nn.Linear(16, 24).to(DEVICE)
+    back.load_state_dict(ours.state_dict())
+    assert torch.equal(back.weight, plain.weight) and torch.equal(back.bias, plain.bias)
+    x = torch.randn(4, 16, device=DEVICE)
+    with torch.no_grad():
+        assert _error(ours(x), plain(x)) < FP32_TOLERANCE
+
+
+def test_linear_takes_fp16_and_leading_batch_dimensions() -> None:
+    plain = torch.nn.Linear(32, 16).to(DEVICE).half()
+    ours = kernels.patch(torch.nn.Sequential(torch.nn.Linear(32, 16))).to(DEVICE).half()
+    ours.load_state_dict({"0." + k: v for k, v in plain.state_dict().items()})
+    x = torch.randn(2, 3, 4, 32, device=DEVICE).half()
+    with torch.no_grad():
+        got = ours(x)
+        assert got.shape == (2, 3, 4, 16)
+        assert _error(got, plain.float()(x.float())) < FP16_TOLERANCE
+
+
+def test_route_sorts_rows_by_expert_with_running_end_offsets() -> None:
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 2.0], [0.0, 1.0, 4.0]])
+    order, weights, offsets, counts = kernels.nn.route(logits, top_k=2)
+    assert offsets.dtype == torch.int32 and offsets.tolist() == [1, 3, 6]
+    assert counts.tolist() == [1, 2, 3]
+    assert order.tolist() == [1, 0, 2, 0, 1, 2]  # expert 0: token 1; expert 1: 0, 2; expert 2: 0, 1, 2
+    assert torch.allclose(weights.view(-1)[:1], torch.softmax(torch.tensor([3.0, 2.0]), 0)[:1])
+
+
+def test_route_rejects_top_k_above_the_expert_count() -> None:
+    with pytest.raises(ValueError, match="top_k must be in 1..3"):
+        kernels.nn.route(torch.zeros(2, 3), top_k=4)
+
+
+def test_moe_block_matches_its_torch_reference() -> None:
+    torch.manual_seed(4)
+    block = kernels.nn.MoE(16, 24, experts=4, top_k=2, device=DEVICE, dtype=torch.float16)
+    x = torch.randn(2, 5, 16, device=DEVICE).half()
+    with torch.no_grad():
+        assert _error(block(x), block.reference(x)) < FP16_TOLERANCE
+
+
+@pytest.mark.gpu
+def test_patched_layer_captured_in_a_cuda_graph_replays_new_inputs() -> None:
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 256))
+    model = model.cuda().half()
+    plain = [m for m in model]
+    x = torch.randn(32, 256, device="cuda").half()
+    kernels.patch(model)
+    with torch.no_grad():
+        kernels.ops.warm_for_capture(model, x)  # resolve and compile both modes' configs outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = model(x)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        kernels.unpatch(model)
+        expected = model(x)
+    assert plain[0] is model[0]
+    assert _error(y, expected) < FP16_TOLERANCE
