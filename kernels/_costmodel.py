@@ -174,7 +174,7 @@ class CostModel:
         if not fitted:
             return math.inf
         x = (features(problem, config) - np.array(fitted["mean"])) / np.array(fitted["scale"])
-        y = float(_expand(x[None, :]) @ np.array(fitted["weights"]))
+        y = float((_expand(x[None, :]) @ np.array(fitted["weights"]))[0])
         return math.exp(min(y, 20.0))
 
     def evidence(self, problem: Problem, config: Config, mode: str = "graph") -> float:

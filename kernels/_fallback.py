@@ -19,8 +19,9 @@ logger = logging.getLogger(__name__)
 # search asks 2% of a measured winner; a prediction gets a wider margin.
 DEFAULT_MARGIN = 0.05
 # ...and the same config must have been timed on a problem at most this far (log2 shape distance:
-# 1 = a factor 2 in one dimension, or the same shape in the other half type).
-DEFAULT_MAX_DISTANCE = 1.5
+# 1 = a factor 2 in one dimension, or the same shape in the other half type; 2 = a factor 2 off in
+# all of M, N and K at once, about the spacing of the corpus's token counts and layer widths).
+DEFAULT_MAX_DISTANCE = 2.0
 
 
 def choose_fallback(problem: Problem, mode: str, candidates: Sequence[Config], model: CostModel | None,
