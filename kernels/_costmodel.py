@@ -135,17 +135,16 @@ class CostModel:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"cost model kind {self.kind!r} is not one of {', '.join(KINDS)}")
-        self._parsed = {mode: [(Problem.from_key(kernel, key), Config.parse(text), y)
-                               for key, kernel, text, y in rows] for mode, rows in self.points.items()}
+        self._index = {mode: _Index(rows) for mode, rows in self.points.items()}
 
     @property
     def modes(self) -> tuple[str, ...]:
         return tuple(self.points)
 
-    def _rows(self, mode: str) -> list[tuple[Problem, Config, float]]:
-        if mode not in self._parsed:
+    def _rows(self, mode: str) -> _Index:
+        if mode not in self._index:
             raise KeyError(f"the cost model has no observations in mode {mode!r}; it has {', '.join(self.modes) or 'none'}")
-        return self._parsed[mode]
+        return self._index[mode]
 
     def predict_ratio(self, problem: Problem, config: Config, mode: str = "graph") -> float:
         """Predicted time of ``config`` on ``problem`` over cuBLAS's, in ``mode``; inf if unknowable."""
@@ -156,17 +155,16 @@ class CostModel:
         return self._knn(problem, config, mode)
 
     def _knn(self, problem: Problem, config: Config, mode: str) -> float:
-        scored = []
-        for p, c, y in self._rows(mode):
-            d = shape_distance(problem, p)
-            if math.isfinite(d):
-                scored.append((d + (0.0 if c == config else 0.5 + _CONFIG_WEIGHT * config_distance(config, c)), y))
-        if not scored:
+        index = self._rows(mode)
+        d = index.shape_distances(problem)
+        d = d + np.where(index.config_ids == index.ids.get(str(config), -1), 0.0,
+                         0.5 + _CONFIG_WEIGHT * index.config_distances(config))
+        finite = np.isfinite(d)
+        if not finite.any():
             return math.inf
-        scored.sort(key=lambda pair: pair[0])
-        near = scored[:_KNN_K]
-        weights = np.array([1.0 / (0.25 + d) ** 2 for d, _ in near])
-        return float(math.exp(np.dot(weights, [y for _, y in near]) / weights.sum()))
+        near = np.argsort(np.where(finite, d, np.inf))[:min(_KNN_K, int(finite.sum()))]
+        weights = 1.0 / (0.25 + d[near]) ** 2
+        return float(math.exp(np.dot(weights, index.y[near]) / weights.sum()))
 
     def _ridge(self, problem: Problem, config: Config, mode: str) -> float:
         self._rows(mode)
@@ -179,7 +177,9 @@ class CostModel:
 
     def evidence(self, problem: Problem, config: Config, mode: str = "graph") -> float:
         """Log-shape distance to the nearest observation of this very config in ``mode`` (inf if none)."""
-        return min((shape_distance(problem, p) for p, c, _ in self._rows(mode) if c == config), default=math.inf)
+        index = self._rows(mode)
+        same = index.config_ids == index.ids.get(str(config), -1)
+        return float(index.shape_distances(problem)[same].min()) if same.any() else math.inf
 
     def rank(self, problem: Problem, candidates: Iterable[Config], mode: str = "graph") -> list[tuple[Config, float]]:
         """The candidates, best predicted first, each with its predicted ratio to cuBLAS."""
@@ -196,6 +196,42 @@ class CostModel:
             raise ValueError(f"cost model format {doc.get('format')!r} is not {FORMAT_VERSION}; refit it with this code")
         points = {mode: [tuple(row) for row in rows] for mode, rows in doc["points"].items()}
         return cls(doc["kind"], points, doc.get("ridge", {}))
+
+
+class _Index:
+    """One mode's observations as arrays, so a prediction is a few vector operations."""
+
+    def __init__(self, rows: Sequence[tuple[str, str, str, float]]) -> None:
+        problems = [Problem.from_key(kernel, key) for key, kernel, _, _ in rows]
+        self.ids: dict[str, int] = {}
+        configs: list[Config] = []
+        for _, _, text, _ in rows:
+            if text not in self.ids:
+                self.ids[text] = len(configs)
+                configs.append(Config.parse(text))
+        self.config_ids = np.array([self.ids[text] for _, _, text, _ in rows], dtype=int)
+        self.y = np.array([y for *_, y in rows], dtype=float)
+        self.log_dims = np.log2(np.array([_dims(p) for p in problems], dtype=float).reshape(-1, 3))
+        groups = [(p.kernel, p.layout, p.dtype) for p in problems]
+        self.groups = list(dict.fromkeys(groups))
+        self.group_ids = np.array([self.groups.index(g) for g in groups], dtype=int)
+        self.config_vectors = np.array([_config_vector(c) for c in configs]).reshape(len(configs), -1)
+
+    def shape_distances(self, problem: Problem) -> np.ndarray:
+        base = np.sqrt(((self.log_dims - np.log2(np.array(_dims(problem)))) ** 2).sum(axis=1))
+        extra = np.array([_group_penalty(problem, g) for g in self.groups] or [0.0], dtype=float)
+        return base + extra[self.group_ids]
+
+    def config_distances(self, config: Config) -> np.ndarray:
+        per_config = np.linalg.norm(self.config_vectors - _config_vector(config), axis=1) / 2.0
+        return per_config[self.config_ids]
+
+
+def _group_penalty(problem: Problem, group: tuple[str, str, str]) -> float:
+    kernel, layout, dtype = group
+    if kernel != problem.kernel or layout != problem.layout:
+        return math.inf
+    return 0.0 if dtype == problem.dtype else _DTYPE_PENALTY.get(frozenset((dtype, problem.dtype)), math.inf)
 
 
 def fit(observations: Iterable[Observation], kind: str = "knn", alpha: float = RIDGE_ALPHA) -> CostModel:
