@@ -33,7 +33,7 @@ from collections.abc import Iterable
 import optuna
 
 from kernels import Config, Problem
-from kernels._costmodel import MODES, Observation
+from kernels._costmodel import MODES, CostModel, Observation
 from kernels._spec import is_baseline
 
 from db import Store
@@ -132,3 +132,13 @@ def from_rows_file(path: str, device: str | None = None) -> list[Observation]:
     if not isinstance(rows, list):
         raise ValueError(f"{path} must hold a JSON list of rows (see tuner/costmodel_data.py); it holds a {type(rows).__name__}")
     return from_rows(rows, device)
+
+
+def ranked_warm_start(model: CostModel, problem: Problem, candidates: Iterable[Config], mode: str = "graph",
+                      count: int = 8) -> list[Config]:
+    """The ``count`` candidates the model predicts fastest on ``problem``: the search's first trials
+    (tuner.search's warm start can put them after what dispatch would pick). Candidates are usually
+    ``spec.space.enumerate(problem, device)``; configs predicted no better than unknowable are left out."""
+    if mode not in model.modes:
+        return []
+    return [config for config, ratio in model.rank(problem, candidates, mode)[:count] if math.isfinite(ratio)]
