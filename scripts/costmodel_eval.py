@@ -1,7 +1,7 @@
 """Which way ranks configs best on a problem nobody tuned: nearest tuned winner, kNN, or ridge?
 
 Leave-one-out over the observations (kernels/_costmodel.py): each problem (``--group problem``) or
-each corpus model (``--group model``, tuner/corpus.py origins) is held out in turn; the methods are
+each corpus model (``--group model``, tuner/corpus.py entries) is held out in turn; the methods are
 fitted on the rest and rank the configs measured on each held-out problem. Reported per method:
 
 - rho: Spearman rank correlation of predicted and measured time over those configs (median);
@@ -91,12 +91,11 @@ def score(ranker: Ranker, problem: Problem, measured: dict[Config, float]) -> di
 def groups_of(problems: Sequence[Problem], by: str) -> dict[str, list[Problem]]:
     if by == "problem":
         return {p.key: [p] for p in problems}
-    from tuner.corpus import corpus_origins
-    origins = corpus_origins("all")
+    from tuner.corpus import entries
+    model_of = {e.problem.key: e.model for e in entries("all")}
     groups: dict[str, list[Problem]] = defaultdict(list)
     for p in problems:
-        model = origins[p][0].model if p in origins else "not in the corpus"
-        groups[model].append(p)
+        groups[model_of.get(p.key, "not in the corpus")].append(p)
     return dict(groups)
 
 

@@ -363,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seeds for the GP sampler, ~20 s a run here (default 4)")
     parser.add_argument("--budget", type=int, default=100, help="counted trials per search (default 100)")
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of {', '.join(SAMPLERS)}")
-    parser.add_argument("--modes", default=",".join(MODES), help="cold (sampler only), seeded (warm configs first)")
+    parser.add_argument("--modes", default="cold,seeded",
+                        help="cold (sampler only), seeded (warm configs first), model (the cost model's first)")
     parser.add_argument("--ahead", type=int, default=1,
                         help="configs in flight (asked, not yet told), as `tuner search --ahead N` (default 1)")
     parser.add_argument("--polish", default=None, metavar="EVERY,AFTER",

@@ -49,18 +49,14 @@ def _config(value: object) -> Config:
     return Config.parse(str(value))
 
 
-def _cublas_by_mode(record: object) -> dict[str, float]:
-    times = {mode: getattr(record, f"cublas_{mode}_ms", None) for mode in MODES}
-    if not times["graph"]:
-        times["graph"] = getattr(record, "cublas_ms", None)
-    return {mode: float(t) for mode, t in times.items() if t}
-
-
 def from_database(url: str, device: str | None = None) -> list[Observation]:
     """Every measured trial of the studies in the database at ``url`` whose problem has a record."""
     store = Store(url, create=False)
+    cublas: dict[tuple[str, str, str], dict[str, float]] = {}
     try:
-        cublas = {(r.device_name, r.kernel, r.problem_key): _cublas_by_mode(r) for r in store.records(device=device)}
+        for r in store.records(device=device):  # one record per mode; a legacy record is graph
+            if r.cublas_ms:
+                cublas.setdefault((r.device_name, r.kernel, r.problem_key), {})[getattr(r, "mode", "graph")] = r.cublas_ms
     finally:
         store.close()
     storage = optuna.storages.RDBStorage(url)

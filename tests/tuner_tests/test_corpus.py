@@ -71,6 +71,7 @@ def test_database_observations_take_every_trial_per_mode_against_the_record(tmp_
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     with Store(url) as store:
         store.put(make_record(m=16, n=4096, k=4096, cublas_ms=0.02))
+        store.put(make_record(m=16, n=4096, k=4096, cublas_ms=0.04, mode="eager"))
     storage = optuna.storages.RDBStorage(url)
     study = optuna.create_study(study_name=f"{H100.name}|matmul|fp16:nt:16x4096x4096", storage=storage)
     orphan = optuna.create_study(study_name=f"{H100.name}|matmul|fp16:nt:32x4096x4096", storage=storage)
@@ -85,8 +86,8 @@ def test_database_observations_take_every_trial_per_mode_against_the_record(tmp_
                                               user_attrs={"config": str(WIDE), "status": "ok", "repeat": True}))
     obs = from_database(url)
     got = sorted((str(o.config) == str(THIN), o.mode, o.time_ms, o.cublas_ms) for o in obs)
-    # the legacy trial is graph mode; no eager cuBLAS time in a legacy record: the eager time is dropped
-    assert got == [(False, "graph", 0.03, 0.02), (True, "graph", 0.016, 0.02)]
+    # a trial without per-mode times is graph mode; each mode's time goes against that mode's cuBLAS
+    assert got == [(False, "eager", 0.05, 0.04), (False, "graph", 0.03, 0.02), (True, "graph", 0.016, 0.02)]
 
 
 def test_rows_format_pairs_each_time_with_its_cublas_row(tmp_path: Path) -> None:
