@@ -39,8 +39,8 @@ _DTYPE_PENALTY = {frozenset(("fp16", "bf16")): 1.0}
 # A different config is this far away per unit of config-feature distance (a factor 2 in one tile).
 _CONFIG_WEIGHT = 1.0
 _KNN_K = 8
-# Ridge strength on standardised features; 1e-2 was the best of {1e-3, 1e-2, 1e-1, 1} in leave-one-
-# problem-out on the H100 sweeps (scripts/costmodel_eval.py --ridge-alpha).
+# Ridge strength on standardised features: a first guess, not yet tuned on measured data (the sweeps
+# hold two dense problems); scripts/costmodel_eval.py on a quick-tuned corpus database should set it.
 RIDGE_ALPHA = 1e-2
 _SMS = 132  # the H100's; the waves feature only needs the right order of magnitude elsewhere
 
@@ -157,7 +157,7 @@ class CostModel:
     def _knn(self, problem: Problem, config: Config, mode: str) -> float:
         index = self._rows(mode)
         d = index.shape_distances(problem)
-        d = d + np.where(index.config_ids == index.ids.get(str(config), -1), 0.0,
+        d = d + np.where(index.config_ids == index.ids.get(config, -1), 0.0,
                          0.5 + _CONFIG_WEIGHT * index.config_distances(config))
         finite = np.isfinite(d)
         if not finite.any():
@@ -178,7 +178,7 @@ class CostModel:
     def evidence(self, problem: Problem, config: Config, mode: str = "graph") -> float:
         """Log-shape distance to the nearest observation of this very config in ``mode`` (inf if none)."""
         index = self._rows(mode)
-        same = index.config_ids == index.ids.get(str(config), -1)
+        same = index.config_ids == index.ids.get(config, -1)
         return float(index.shape_distances(problem)[same].min()) if same.any() else math.inf
 
     def rank(self, problem: Problem, candidates: Iterable[Config], mode: str = "graph") -> list[tuple[Config, float]]:
@@ -203,13 +203,12 @@ class _Index:
 
     def __init__(self, rows: Sequence[tuple[str, str, str, float]]) -> None:
         problems = [Problem.from_key(kernel, key) for key, kernel, _, _ in rows]
-        self.ids: dict[str, int] = {}
-        configs: list[Config] = []
-        for _, _, text, _ in rows:
-            if text not in self.ids:
-                self.ids[text] = len(configs)
-                configs.append(Config.parse(text))
-        self.config_ids = np.array([self.ids[text] for _, _, text, _ in rows], dtype=int)
+        self.ids: dict[Config, int] = {}
+        parsed = [Config.parse(text) for _, _, text, _ in rows]
+        for config in parsed:
+            self.ids.setdefault(config, len(self.ids))  # Config equality ignores the order of its values
+        configs = list(self.ids)
+        self.config_ids = np.array([self.ids[c] for c in parsed], dtype=int)
         self.y = np.array([y for *_, y in rows], dtype=float)
         self.log_dims = np.log2(np.array([_dims(p) for p in problems], dtype=float).reshape(-1, 3))
         groups = [(p.kernel, p.layout, p.dtype) for p in problems]

@@ -102,6 +102,14 @@ def test_observation_refuses_a_bad_mode_and_non_positive_times() -> None:
         Observation(problem(1, 2, 3), THIN, "graph", 0.0, 1.0)
 
 
+def test_a_config_matches_its_observations_whatever_the_order_of_its_values() -> None:
+    reordered = Config.from_dict(dict(reversed(list(THIN.as_dict().items()))))
+    assert str(reordered) != str(THIN)
+    model = fit(world())
+    assert model.evidence(problem(32, 1024, 1024), reordered) == 0.0
+    assert model.predict_ratio(problem(32, 1024, 1024), reordered) == model.predict_ratio(problem(32, 1024, 1024), THIN)
+
+
 def test_evidence_is_the_distance_to_the_nearest_observation_of_that_config() -> None:
     model = fit(world())
     assert model.evidence(problem(32, 1024, 1024), THIN) == 0.0
