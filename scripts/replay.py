@@ -49,7 +49,10 @@ DEVICES = {d.name: d for d in (
 TARGETS = (0.98, 0.995)
 
 SAMPLERS = ("random", "tpe", "tpe-independent", "gp", "cmaes")
-MODES = ("cold", "seeded")
+# cold: the sampler alone; seeded: today's warm start first (tuner.search.warm_start_configs with an
+# empty database); model: as many configs first, the cost model's best predicted (fitted on the
+# --model-data observations of every other problem: the sweep's problem is never seen).
+MODES = ("cold", "seeded", "model")
 
 # Reason given to configs the sweep did not time (an incomplete sweep); pruned, not counted.
 NOT_SWEPT = "not in the sweep"
@@ -208,8 +211,26 @@ class Run:
     seconds: float
 
 
+@functools.lru_cache(maxsize=None)
+def model_warm_configs(path: str, sources: tuple[str, ...], kind: str = "knn") -> list[Config]:
+    """The cost model's top configs for the sweep's problem, as many as ``warm_configs`` gives, the
+    model fitted on the observations in ``sources`` (sweep globs or rows files) of other problems."""
+    from kernels._costmodel import fit
+    from tuner.costmodel_data import from_rows_file, from_sweeps, ranked_warm_start
+
+    sweep = load_sweep(path)
+    observations = []
+    for source in sources:
+        observations += from_rows_file(source) if source.endswith(".rows.json") else from_sweeps(source, None)
+    unseen = [o for o in observations if o.problem.shapes != sweep.problem.shapes]
+    if not unseen:
+        return []
+    candidates = [c for c, m in sweep.results.items() if m.ok]
+    return ranked_warm_start(fit(unseen, kind=kind), sweep.problem, candidates, "graph", len(warm_configs(sweep)))
+
+
 def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: int = 1,
-           polish: tuple[int, int] | None = None) -> Run:
+           polish: tuple[int, int] | None = None, model_data: tuple[str, ...] = ()) -> Run:
     """One search of ``budget`` counted trials against the sweep at ``path``; ``polish`` (every, after)
     overrides tuner.search's POLISH_EVERY and POLISH_AFTER."""
     start = time.perf_counter()
@@ -220,8 +241,8 @@ def replay(path: str, sampler: str, mode: str, seed: int, budget: int, ahead: in
     study = optuna.create_study(study_name=study_name(sweep.device, sweep.problem), direction="minimize",
                                 sampler=sampler_for(sampler, seed))
     space = sampled_space(path)
-    if mode == "seeded":
-        for config in warm_configs(sweep):
+    if mode in ("seeded", "model"):
+        for config in warm_configs(sweep) if mode == "seeded" else model_warm_configs(path, model_data):
             study.enqueue_trial(params_of(config, space), skip_if_exists=True)
     to_target = [budget + 1] * len(TARGETS)
 
@@ -328,8 +349,9 @@ def _print_stats(stats: dict) -> None:
 
 
 def _tasks(paths: Iterable[str], samplers: Sequence[str], modes: Sequence[str], seeds: dict[str, int],
-           budget: int, ahead: int, polish: tuple[int, int] | None = None) -> list[tuple]:
-    return [(path, sampler, mode, seed, budget, ahead, polish) for path in paths for sampler in samplers
+           budget: int, ahead: int, polish: tuple[int, int] | None = None,
+           model_data: tuple[str, ...] = ()) -> list[tuple]:
+    return [(path, sampler, mode, seed, budget, ahead, polish, model_data) for path in paths for sampler in samplers
             for mode in modes for seed in range(seeds[sampler])]
 
 
@@ -341,13 +363,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="seeds for the GP sampler, ~20 s a run here (default 4)")
     parser.add_argument("--budget", type=int, default=100, help="counted trials per search (default 100)")
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of {', '.join(SAMPLERS)}")
-    parser.add_argument("--modes", default=",".join(MODES), help="cold (sampler only), seeded (warm configs first)")
+    parser.add_argument("--modes", default="cold,seeded",
+                        help="cold (sampler only), seeded (warm configs first), model (the cost model's first)")
     parser.add_argument("--ahead", type=int, default=1,
                         help="configs in flight (asked, not yet told), as `tuner search --ahead N` (default 1)")
     parser.add_argument("--polish", default=None, metavar="EVERY,AFTER",
                         help="the search's local polish: every EVERY-th new config a neighbour of the best, "
                              f"after AFTER measured trials; 0,0 turns it off (default: tuner.search's, "
                              f"{search.POLISH_EVERY},{search.POLISH_AFTER})")
+    parser.add_argument("--model-data", action="append", default=[],
+                        help="observations for --modes model: a sweep glob, or a FILE.rows.json in the "
+                             "tuner/costmodel_data.py rows format (repeatable; default: --sweeps)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--json", default=None, help="write the stats, per-run results and summary here")
     args = parser.parse_args(argv)
@@ -365,7 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if polish is not None and len(polish) != 2:
         parser.error(f"--polish takes EVERY,AFTER (two integers), e.g. 2,8; got {args.polish}")
     report["polish"] = polish or (search.POLISH_EVERY, search.POLISH_AFTER)
-    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.ahead, polish)
+    tasks = _tasks(paths, samplers, modes, seeds, args.budget, args.ahead, polish,
+                   tuple(args.model_data) or (args.sweeps,))
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
                                  initializer=_init_worker) as pool:

@@ -33,6 +33,11 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kernels.Problem]:
     spec = kernels.get_kernel(args.kernel)
+    if getattr(args, "corpus", None):
+        if spec.name != "matmul" or args.shape or args.layout:
+            raise UserError("--corpus names matmul problems of its own (layout nt); drop --kernel, --shape and --layout")
+        from .corpus import corpus_problems
+        return [p for p in corpus_problems(args.corpus) if not args.dtype or p.dtype in args.dtype]
     dtypes = args.dtype or ["fp16"]
     layouts = args.layout or ["nn"]
     if args.shape:

@@ -1,13 +1,23 @@
-"""The model corpus: every problem valid, the split by model, reproducible and disjoint."""
+"""The model corpus (every problem valid, the split by model), `search --corpus`, and the cost model's loaders."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import optuna
 import pytest
 
 import kernels
+from db import Store
+from kernels import Config, DeviceInfo, Problem
+from kernels._costmodel import Observation, fit
+from kernels._fallback import choose_fallback
+from tests.db_tests.conftest import make_record
 from tuner import corpus
+from tuner.cli import UserError, build_parser
+from tuner.commands import _problems
+from tuner.costmodel_data import from_database, from_rows, from_rows_file, from_sweeps, ranked_warm_start
 
 
 def test_split_is_by_model_disjoint_and_covers_the_corpus() -> None:
@@ -35,3 +45,97 @@ def test_every_problem_is_a_linear_layer_in_both_half_types_at_every_token_count
 def test_unknown_part_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="tuned, held_out, all"):
         corpus.entries("test")
+
+
+H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_search_corpus_flag_gives_the_part_narrowed_by_dtype() -> None:
+    args = build_parser().parse_args(["search", "--corpus", "held_out", "--dtype", "bf16"])
+    problems = _problems(args, H100)
+    assert problems and problems == [p for p in corpus.corpus_problems("held_out") if p.dtype == "bf16"]
+    with pytest.raises(UserError, match="--corpus"):
+        _problems(build_parser().parse_args(["search", "--corpus", "all", "--shape", "16x16x16"]), H100)
+
+# ---------------------------------------------------------------------------------------------
+# Observation loaders
+# ---------------------------------------------------------------------------------------------
+
+THIN = Config.make(VARIANT="tiled", BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, GROUP_SIZE_M=8, SPLIT_K=1, NUM_SM=132,
+                   FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=5)
+WIDE = THIN.replace(VARIANT="tma", BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3)
+
+
+def test_database_observations_take_every_trial_per_mode_against_the_record(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    with Store(url) as store:
+        store.put(make_record(m=16, n=4096, k=4096, cublas_ms=0.02))
+        store.put(make_record(m=16, n=4096, k=4096, cublas_ms=0.04, mode="eager"))
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name=f"{H100.name}|matmul|fp16:nt:16x4096x4096", storage=storage)
+    orphan = optuna.create_study(study_name=f"{H100.name}|matmul|fp16:nt:32x4096x4096", storage=storage)
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for s in (study, orphan):
+        s.add_trial(optuna.trial.create_trial(params={"x": 0.1}, distributions=dist, value=0.016,
+                                              user_attrs={"config": str(THIN), "status": "ok"}))
+    study.add_trial(optuna.trial.create_trial(params={"x": 0.2}, distributions=dist, value=0.03,
+                                              user_attrs={"config": str(WIDE), "status": "ok",
+                                                          "eager_ms": 0.05, "graph_ms": 0.03}))
+    study.add_trial(optuna.trial.create_trial(params={"x": 0.3}, distributions=dist, value=0.01,
+                                              user_attrs={"config": str(WIDE), "status": "ok", "repeat": True}))
+    obs = from_database(url)
+    got = sorted((str(o.config) == str(THIN), o.mode, o.time_ms, o.cublas_ms) for o in obs)
+    # a trial without per-mode times is graph mode; each mode's time goes against that mode's cuBLAS
+    assert got == [(False, "eager", 0.05, 0.04), (False, "graph", 0.03, 0.02), (True, "graph", 0.016, 0.02)]
+
+
+def test_rows_format_pairs_each_time_with_its_cublas_row(tmp_path: Path) -> None:
+    rows = [{"problem_key": "bf16:nt:8x4096x4096", "config": "cublas", "mode": "eager", "time_ms": 0.05},
+            {"problem_key": "bf16:nt:8x4096x4096", "config": str(THIN), "mode": "eager", "time_ms": 0.04},
+            {"problem_key": "bf16:nt:8x4096x4096", "config": THIN.as_dict(), "mode": "graph", "time_ms": 0.02}]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows))
+    obs = from_rows_file(str(path))
+    assert [(o.config, o.mode, o.time_ms, o.cublas_ms) for o in obs] == [(THIN, "eager", 0.04, 0.05)]
+    assert from_rows(rows, device="other GPU") == obs  # rows without a device belong to any
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="JSON list"):
+        from_rows_file(str(path))
+
+
+def test_sweeps_give_graph_observations_that_a_model_ranks_with() -> None:
+    obs = from_sweeps(str(ROOT / "benchmarks/sweeps/matmul-*.json"))
+    assert obs and {o.mode for o in obs} == {"graph"} and {o.problem.key for o in obs} == {"fp16:nn:16x4096x4096"}
+    model = fit(obs)
+    problem = Problem.from_key("matmul", "fp16:nn:16x4096x4096")
+    best = min(obs, key=lambda o: o.time_ms)
+    candidates = [o.config for o in obs[:50]] + [best.config]
+    assert model.rank(problem, candidates)[0][0] == best.config
+    # the sweep's best ran at 0.925x cuBLAS's time on its own problem: the fallback takes it at a 2% margin,
+    # not at 20%, and not on a problem 5 factors of 2 away in N and K
+    assert choose_fallback(problem, "graph", [best.config], model, margin=0.02) == best.config
+    assert choose_fallback(problem, "graph", [best.config], model, margin=0.2) is None
+    far = Problem.from_key("matmul", "fp16:nn:16x131072x131072")
+    assert choose_fallback(far, "graph", [best.config], model, margin=0.02) is None
+
+
+def test_ranked_warm_start_takes_the_models_best_first_and_only_known_modes() -> None:
+    problem = Problem.from_key("matmul", "fp16:nt:16x4096x4096")
+    model = fit([Observation(problem, THIN, "graph", 0.9, 1.0), Observation(problem, WIDE, "graph", 1.4, 1.0)])
+    assert ranked_warm_start(model, problem, [WIDE, THIN], count=1) == [THIN]
+    assert ranked_warm_start(model, problem, [WIDE, THIN], mode="eager") == []
+
+
+def test_leave_one_out_evaluation_scores_a_learnable_world_with_no_regret() -> None:
+    from scripts import costmodel_eval
+
+    def ratio(config: Config, m: int) -> float:
+        return (0.8 if m <= 64 else 1.5) if config == THIN else (1.3 if m <= 64 else 0.9)
+
+    obs = [Observation(Problem.from_key("matmul", f"fp16:nt:{m}x{n}x{n}"), c, "graph", ratio(c, m), 1.0)
+           for m in (1, 8, 32, 128, 512, 2048) for n in (1024, 2048, 4096) for c in (THIN, WIDE)]
+    rows = costmodel_eval.evaluate(obs, "graph", "problem", ["nearest", "knn"])
+    for method in ("nearest", "knn"):
+        assert len(rows[method]) == 18 and all(r["regret1"] == 1.0 and r["rho"] == pytest.approx(1.0) for r in rows[method])
+    assert "| knn | 18 | 1.000 | 1.000 |" in costmodel_eval.summary_table(rows)

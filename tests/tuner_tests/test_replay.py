@@ -161,3 +161,13 @@ def test_rows_of_one_launch_are_one_config_timed_by_their_median_and_confirmatio
     assert sweep.results[first].time_ms == pytest.approx((0.1 + 0.2) / 2), "median of 4 timings of one launch"
     assert sweep.results[second].time_ms == pytest.approx(_time_ms(second) * 1.1)
     assert sweep.results[configs[2]].time_ms == pytest.approx(_time_ms(configs[2])), "disturbed: not used"
+
+
+def test_model_warm_start_never_sees_the_replayed_problem() -> None:
+    root = Path(__file__).resolve().parents[2] / "benchmarks" / "sweeps"
+    target = str(root / "subspaces" / "matmul-fp16-nn-1024x768x512-tiled.json")
+    assert replay.model_warm_configs(target, (target,)) == []  # its own sweep is all the data: nothing left
+    chosen = replay.model_warm_configs(target, (str(root / "matmul-*.json"),))
+    sweep = replay.load_sweep(target)
+    assert len(chosen) == len(replay.warm_configs(sweep)) == len(set(chosen))
+    assert all(sweep.results[c].ok for c in chosen)
