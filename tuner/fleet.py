@@ -34,13 +34,14 @@ log = logging.getLogger(__name__)
 POLL_S = 2.0
 
 
-def job_specs(kernel: str, problems: Sequence[kernels.Problem], device: kernels.DeviceInfo, budget: Budget,
-              options: dict, priorities: dict[str, float] | None = None) -> list[JobSpec]:
-    """One job per problem, for ``device``'s kind; ``priorities`` (by problem key) orders the queue."""
-    priorities = priorities or {}
-    return [JobSpec(device.name, kernel, problem.key, budget.trials, budget.seconds, dict(options),
-                    priorities.get(problem.key, float(len(problems) - index)))
-            for index, problem in enumerate(problems)]
+def job_specs(problems: Sequence[kernels.Problem], device: kernels.DeviceInfo, budget: Budget,
+              options: dict, priorities: Sequence[float] | None = None) -> list[JobSpec]:
+    """One job per problem, for ``device``'s kind; higher ``priorities`` are claimed first (default: in
+    the order given)."""
+    if priorities is None:
+        priorities = [float(len(problems) - index) for index in range(len(problems))]
+    return [JobSpec(device.name, problem.kernel, problem.key, budget.trials, budget.seconds, dict(options),
+                    float(priority)) for problem, priority in zip(problems, priorities)]
 
 
 @dataclass
