@@ -105,7 +105,7 @@ def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, 
     queue, name = JobQueue(store), name or worker_name(device)
     host, pid = socket.gethostname(), os.getpid()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(store.url)
+    storage = optuna_storage(store.url)
     done = failed = lost = 0
     queue.beat(name, device.name, host, pid, "idle", None, 0)
     try:
@@ -142,6 +142,22 @@ def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, 
     return WorkerSummary(name, done, failed, lost)
 
 
+def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
+    """Optuna's storage on ``url``. Workers starting together on a fresh database race to create
+    Optuna's tables (one loses on a unique version row); the loser finds them made on a retry."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except SQLAlchemyError as exc:
+            if attempt == attempts:
+                raise StoreError(f"cannot open Optuna's tables in {url}: {exc}") from exc
+            log.debug("creating Optuna's tables lost a race (%s); retrying", exc)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
 def _tune(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.storages.BaseStorage,
           hooks: WorkerHooks) -> tuple[Record | None, str | None]:
     """Tune one job; (record, None) on success, (None, reason) for a job that cannot succeed."""
@@ -176,6 +192,6 @@ def spawn_gpu_workers(url: str, gpus: Sequence[str], device_arg: str, extra: Seq
     for gpu in gpus:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
         argv = [sys.executable, "-m", "tuner", "worker", "--db", url, "--device", device_arg, *extra]
-        out = open(os.path.join(log_dir, f"worker-gpu{gpu}.log"), "w") if log_dir else subprocess.DEVNULL
-        processes.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT))
+        out = open(os.path.join(log_dir, f"worker-gpu{gpu}.log"), "w") if log_dir else None
+        processes.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
     return processes

@@ -16,7 +16,7 @@ from db.queue import DEFAULT_LEASE_S, Job, JobQueue
 from db.recorded import recorded
 
 from .cli import UserError
-from .fleet import WorkerHooks, job_specs, parse_gpus, run_worker, spawn_gpu_workers
+from .fleet import WorkerHooks, job_specs, optuna_storage, parse_gpus, run_worker, spawn_gpu_workers
 from .search import Budget
 
 # How often `search --gpus` prints the queue's state while its workers run.
@@ -76,6 +76,7 @@ def search_through_queue(args: argparse.Namespace, store: Store, device: kernels
     ids = set(queue.enqueue(job_specs(problems, device, budget, options, priorities)))
     lease_s = args.lease or DEFAULT_LEASE_S
     if args.gpus:
+        optuna_storage(store.url)  # Optuna's tables exist before the workers start (else they race to make them)
         _work_on_gpus(args, store, ids, lease_s)
     else:
         run_worker(store, device, lease_s=lease_s, hooks=hooks)
