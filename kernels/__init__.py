@@ -24,12 +24,13 @@ from . import gemm
 from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with
 from ._record_mode import RECORDER as _REC, env_wants_recording
+from ._refresh import REFRESHER as _REFRESHER, env_ttl_s
 
 __all__ = [
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
     "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul",
     "grouped_matmul_with", "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape",
-    "recording", "resolve_device", "use_database", "validate_record", "dispatch_mode", "EAGER", "GRAPH", "MODES",
+    "recording", "refresh_every", "resolve_device", "use_database", "validate_record", "dispatch_mode", "EAGER", "GRAPH", "MODES",
 ]
 
 MODES = _modes.MODES
@@ -205,5 +206,16 @@ def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     grouped.CALLS.clear()  # resolved under the old tables
 
 
+def refresh_every(ttl_s: float | None) -> None:
+    """Reload the tuned tables every ``ttl_s`` seconds (None: never; ``kernels.clear_cache()`` reloads
+    once). Costs nothing per call: a background thread clears the caches (kernels/_refresh.py)."""
+    if ttl_s is None:
+        _REFRESHER.stop()
+    else:
+        _REFRESHER.start(ttl_s, clear_cache)
+
+
 if env_wants_recording():
     _REC.start()
+if env_ttl_s():
+    refresh_every(env_ttl_s())
