@@ -114,3 +114,26 @@ def start_server() -> PgServer:
         raise PgUnavailable("no PostgreSQL server binary (initdb, pg_ctl): apt-get install postgresql, "
                             "or set PG_BIN to the folder that holds them")
     return PgServer(bin_dir).start()
+
+
+def _cpu_of(pid: int) -> tuple[float, int]:
+    """(user + system CPU seconds of ``pid`` and of its reaped children, its parent pid)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(value) for value in fields[11:15]) / ticks, int(fields[1])
+
+
+def server_cpu_s(server: PgServer) -> float:
+    """CPU seconds the server has used so far: the postmaster, its exited (reaped) backends, and the
+    live ones. For the load test's server-side cost per statement."""
+    postmaster = int((server._data / "postmaster.pid").read_text().split()[0])
+    total = _cpu_of(postmaster)[0]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != postmaster:
+            try:
+                cpu, parent = _cpu_of(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent == postmaster:
+                total += cpu
+    return total
