@@ -228,6 +228,12 @@ class JobQueue:
         found = dict(self._run(lambda session: session.execute(query).all()))
         return {state: int(found.get(state, 0)) for state in JOB_STATES}
 
+    def unfinished(self, device_name: str) -> int:
+        """Jobs for ``device_name`` queued or running (a running one may yet come back if its worker dies)."""
+        query = select(func.count()).select_from(JobModel).where(JobModel.device_name == device_name,
+                                                                  JobModel.state.in_((QUEUED, RUNNING)))
+        return int(self._run(lambda session: session.execute(query).scalar_one()))
+
     def workers(self) -> list[WorkerInfo]:
         """Every worker that ever registered, latest heartbeat first."""
         query = select(WorkerModel).order_by(WorkerModel.heartbeat_at.desc())

@@ -100,7 +100,7 @@ class _Lease(threading.Thread):
 def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, lease_s: float = DEFAULT_LEASE_S,
                poll_s: float = POLL_S, max_jobs: int | None = None, hooks: WorkerHooks | None = None,
                name: str | None = None) -> WorkerSummary:
-    """Claim and tune jobs for ``device``'s kind until the queue has none (or forever with ``wait``)."""
+    """Claim and tune jobs for ``device``'s kind until none is queued or running (forever with ``wait``)."""
     hooks = hooks or WorkerHooks()
     queue, name = JobQueue(store), name or worker_name(device)
     host, pid = socket.gethostname(), os.getpid()
@@ -112,7 +112,9 @@ def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, 
         while max_jobs is None or done + failed + lost < max_jobs:
             job = queue.claim(name, device.name, lease_s)
             if job is None:
-                if not wait:
+                # Without --wait, stop once no job of this kind is left, running ones included: a running
+                # job returns to the queue if its worker dies, and then this worker should finish it.
+                if not wait and queue.unfinished(device.name) == 0:
                     break
                 queue.beat(name, device.name, host, pid, "idle", None, done)
                 time.sleep(poll_s)

@@ -100,7 +100,8 @@ def test_killed_workers_job_is_finished_by_another_without_repeating_trials(back
         (job,) = JobQueue(store).jobs()
         assert job.state == "running" and store.records() == []  # the dead worker wrote nothing more
 
-    second = tuner(tmp_path, "worker", "--device", "cpu", "--db", backend_url, "--wait", "--max-jobs", "1")
+    # No --wait: the worker still waits while the dead worker's job runs, until its lease runs out.
+    second = tuner(tmp_path, "worker", "--device", "cpu", "--db", backend_url)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "attempt 2, resuming its study" in second.stdout
     with Store(backend_url) as store:
