@@ -189,10 +189,10 @@ def clear_cache() -> None:
 @contextlib.contextmanager
 def recording(url: str | None = None) -> Iterator[None]:
     """Record mode inside the block: note each problem dispatched, with call counts, into ``url`` (None:
-    ``TUNER_DB`` or the default database); written in the background and when the block ends.
+    the database dispatch reads, see ``use_database``); written in the background and when the block ends.
     (``TUNER_RECORD=1`` records the whole process instead.)"""
     clear_cache()  # signatures resolved before now must miss once, so that record mode learns them
-    _REC.start(url)
+    _REC.start(url if url is not None else DISPATCHER.url)
     try:
         yield
     finally:

@@ -53,7 +53,6 @@ def _record(problem_key: str, config: dict, time_ms: float, trials: int):
 
 def simulated_worker(url: str, name: str, trials: int, beat_every: int, start: object, out: object) -> None:
     import optuna
-    from sqlalchemy import event  # noqa: F401
 
     from db import Store
     from db.queue import JobQueue

@@ -14,7 +14,7 @@ from db.store import check_on_conflict
 
 from . import suites
 from .cli import UserError
-from .search import SAMPLERS, Budget, NoWinner, Progress, SearchStats, tune_problem
+from .search import SAMPLERS, Budget, Progress, SearchStats
 from . import fleet_commands
 from .fleet import WorkerHooks
 from .fleet_commands import problems_from_file, recorded_problems, search_through_queue
