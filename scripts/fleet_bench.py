@@ -155,6 +155,8 @@ def main() -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "fleet_bench_out"))
     args = parser.parse_args()
     args.db_prefix = "sqlite:///"
+    if args.cpu_dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before this process imports triton (check() reads the studies)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.phase == "report":
