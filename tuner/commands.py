@@ -82,7 +82,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
     spec = kernels.get_kernel(args.kernel)
-    hooks = _print_hooks()
     if args.recorded and args.problems:
         raise UserError("--recorded and --problems each name the problems to tune; pass one of them")
     # Named problems are checked before the database is opened: a typo creates no file.
@@ -96,6 +95,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         kinds = sorted({p.kernel for p in problems})
         print(f"tuning {len(problems)} {'/'.join(kinds) or spec.name} problem(s) on {device.name} ({device.alias}) "
               f"into {store.url}")
+        hooks = _print_hooks(store)
         hooks.tune_options["pool"] = pool
         try:
             jobs = search_through_queue(args, store, device, problems, priorities, budget, hooks)
@@ -121,7 +121,7 @@ def _recorded(store: Store, device: kernels.DeviceInfo) -> tuple[list[kernels.Pr
     return problems, priorities
 
 
-def _print_hooks() -> WorkerHooks:
+def _print_hooks(store: Store) -> WorkerHooks:
     """The CLI's view of a worker: a line per job, its trials, and its winners."""
     claimed = [0]
 
@@ -132,6 +132,9 @@ def _print_hooks() -> WorkerHooks:
 
     def on_done(job: Job, record: Record) -> None:
         print(f"  graph winner: {_winner_text(record)}", flush=True)
+        eager = store.get(record.device_name, record.kernel, record.problem_key, "eager")
+        if eager is not None:
+            print(f"  eager winner: {_winner_text(eager)}", flush=True)
 
     def on_fail(job: Job, error: str) -> None:
         print(f"  no winner: {error}", flush=True)
@@ -143,13 +146,13 @@ def _print_hooks() -> WorkerHooks:
 def cmd_worker(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
-    hooks = _print_hooks()
     pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
     if pool:
         pool.start()
-    hooks.tune_options["pool"] = pool
     try:
         with _open_store(args.db) as store:
+            hooks = _print_hooks(store)
+            hooks.tune_options["pool"] = pool
             return fleet_commands.cmd_worker(args, device, store, hooks)
     finally:
         if pool:
