@@ -80,7 +80,7 @@ def _wait_for(condition, timeout: float = 120.0) -> None:
 @pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
 def test_killed_workers_job_is_finished_by_another_without_repeating_trials(backend_url: str,
                                                                             tmp_path: Path) -> None:
-    key, trials = "fp16:nn:16x32x32", 6
+    key, trials = "fp16:nn:16x32x32", 12  # room to kill it mid-study even on a loaded machine
     with Store(backend_url) as store:
         from tuner.fleet import job_specs
         from tuner.search import Budget
@@ -91,7 +91,7 @@ def test_killed_workers_job_is_finished_by_another_without_repeating_trials(back
     first = subprocess.Popen(argv, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
-        _wait_for(lambda: _study_exists(backend_url, problem) and 2 <= _measured(backend_url, key) < trials)
+        _wait_for(lambda: _study_exists(backend_url, problem) and 2 <= _measured(backend_url, key) <= 4)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
