@@ -6,6 +6,7 @@ them between machines as JSON. Nothing here imports torch, triton, or the kernel
 
 from __future__ import annotations
 
+from . import _fleet_models  # noqa: F401  (the fleet's tables join Base.metadata)
 from ._plausible import PEAKS, DevicePeak, peak_of, plausibility_problems
 from ._record import ImportSummary, Record
 from .io import (SCHEMA_VERSION, ImportValidationError, dump_document, export_records,

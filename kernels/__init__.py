@@ -6,7 +6,8 @@ database (``TUNER_DB`` or the default SQLite file, read only) and the tables shi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,12 +23,14 @@ from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_wi
 from . import gemm
 from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with
+from ._record_mode import RECORDER as _REC, env_wants_recording
+from ._refresh import REFRESHER as _REFRESHER, env_ttl_s
 
 __all__ = [
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
     "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul",
     "grouped_matmul_with", "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape",
-    "resolve_device", "use_database", "validate_record", "dispatch_mode", "EAGER", "GRAPH", "MODES",
+    "recording", "refresh_every", "resolve_device", "use_database", "validate_record", "dispatch_mode", "EAGER", "GRAPH", "MODES",
 ]
 
 MODES = _modes.MODES
@@ -62,6 +65,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     plans = _PLANS.get(key)
     if plans is None:
         plans = _plan_matmul(key, a, b)
+    if _REC.on:  # record mode: one dict increment per call
+        _REC.counts[key] += 1
     plan = plans.both
     if plan is None:  # the modes differ here: _modes.current(), inlined (every such call pays for it)
         mode = _FORCED.mode or _modes.ENV_MODE
@@ -81,6 +86,8 @@ def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.ModePla
     else:
         problem, device = MATMUL.problem_of(a, b), current_device(a.device)
         configs = {mode: DISPATCHER.resolve(key + (mode,), MATMUL, problem, device, mode) for mode in MODES}
+        if _REC.on:
+            _REC.seen(key, MATMUL.name, problem, device)
     return _plans.put(key, _plans.plans_for(configs, a, b))
 
 
@@ -107,6 +114,13 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
         config = DISPATCHER.cached(key) or DISPATCHER.resolve(key, GROUPED_MATMUL, problem, current_device(device), mode)
         launch = None if is_baseline(config) else grouped.prepare(config, pairs, device)
         grouped.CALLS.put((pairs, mode), launch)
+        if _REC.on:
+            _REC.seen((pairs, mode) if pairs is not None else (problem, mode), GROUPED_MATMUL.name, problem,
+                      current_device(device))
+            if pairs is None:  # never cached: every call comes here
+                _REC.counts[(problem, mode)] += 1
+    if _REC.on and pairs is not None:
+        _REC.counts[(pairs, mode)] += 1
     if launch is None:  # cuBLAS won this group
         return GROUPED_MATMUL.baseline((As, Bs))
     return launch(As[0])
@@ -134,6 +148,10 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     if config is None:
         problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[6], *key[2:6])
         config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(x.device), key[-1])
+        if _REC.on:
+            _REC.seen(key, MOE_MATMUL.name, problem, current_device(x.device))
+    if _REC.on:
+        _REC.counts[key] += 1
     return moe.launch(config, x, w, offsets, out)
 
 
@@ -168,11 +186,39 @@ def clear_cache() -> None:
     gemm.LAUNCHES.clear()
 
 
+@contextlib.contextmanager
+def recording(url: str | None = None) -> Iterator[None]:
+    """Record mode inside the block: note each problem dispatched, with call counts, into ``url`` (None:
+    the database dispatch reads, see ``use_database``); written in the background and when the block ends.
+    (``TUNER_RECORD=1`` records the whole process instead.)"""
+    clear_cache()  # signatures resolved before now must miss once, so that record mode learns them
+    _REC.start(url if url is not None else DISPATCHER.url)
+    try:
+        yield
+    finally:
+        _REC.stop()
+
+
 def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     """Read tuned configs from ``url`` (None: ``TUNER_DB`` or the default file) from now on."""
     DISPATCHER.configure(url, use_shipped)
     _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables
+
+
+def refresh_every(ttl_s: float | None) -> None:
+    """Reload the tuned tables every ``ttl_s`` seconds (None: never; ``kernels.clear_cache()`` reloads
+    once). Costs nothing per call: a background thread clears the caches (kernels/_refresh.py)."""
+    if ttl_s is None:
+        _REFRESHER.stop()
+    else:
+        _REFRESHER.start(ttl_s, clear_cache)
+
+
+if env_wants_recording():
+    _REC.start()
+if env_ttl_s():
+    refresh_every(env_ttl_s())
 
 
 # The PyTorch integration (issue 13): fused epilogues, custom operators (registered on import), autograd, nn.

@@ -258,9 +258,17 @@ def _database_records(url: str | None, device_name: str, kernel: str) -> list:
             return store.records(device=device_name, kernel=kernel)
         finally:
             store.close()
-    except StoreError as exc:
-        log.warning("tuned configs unavailable, using defaults: %s", exc)
+    except StoreError as exc:  # e.g. a PostgreSQL server that cannot be reached: one warning per database
+        shown = url or "the default database"
+        if shown not in _WARNED:
+            _WARNED.add(shown)
+            log.warning("tuned configs unavailable, using the shipped tables and defaults: %s", exc)
+        else:
+            log.debug("tuned configs still unavailable: %s", exc)
         return []
+
+
+_WARNED: set[str] = set()  # databases already warned about: a dead server warns once, not per kernel
 
 
 def _shipped_records(device_name: str, kernel: str) -> list[dict]:

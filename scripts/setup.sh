@@ -2,13 +2,26 @@
 # Create .venv with everything the project needs, on a machine with or without a GPU.
 # Without a GPU: CPU torch and triton 3.6 (the GPU's version, so the interpreter runs the code the GPU
 # runs) with numpy < 2.4 (triton 3.6's interpreter fails with numpy >= 2.4).
+# The PostgreSQL tests need a server binary: as root with apt-get, Debian's `postgresql` package is
+# installed when it is missing (the tests start their own server in a temp dir; the package's own
+# cluster is not used). Idempotent: a second run installs nothing new.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q
+        apt-get install -y -q --no-install-recommends postgresql
+    else
+        echo "setup: no PostgreSQL server binary; the PostgreSQL tests will be skipped" \
+             "(apt-get install postgresql as root to run them)" >&2
+    fi
+fi
 python3 -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    "${pip[@]}" -e ".[test]"
+    "${pip[@]}" -e ".[test,postgres]"
 else
     "${pip[@]}" "torch==2.13.0" "triton==3.6.0" "numpy<2.4"
-    "${pip[@]}" -e ".[test]"
+    "${pip[@]}" -e ".[test,postgres]"
 fi

@@ -34,3 +34,36 @@ def torch_device() -> torch.device:
 def db_url(tmp_path) -> str:
     """A real SQLite file per test."""
     return f"sqlite:///{tmp_path / 'tuner.db'}"
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One real PostgreSQL server on loopback for the session; skipped without a server binary,
+    except in CI (env CI set), where the PostgreSQL tests must run."""
+    from tests.pg_server import PgUnavailable, start_server
+
+    try:
+        server = start_server()
+    except PgUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the PostgreSQL tests: {exc}")
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server) -> str:
+    """A fresh, empty PostgreSQL database for one test."""
+    return pg_server.fresh_url()
+
+
+BACKENDS = ["sqlite", "postgresql"]
+
+
+@pytest.fixture
+def backend_url(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A fresh database of the backend named by the test's ``backend`` parameter."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("pg_url")
+    return f"sqlite:///{tmp_path / 'tuner.db'}"

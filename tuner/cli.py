@@ -88,9 +88,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="new configs compiling at once ahead of the timer (default 4; more is faster to "
                         "compile but the sampler learns less between asks)")
 
+    s.add_argument("--recorded", action="store_true",
+                   help="tune what record mode (TUNER_RECORD=1) saw on this device and is not tuned yet, "
+                        "the problems that took the most work first")
+    s.add_argument("--problems", default=None, metavar="FILE",
+                   help="tune the problems listed in FILE (docs/FLEET.md: one 'kernel dtype:layout:shape "
+                        "[weight]' per line)")
+    s.add_argument("--gpus", default=None, metavar="all|0,2",
+                   help="start one worker process per GPU of this host (all, or indices), each pinned to its "
+                        "GPU, and wait until the queue is empty")
+    s.add_argument("--lease", type=float, default=None,
+                   help="seconds a claimed job stays a worker's without a heartbeat (default 60)")
+
+    w = with_db(sub.add_parser("worker", help="claim and tune queued jobs for this GPU until none is left"))
+    w.add_argument("--device", default="auto", help="alias, canonical name, 'auto' or 'cpu' (as for search)")
+    w.add_argument("--wait", action="store_true", help="keep waiting for new jobs instead of exiting")
+    w.add_argument("--workers", type=int, default=None,
+                   help="processes that compile and check candidates in parallel on a GPU (0: in-process)")
+    w.add_argument("--lease", type=float, default=None,
+                   help="seconds a claimed job stays this worker's without a heartbeat (default 60)")
+    w.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
+
+    st = with_db(sub.add_parser("status", help="the fleet: jobs queued, running, done, failed; workers"))
+    st.add_argument("--all", action="store_true", help="list every job, not only queued and running ones")
+
     lst = with_db(sub.add_parser("list", help="one row per tuned problem"))
     lst.add_argument("--device", default=None, help="only this device (alias or canonical name)")
     lst.add_argument("--kernel", default=None)
+    lst.add_argument("--untuned", action="store_true",
+                     help="recorded problems (record mode) that have no tuned record yet, most work first")
 
     ex = with_db(sub.add_parser("export", help="write tuned records to a JSON file"))
     ex.add_argument("--device", default=None, help="only this device (alias or canonical name)")
@@ -109,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.command in ("search",):
+        if args.command in ("search", "worker"):
             _prepare_device(args.device)
         from . import commands  # imports kernels (and so triton) only now
 

@@ -14,8 +14,12 @@ from db.store import check_on_conflict
 
 from . import suites
 from .cli import UserError
-from .search import SAMPLERS, Budget, NoWinner, Progress, SearchStats, tune_problem
+from .search import SAMPLERS, Budget, Progress, SearchStats
+from . import fleet_commands
+from .fleet import WorkerHooks
+from .fleet_commands import problems_from_file, recorded_problems, search_through_queue
 from .workers import CheckPool
+from db.queue import Job
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -83,37 +87,86 @@ def cmd_search(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
     spec = kernels.get_kernel(args.kernel)
-    problems = _problems(args, device)
-    failed: list[kernels.Problem] = []
-    pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
+    if args.recorded and args.problems:
+        raise UserError("--recorded and --problems each name the problems to tune; pass one of them")
+    # Named problems are checked before the database is opened: a typo creates no file.
+    named = None if args.recorded else (problems_from_file(args.problems) if args.problems
+                                        else (_problems(args, device), None))
+    pool = None if device.is_cpu or args.workers == 0 or args.gpus else CheckPool(args.workers or None)
     if pool:
         pool.start()  # the workers import torch and triton while the database and study open
     with _open_store(args.db) as store:
-        print(f"tuning {len(problems)} {spec.name} problem(s) on {device.name} ({device.alias}) into {store.url}")
+        problems, priorities = named or _recorded(store, device)
+        kinds = sorted({p.kernel for p in problems})
+        print(f"tuning {len(problems)} {'/'.join(kinds) or spec.name} problem(s) on {device.name} ({device.alias}) "
+              f"into {store.url}")
+        hooks = _print_hooks(store)
+        hooks.tune_options["pool"] = pool
         try:
-            for index, problem in enumerate(problems, 1):
-                print(f"[{index}/{len(problems)}] {problem.key}", flush=True)
-                try:
-                    record = tune_problem(spec, problem, device, store, budget=budget,
-                                          sampler=args.sampler, seed=args.seed, on_trial=_print_progress,
-                                          pool=pool, ahead=args.ahead, on_finish=_print_stats,
-                                          use_shipped=not args.no_shipped)
-                except NoWinner as exc:  # one problem's failure must not end the others' search
-                    failed.append(problem)
-                    print(f"  no winner: {exc}", flush=True)
-                    continue
-                print(f"  graph winner: {_winner_text(record)}", flush=True)
-                eager = store.get(record.device_name, record.kernel, record.problem_key, "eager")
-                if eager is not None:
-                    print(f"  eager winner: {_winner_text(eager)}", flush=True)
+            jobs = search_through_queue(args, store, device, problems, priorities, budget, hooks)
         finally:
             if pool:
                 pool.close()
     kernels.clear_cache()
+    failed = [job for job in jobs if job.state == "failed"]
+    unfinished = [job for job in jobs if job.state in ("queued", "running")]
+    if unfinished:
+        print(f"{len(unfinished)} problem(s) are still queued or running on other workers: "
+              "`python -m tuner status` shows them")
     if failed:
-        print(f"{len(failed)} problem(s) found no correct config: {', '.join(p.key for p in failed)}")
+        print(f"{len(failed)} problem(s) found no correct config: {', '.join(j.spec.problem_key for j in failed)}")
         return 1
     return 0
+
+
+def _recorded(store: Store, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
+    problems, priorities = recorded_problems(store, device)
+    if not problems:
+        print(f"nothing recorded on {device.alias} is left untuned; record a workload with TUNER_RECORD=1")
+    return problems, priorities
+
+
+def _print_hooks(store: Store) -> WorkerHooks:
+    """The CLI's view of a worker: a line per job, its trials, and its winners."""
+    claimed = [0]
+
+    def on_claim(job: Job) -> None:
+        claimed[0] += 1
+        again = f" (attempt {job.attempts}, resuming its study)" if job.attempts > 1 else ""
+        print(f"[{claimed[0]}] {job.spec.kernel} {job.spec.problem_key}{again}", flush=True)
+
+    def on_done(job: Job, record: Record) -> None:
+        print(f"  graph winner: {_winner_text(record)}", flush=True)
+        eager = store.get(record.device_name, record.kernel, record.problem_key, "eager")
+        if eager is not None:
+            print(f"  eager winner: {_winner_text(eager)}", flush=True)
+
+    def on_fail(job: Job, error: str) -> None:
+        print(f"  no winner: {error}", flush=True)
+
+    return WorkerHooks(on_claim, on_done, on_fail,
+                       tune_options={"on_trial": _print_progress, "on_finish": _print_stats})
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
+    pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
+    if pool:
+        pool.start()
+    try:
+        with _open_store(args.db) as store:
+            hooks = _print_hooks(store)
+            hooks.tune_options["pool"] = pool
+            return fleet_commands.cmd_worker(args, device, store, hooks)
+    finally:
+        if pool:
+            pool.close()
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _open_store(args.db) as store:
+        return fleet_commands.cmd_status(args, store)
 
 
 def parse_budget(values: list[str]) -> Budget:
@@ -176,6 +229,8 @@ def _open_reader(url: str | None) -> Store:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.untuned:
+        return _list_untuned(args)
     with _open_reader(args.db) as store:
         records = store.records(device=args.device, kernel=args.kernel)
     if not records:
@@ -192,6 +247,31 @@ def cmd_list(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
     return 0
+
+
+def _list_untuned(args: argparse.Namespace) -> int:
+    from db.recorded import recorded
+
+    with _open_store(args.db) as store:
+        found = [p for p in recorded(store, untuned=True)
+                 if (args.kernel is None or p.key.kernel == args.kernel)
+                 and (args.device is None or args.device in (p.key.device_name, _alias(p.key.device_name)))]
+    if not found:
+        print("no recorded problem is left untuned; record a workload with TUNER_RECORD=1")
+        return 0
+    total = sum(p.work for p in found) or 1.0
+    print(f"{'device':<28}  {'kernel':<14}  {'problem':<40}  {'calls':>10}  share of work")
+    for p in found:
+        print(f"{p.key.device_name:<28}  {p.key.kernel:<14}  {_short_key(p.key.problem_key, 0):<40}  "
+              f"{p.calls:>10}  {100 * p.work / total:5.1f}%")
+    return 0
+
+
+def _alias(device_name: str) -> str:
+    try:
+        return kernels.resolve_device(device_name).alias
+    except ValueError:
+        return device_name
 
 
 def _short_key(key: str, gemms: int, width: int = 48) -> str:

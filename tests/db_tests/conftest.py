@@ -46,3 +46,14 @@ def make_record(m: int = 16, n: int = 4096, k: int = 4096, **changes: Any) -> Re
 def store(db_url: str) -> Iterator[Store]:
     with Store(db_url) as opened:
         yield opened
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every db test runs on a real SQLite file and on a real PostgreSQL database (tests marked
+    ``sqlite_only`` check SQLite's own behaviour and run on SQLite alone)."""
+    if request.param == "postgresql":
+        if request.node.get_closest_marker("sqlite_only"):
+            pytest.skip("checks SQLite-specific behaviour")
+        return request.getfixturevalue("pg_url")
+    return f"sqlite:///{tmp_path / 'tuner.db'}"

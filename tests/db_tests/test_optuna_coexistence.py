@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 import pytest
 
 from db import Store
@@ -34,7 +34,7 @@ def test_tables_coexist_with_optuna_storage(db_url: str, tmp_path: Path, store_f
     assert len(study.trials) == 6
     with Store.open_readonly(db_url) as reader:
         assert reader.records() == [make_record()]
-    with sqlite3.connect(tmp_path / "tuner.db") as connection:
-        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    connection.close()
+    engine = sqlalchemy.create_engine(db_url)
+    tables = set(sqlalchemy.inspect(engine).get_table_names())
+    engine.dispose()
     assert {"tuner_records", "studies", "trials", "version_info", "alembic_version"} <= tables

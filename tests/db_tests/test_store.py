@@ -250,6 +250,7 @@ def test_record_copies_its_config_and_makes_shapes_tuples() -> None:
         record.time_ms = 0.0  # type: ignore[misc]
 
 
+@pytest.mark.sqlite_only
 def test_writer_switches_sqlite_to_wal_so_readers_do_not_wait(db_url: str, tmp_path: Path) -> None:
     with Store(db_url) as store:
         store.put(make_record())

@@ -1,0 +1,242 @@
+"""Tuning jobs in the database: enqueue, claim atomically under a lease, renew, finish.
+
+A job is (device kind, kernel, problem, budget). Workers claim the highest-priority job for their
+device kind; the claim is atomic across processes and hosts:
+
+* PostgreSQL: ``SELECT ... FOR UPDATE SKIP LOCKED`` picks a row no other claimer holds, so claimers
+  never wait on one another and never get the same job.
+* SQLite: the store's writers begin with ``BEGIN IMMEDIATE``: claims queue on the write lock.
+
+A claimed job carries a lease (``lease_until``) that its worker renews while it works. A job whose
+lease ran out (its worker was killed or its host lost) is claimable again; the next worker resumes the
+job's Optuna study, which lives in the same database. A job lost ``MAX_ATTEMPTS`` times is failed
+rather than handed out again (it may be what kills its workers). Renewing and finishing check that the
+job still belongs to the caller, so a worker that lost its lease cannot finish another's job.
+
+Leases compare timestamps from the workers' clocks: hosts sharing a database need synchronized clocks
+(NTP), to well within the lease (60 s by default).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
+
+from ._fleet_models import DONE, FAILED, JOB_STATES, QUEUED, RUNNING, JobModel, WorkerModel, problem_hash
+from .store import Store
+
+_logger = logging.getLogger(__name__)
+
+# A worker renews its lease every LEASE_S / 4; a job is handed out again LEASE_S after the last renewal.
+DEFAULT_LEASE_S = 60.0
+# A job whose worker vanished this many times is failed instead of handed out again.
+MAX_ATTEMPTS = 3
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to tune: enqueued as one job per (device kind, kernel, problem)."""
+
+    device_name: str
+    kernel: str
+    problem_key: str
+    budget_trials: int
+    budget_seconds: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # sampler, seed, use_shipped, ahead
+    priority: float = 0.0
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as stored: its spec and where it stands."""
+
+    id: int
+    spec: JobSpec
+    state: str
+    worker: str | None
+    lease_until: datetime | None
+    attempts: int
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, model: JobModel) -> Job:
+        spec = JobSpec(model.device_name, model.kernel, model.problem_key, model.budget_trials,
+                       model.budget_seconds, json.loads(model.options), model.priority)
+        return cls(model.id, spec, model.state, model.worker, model.lease_until, model.attempts, model.error,
+                   model.created_at, model.started_at, model.finished_at)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A worker's row: its device, state and last heartbeat."""
+
+    name: str
+    device_name: str
+    host: str
+    pid: int
+    state: str
+    job_id: int | None
+    jobs_done: int
+    started_at: datetime
+    heartbeat_at: datetime
+
+
+class JobQueue:
+    """The job queue of one database, opened through a writable ``Store`` (which migrates the schema)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._postgres = store._engine.dialect.name == "postgresql"
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    def _run(self, work: Any) -> Any:
+        return self._store._transaction(work, write=True)
+
+    # Producers ----------------------------------------------------------------------------------
+
+    def enqueue(self, specs: Sequence[JobSpec], *, again: bool = True) -> list[int]:
+        """Queue each spec; returns the job ids in order. A job already queued or running stays as it
+        is; a done or failed one is queued again when ``again`` (its study resumes, so trials already
+        measured count towards the new budget)."""
+
+        def work(session: Session) -> list[int]:
+            ids = []
+            now = utc_now()
+            for spec in specs:
+                key = problem_hash(spec.device_name, spec.kernel, spec.problem_key)
+                model = session.scalars(select(JobModel).where(JobModel.problem_hash == key)
+                                        .with_for_update()).one_or_none()
+                if model is None:
+                    model = JobModel(problem_hash=key, device_name=spec.device_name, kernel=spec.kernel,
+                                     problem_key=spec.problem_key, state=QUEUED, attempts=0, created_at=now)
+                    session.add(model)
+                elif model.state in (QUEUED, RUNNING) or not again:
+                    ids.append(model.id)
+                    continue
+                model.budget_trials, model.budget_seconds = spec.budget_trials, spec.budget_seconds
+                model.options, model.priority = json.dumps(spec.options, sort_keys=True), spec.priority
+                model.state, model.worker, model.lease_until, model.attempts = QUEUED, None, None, 0
+                model.error, model.started_at, model.finished_at = None, None, None
+                session.flush()
+                ids.append(model.id)
+            return ids
+
+        return self._run(work)
+
+    # Workers ------------------------------------------------------------------------------------
+
+    def claim(self, worker: str, device_name: str, lease_s: float = DEFAULT_LEASE_S) -> Job | None:
+        """Take the next job for ``device_name`` (queued, or running with its lease run out), or None."""
+
+        def work(session: Session) -> Job | None:
+            while True:
+                now = utc_now()
+                query = (select(JobModel)
+                         .where(JobModel.device_name == device_name,
+                                or_(JobModel.state == QUEUED,
+                                    (JobModel.state == RUNNING) & (JobModel.lease_until < now)))
+                         .order_by(JobModel.priority.desc(), JobModel.id).limit(1))
+                if self._postgres:
+                    query = query.with_for_update(skip_locked=True)
+                model = session.scalars(query).one_or_none()
+                if model is None:
+                    return None
+                if model.state == RUNNING:
+                    _logger.warning("job %d (%s) lost its worker %s; handing it to %s", model.id,
+                                    model.problem_key, model.worker, worker)
+                    if model.attempts >= MAX_ATTEMPTS:
+                        model.state, model.finished_at, model.lease_until = FAILED, now, None
+                        model.error = f"its worker was lost {model.attempts} times (last: {model.worker})"
+                        session.flush()
+                        continue
+                model.state, model.worker, model.attempts = RUNNING, worker, model.attempts + 1
+                model.lease_until = now + timedelta(seconds=lease_s)
+                model.started_at = model.started_at or now
+                session.flush()
+                return Job.of(model)
+
+        return self._run(work)
+
+    def renew(self, job_id: int, worker: str, lease_s: float = DEFAULT_LEASE_S) -> bool:
+        """Extend ``worker``'s lease on the job; False if the job is no longer its (lease lost)."""
+        return self._owned_update(job_id, worker, lease_until=utc_now() + timedelta(seconds=lease_s))
+
+    def finish(self, job_id: int, worker: str, error: str | None = None) -> bool:
+        """Mark ``worker``'s job done (or failed with ``error``); False if the job is no longer its."""
+        return self._owned_update(job_id, worker, state=FAILED if error else DONE, error=error,
+                                  lease_until=None, finished_at=utc_now())
+
+    def release(self, job_id: int, worker: str) -> bool:
+        """Give a job back to the queue unfinished (a worker stopping cleanly); its study keeps its trials."""
+        return self._owned_update(job_id, worker, state=QUEUED, worker=None, lease_until=None)
+
+    def _owned_update(self, job_id: int, owner: str, **values: Any) -> bool:
+        def work(session: Session) -> bool:
+            result = session.execute(update(JobModel)
+                                     .where(JobModel.id == job_id, JobModel.worker == owner,
+                                            JobModel.state == RUNNING).values(**values))
+            return bool(result.rowcount)
+
+        return self._run(work)
+
+    def beat(self, name: str, device_name: str, host: str, pid: int, state: str,
+             job_id: int | None = None, done: int = 0) -> None:
+        """Register or refresh worker ``name``: its state, current job and jobs done so far."""
+
+        def work(session: Session) -> None:
+            now = utc_now()
+            model = session.get(WorkerModel, name, with_for_update=True)
+            if model is None:
+                model = WorkerModel(name=name, started_at=now)
+                session.add(model)
+            model.device_name, model.host, model.pid, model.state = device_name, host, pid, state
+            model.job_id, model.jobs_done, model.heartbeat_at = job_id, done, now
+
+        self._run(work)
+
+    # Readers ------------------------------------------------------------------------------------
+
+    def jobs(self, state: str | None = None) -> list[Job]:
+        """Jobs (of ``state``), highest priority first."""
+        if state is not None and state not in JOB_STATES:
+            raise ValueError(f"job state {state!r} is not one of {', '.join(JOB_STATES)}")
+        query = select(JobModel).order_by(JobModel.priority.desc(), JobModel.id)
+        if state is not None:
+            query = query.where(JobModel.state == state)
+        return self._run(lambda session: [Job.of(m) for m in session.scalars(query)])
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state, every state present (0 where none)."""
+        query = select(JobModel.state, func.count()).group_by(JobModel.state)
+        found = dict(self._run(lambda session: session.execute(query).all()))
+        return {state: int(found.get(state, 0)) for state in JOB_STATES}
+
+    def unfinished(self, device_name: str) -> int:
+        """Jobs for ``device_name`` queued or running (a running one may yet come back if its worker dies)."""
+        query = select(func.count()).select_from(JobModel).where(JobModel.device_name == device_name,
+                                                                  JobModel.state.in_((QUEUED, RUNNING)))
+        return int(self._run(lambda session: session.execute(query).scalar_one()))
+
+    def workers(self) -> list[WorkerInfo]:
+        """Every worker that ever registered, latest heartbeat first."""
+        query = select(WorkerModel).order_by(WorkerModel.heartbeat_at.desc())
+        return self._run(lambda session: [
+            WorkerInfo(m.name, m.device_name, m.host, m.pid, m.state, m.job_id, m.jobs_done, m.started_at,
+                       m.heartbeat_at) for m in session.scalars(query)])

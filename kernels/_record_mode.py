@@ -1,0 +1,116 @@
+"""Record mode: note every distinct problem that dispatch sees, per device, with call counts, and write
+them to the database in the background, so that ``python -m tuner search --recorded`` tunes what a
+workload actually runs.
+
+On (``TUNER_RECORD=1`` in the environment, or ``with kernels.recording():``), the hot path adds one
+dict increment per call: ``RECORDER.counts[key] += 1`` on the call's own dispatch key. What a key
+means (device, kernel, problem) is noted once, on the dispatch cache miss that first resolves it
+(``RECORDER.seen``). A daemon thread writes the counts added since its last write every
+``TUNER_RECORD_FLUSH_S`` seconds (default 30), and once more at exit; never per call. Writes are
+upserts that add to the stored counts, so many processes may record into one database at once.
+
+Counts are read without a lock: a dict read races only with a concurrent increment of the same key,
+and the difference is written on the next flush (the recorder remembers what it has written).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections import defaultdict
+from collections.abc import Hashable
+
+from ._spec import DeviceInfo, Problem
+
+log = logging.getLogger(__name__)
+
+# Seconds between background writes: a long-running server's counts reach the database this often.
+DEFAULT_FLUSH_S = 30.0
+
+
+class Recorder:
+    """The process's record of dispatched problems. ``on`` is read on the hot path."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.counts: defaultdict[Hashable, int] = defaultdict(int)
+        self._problems: dict[Hashable, tuple[str, str, str, float]] = {}  # key -> device, kernel, problem, flops
+        self._written: dict[Hashable, int] = {}
+        self._lock = threading.Lock()  # one flush at a time
+        self._url: str | None = None
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._atexit = False
+
+    def seen(self, key: Hashable, kernel: str, problem: Problem, device: DeviceInfo) -> None:
+        """What the dispatch key ``key`` stands for; called on a dispatch cache miss only."""
+        self._problems[key] = (device.name, kernel, problem.key, float(problem.flops))
+
+    def start(self, url: str | None = None, flush_s: float | None = None) -> None:
+        """Record from now on, into ``url`` (None: TUNER_DB or the default database)."""
+        self._url = url
+        if flush_s is None:
+            flush_s = float(os.environ.get("TUNER_RECORD_FLUSH_S", DEFAULT_FLUSH_S))
+        self.on = True
+        if not self._atexit:
+            atexit.register(self.flush)
+            self._atexit = True
+        if self._thread is None or not self._thread.is_alive():
+            self._wake.clear()
+            self._thread = threading.Thread(target=self._run, args=(flush_s,), daemon=True, name="tuner-record")
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop recording and write what is left."""
+        self.on = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.flush()
+
+    def _run(self, flush_s: float) -> None:
+        while not self._wake.wait(flush_s):
+            self.flush()
+
+    def flush(self) -> int:
+        """Write the calls counted since the last write; returns how many problems were written.
+
+        A database that cannot be written loses nothing: the counts stay and the next flush retries."""
+        with self._lock:
+            snapshot = {key: count for key, count in list(self.counts.items()) if key in self._problems}
+            delta: dict = defaultdict(lambda: [0, 0.0])
+            for key, count in snapshot.items():
+                added = count - self._written.get(key, 0)
+                if added > 0:
+                    device, kernel, problem_key, flops = self._problems[key]
+                    entry = delta[(device, kernel, problem_key)]
+                    entry[0] += added
+                    entry[1] = flops
+            if not delta:
+                return 0
+            try:
+                _write(self._url, delta)
+            except Exception as exc:  # noqa: BLE001 - never raise into the workload (atexit, a thread)
+                log.warning("record mode could not write %d problem(s) to the database: %s", len(delta), exc)
+                return 0
+            self._written.update(snapshot)
+            return len(delta)
+
+
+def _write(url: str | None, delta: dict) -> None:
+    from db import Store
+    from db.recorded import ProblemKey, add_calls
+
+    counts = {ProblemKey(*problem): (calls, flops) for problem, (calls, flops) in delta.items()}
+    with Store(url) as store:
+        add_calls(store, counts)
+
+
+RECORDER = Recorder()
+
+
+def env_wants_recording() -> bool:
+    return os.environ.get("TUNER_RECORD", "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,133 @@
+"""The job queue on SQLite and PostgreSQL: atomic claims, leases, device kinds, requeues."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from typing import Any
+
+import pytest
+
+from db import Store
+from db.queue import MAX_ATTEMPTS, JobQueue, JobSpec
+
+H100 = "NVIDIA H100 80GB HBM3"
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def spec(m: int, device: str = H100, priority: float = 0.0) -> JobSpec:
+    return JobSpec(device, "matmul", f"fp16:nn:{m}x64x64", budget_trials=8, options={"sampler": "tpe"},
+                   priority=priority)
+
+
+@pytest.fixture
+def queue(store: Store) -> JobQueue:
+    return JobQueue(store)
+
+
+def test_claims_go_highest_priority_first_and_each_job_once(queue: JobQueue) -> None:
+    queue.enqueue([spec(1, priority=1.0), spec(2, priority=5.0), spec(3, priority=3.0)])
+    claimed = [queue.claim(f"w{i}", H100) for i in range(4)]
+    assert [job.spec.problem_key for job in claimed[:3]] == ["fp16:nn:2x64x64", "fp16:nn:3x64x64",
+                                                             "fp16:nn:1x64x64"]
+    assert claimed[3] is None
+    assert claimed[0].spec.options == {"sampler": "tpe"} and claimed[0].attempts == 1
+    assert queue.counts() == {"queued": 0, "running": 3, "done": 0, "failed": 0}
+
+
+def test_worker_takes_only_jobs_of_its_device_kind(queue: JobQueue) -> None:
+    queue.enqueue([spec(1, device=A100), spec(2)])
+    job = queue.claim("w", H100)
+    assert job is not None and job.spec.device_name == H100
+    assert queue.claim("w", H100) is None  # the A100 job stays queued for an A100 worker
+    assert [j.spec.device_name for j in queue.jobs("queued")] == [A100]
+
+
+def test_expired_lease_hands_the_job_to_another_worker_and_the_first_cannot_finish_it(queue: JobQueue) -> None:
+    queue.enqueue([spec(1)])
+    first = queue.claim("dead", H100, lease_s=0.2)
+    assert queue.claim("alive", H100) is None  # the lease still holds
+    time.sleep(0.3)
+    second = queue.claim("alive", H100)
+    assert second is not None and second.id == first.id and second.attempts == 2
+    assert not queue.renew(first.id, "dead") and not queue.finish(first.id, "dead")
+    assert queue.renew(second.id, "alive") and queue.finish(second.id, "alive")
+    assert [(j.state, j.worker) for j in queue.jobs()] == [("done", "alive")]
+
+
+def test_renewed_lease_keeps_the_job(queue: JobQueue) -> None:
+    queue.enqueue([spec(1)])
+    job = queue.claim("w", H100, lease_s=0.3)
+    for _ in range(3):
+        time.sleep(0.15)
+        assert queue.renew(job.id, "w", lease_s=0.3)
+    assert queue.claim("other", H100) is None
+
+
+def test_job_lost_too_often_fails_instead_of_killing_more_workers(queue: JobQueue) -> None:
+    queue.enqueue([spec(1)])
+    for attempt in range(MAX_ATTEMPTS):
+        assert queue.claim(f"w{attempt}", H100, lease_s=0.05) is not None
+        time.sleep(0.1)
+    assert queue.claim("last", H100) is None
+    (job,) = queue.jobs()
+    assert job.state == "failed" and "lost 3 times" in (job.error or "")
+
+
+def test_enqueue_again_requeues_done_jobs_but_leaves_running_ones(queue: JobQueue) -> None:
+    ids = queue.enqueue([spec(1), spec(2)])
+    done = queue.claim("w", H100)
+    queue.finish(done.id, "w")
+    running = queue.claim("w", H100)
+    assert queue.enqueue([spec(1), spec(2)]) == ids
+    states = {j.id: (j.state, j.worker) for j in queue.jobs()}
+    assert states[done.id] == ("queued", None) and states[running.id] == ("running", "w")
+    assert queue.enqueue([spec(1)], again=False) == [ids[0]]
+
+
+def test_failed_job_keeps_its_error_and_release_requeues(queue: JobQueue) -> None:
+    queue.enqueue([spec(1), spec(2)])
+    first, second = queue.claim("w", H100), queue.claim("w", H100)
+    assert queue.finish(first.id, "w", error="no config ran correctly")
+    assert queue.release(second.id, "w")
+    assert {j.id: (j.state, j.error) for j in queue.jobs()} == {
+        first.id: ("failed", "no config ran correctly"), second.id: ("queued", None)}
+
+
+def test_worker_heartbeats_are_listed(queue: JobQueue) -> None:
+    queue.beat("host:0", H100, "host", 123, "busy", job_id=7, done=2)
+    queue.beat("host:0", H100, "host", 123, "idle", done=3)
+    (worker,) = queue.workers()
+    assert (worker.name, worker.state, worker.job_id, worker.jobs_done) == ("host:0", "idle", None, 3)
+    assert worker.heartbeat_at >= worker.started_at
+
+
+def claim_all(url: str, name: str, barrier: Any, results: Any) -> None:
+    with Store(url) as store:
+        queue = JobQueue(store)
+        barrier.wait(timeout=60)
+        while (job := queue.claim(name, H100)) is not None:
+            results.put((name, job.id))
+            queue.finish(job.id, name)
+
+
+CLAIMERS = 4
+JOBS = 40
+
+
+def test_concurrent_claimers_take_every_job_exactly_once(db_url: str) -> None:
+    with Store(db_url) as store:
+        ids = JobQueue(store).enqueue([spec(m) for m in range(1, JOBS + 1)])
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(CLAIMERS), context.Queue()
+    processes = [context.Process(target=claim_all, args=(db_url, f"w{i}", barrier, results))
+                 for i in range(CLAIMERS)]
+    for process in processes:
+        process.start()
+    claims = [results.get(timeout=120) for _ in range(JOBS)]
+    for process in processes:
+        process.join(timeout=60)
+    assert [process.exitcode for process in processes] == [0] * CLAIMERS
+    assert sorted(job_id for _, job_id in claims) == sorted(ids)
+    with Store(db_url) as store:
+        assert JobQueue(store).counts()["done"] == JOBS

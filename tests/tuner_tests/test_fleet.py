@@ -1,0 +1,179 @@
+"""The fleet end to end on the CPU (``--device cpu``, Triton's interpreter, tiny shapes): workers as real
+processes against one SQLite file and one PostgreSQL database, a worker killed mid-job, status, and
+record mode from a workload to dispatch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+import kernels
+from db import Store
+from db.queue import JobQueue
+from tuner.cli import main
+from tuner.search import measured_trials, study_name
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = kernels.resolve_device("cpu")
+SHAPES = ["16x32x32", "32x16x32", "16x16x32"]
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TUNER_RECORD")}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONPATH=path, XDG_CACHE_HOME=str(tmp_path / "cache"), TRITON_INTERPRET="1",
+               TUNER_DB=f"sqlite:///{tmp_path / 'unused-default.db'}")
+    env.update(extra)
+    return env
+
+
+def tuner(tmp_path: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def _measured(url: str, key: str) -> int:
+    problem = kernels.Problem.from_key("matmul", key)
+    storage = optuna.storages.RDBStorage(url)
+    study = optuna.load_study(study_name=study_name(CPU, problem), storage=storage)
+    return len(measured_trials(study))
+
+
+@pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
+def test_search_on_two_workers_tunes_every_problem_once(backend_url: str, tmp_path: Path) -> None:
+    # --gpus 0,1 on the CPU: two worker processes, each given its own CUDA_VISIBLE_DEVICES, share the queue.
+    shapes = [arg for shape in SHAPES for arg in ("--shape", shape)]
+    done = tuner(tmp_path, "search", "--device", "cpu", "--gpus", "0,1", *shapes, "--trials", "2",
+                 "--seed", "0", "--db", backend_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "started 2 worker(s) on GPU(s) 0,1" in done.stdout
+    with Store(backend_url) as store:
+        queue = JobQueue(store)
+        jobs, workers = queue.jobs(), queue.workers()
+        records = store.records()
+    assert sorted(job.spec.problem_key for job in jobs) == sorted(f"fp16:nn:{s}" for s in SHAPES)
+    assert all(job.state == "done" and job.attempts == 1 for job in jobs)
+    assert len(workers) == 2 and all(w.state == "stopped" for w in workers)
+    assert sum(w.jobs_done for w in workers) == len(SHAPES)
+    assert {w.name.rsplit(":", 1)[1] for w in workers} == {"0", "1"}  # each pinned to its GPU
+    assert sorted((r.problem_key, r.mode) for r in records) == sorted(
+        (f"fp16:nn:{s}", mode) for s in SHAPES for mode in kernels.MODES)
+    assert all(_measured(backend_url, f"fp16:nn:{s}") == 2 for s in SHAPES)
+
+
+def _wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
+def test_killed_workers_job_is_finished_by_another_without_repeating_trials(backend_url: str,
+                                                                            tmp_path: Path) -> None:
+    key, trials = "fp16:nn:16x32x32", 12  # room to kill it mid-study even on a loaded machine
+    with Store(backend_url) as store:
+        from tuner.fleet import job_specs
+        from tuner.search import Budget
+
+        problem = kernels.Problem.from_key("matmul", key)
+        JobQueue(store).enqueue(job_specs([problem], CPU, Budget(trials), {"seed": 0}))
+    argv = [sys.executable, "-m", "tuner", "worker", "--device", "cpu", "--db", backend_url, "--lease", "2"]
+    first = subprocess.Popen(argv, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: _study_exists(backend_url, problem) and 2 <= _measured(backend_url, key) <= 4)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    killed_at = _measured(backend_url, key)
+    with Store(backend_url) as store:
+        (job,) = JobQueue(store).jobs()
+        assert job.state == "running" and store.records() == []  # the dead worker wrote nothing more
+
+    # No --wait: the worker still waits while the dead worker's job runs, until its lease runs out.
+    second = tuner(tmp_path, "worker", "--device", "cpu", "--db", backend_url)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "attempt 2, resuming its study" in second.stdout
+    with Store(backend_url) as store:
+        (job,) = JobQueue(store).jobs()
+        records = store.records()
+    assert job.state == "done" and job.attempts == 2
+    assert _measured(backend_url, key) == trials, f"killed after {killed_at}; the budget counts each trial once"
+    assert sorted(r.mode for r in records) == sorted(kernels.MODES) and all(r.trials == trials for r in records)
+
+
+def _study_exists(url: str, problem: kernels.Problem) -> bool:
+    names = optuna.get_all_study_names(optuna.storages.RDBStorage(url))
+    return study_name(CPU, problem) in names
+
+
+def test_status_shows_jobs_and_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with Store(url) as store:
+        from tuner.fleet import job_specs
+        from tuner.search import Budget
+
+        queue = JobQueue(store)
+        problems = [kernels.Problem.from_key("matmul", f"fp16:nn:{s}") for s in SHAPES]
+        queue.enqueue(job_specs(problems, CPU, Budget(4), {}))
+        queue.beat("hostA:1:0", CPU.name, "hostA", 1, "busy", None, 0)
+        job = queue.claim("hostA:1:0", CPU.name)
+    assert main(["status", "--db", url]) == 0
+    out = capsys.readouterr().out
+    assert "3 job(s): 2 queued, 1 running, 0 done, 0 failed" in out
+    assert f"#{job.id}  running  cpu  matmul  {job.spec.problem_key}  hostA:1:0  since" in out
+    assert "1 worker(s):" in out and "hostA:1:0  cpu  busy  0 done  heartbeat" in out
+
+
+@pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
+def test_recorded_workload_is_tuned_then_dispatched(backend_url: str, tmp_path: Path) -> None:
+    workload = (
+        "import torch, kernels\n"
+        "a, b = torch.randn(16, 32, dtype=torch.float16), torch.randn(32, 32, dtype=torch.float16)\n"
+        "for _ in range(5): kernels.matmul(a, b)\n"
+        "kernels.matmul(torch.randn(32, 32, dtype=torch.float16), b)\n")
+    env = _env(tmp_path, TUNER_RECORD="1", TUNER_DB=backend_url)
+    for _ in range(2):  # two processes record into one database: their counts add up
+        ran = subprocess.run([sys.executable, "-c", workload], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr
+
+    listed = tuner(tmp_path, "list", "--untuned", "--db", backend_url)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert [(row[2], row[3]) for row in rows] == [("fp16:nn:16x32x32", "10"), ("fp16:nn:32x32x32", "2")]
+
+    done = tuner(tmp_path, "search", "--recorded", "--device", "cpu", "--trials", "2", "--seed", "0",
+                 "--db", backend_url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.index("16x32x32") < done.stdout.index("32x32x32")  # the most work first
+    assert "no recorded problem is left untuned" in tuner(tmp_path, "list", "--untuned", "--db", backend_url).stdout
+
+    kernels.use_database(backend_url)
+    try:
+        choice = kernels.explain("matmul", kernels.Problem.from_key("matmul", "fp16:nn:16x32x32"), CPU)
+    finally:
+        kernels.use_database(None)
+    assert choice.source == "database"
+
+
+def test_problems_file_lists_every_bad_line_and_creates_no_database(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    listing = tmp_path / "model.txt"
+    listing.write_text("# a model's GEMMs\nmatmul fp16:nt:16x32x32 3.5\nmatmul fp16:nn:16x32\n"
+                       "conv fp16:nn:1x1x1\nmatmul fp16:nn:8x8x8 many\n")
+    db = tmp_path / "never.db"
+    assert main(["search", "--device", "cpu", "--problems", str(listing), "--db", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err
+    assert "3 bad line(s)" in err and "line 3" in err and "line 4" in err and "line 5" in err
+    assert not db.exists()

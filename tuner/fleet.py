@@ -1,0 +1,199 @@
+"""Tuning as a service: problems become jobs in the database, and workers (one per GPU, on any host
+that reaches the database) claim and tune them.
+
+A worker claims a job for its device kind under a lease and renews the lease from a heartbeat thread
+while ``tune_problem`` runs; the job's Optuna study lives in the same database, so a job whose worker
+died (lease run out) is resumed by the next worker where it stopped: finished trials stay and count
+towards the budget, interrupted ones are asked again. ``spawn_gpu_workers`` starts one worker process
+per GPU of this host, each pinned by ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import optuna
+
+import kernels
+from db import Record, Store, StoreError
+from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
+
+from .search import Budget, NoWinner, tune_problem
+
+log = logging.getLogger(__name__)
+
+# An idle worker with --wait looks for new jobs this often.
+POLL_S = 2.0
+
+
+def job_specs(problems: Sequence[kernels.Problem], device: kernels.DeviceInfo, budget: Budget,
+              options: dict, priorities: Sequence[float] | None = None) -> list[JobSpec]:
+    """One job per problem, for ``device``'s kind; higher ``priorities`` are claimed first (default: in
+    the order given)."""
+    if priorities is None:
+        priorities = [float(len(problems) - index) for index in range(len(problems))]
+    return [JobSpec(device.name, problem.kernel, problem.key, budget.trials, budget.seconds, dict(options),
+                    float(priority)) for problem, priority in zip(problems, priorities)]
+
+
+@dataclass
+class WorkerHooks:
+    """What a worker tells its caller (the CLI prints it); every hook is optional."""
+
+    on_claim: Callable[[Job], None] | None = None
+    on_done: Callable[[Job, Record], None] | None = None
+    on_fail: Callable[[Job, str], None] | None = None
+    tune_options: dict = field(default_factory=dict)  # passed to tune_problem: on_trial, on_finish, pool
+
+
+@dataclass(frozen=True)
+class WorkerSummary:
+    name: str
+    done: int
+    failed: int
+    lost: int  # jobs whose lease this worker lost while tuning them (another worker took them over)
+
+
+def worker_name(device: kernels.DeviceInfo) -> str:
+    """host:pid:gpu names one worker process everywhere in the fleet."""
+    gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or ("cpu" if device.is_cpu else "0")
+    return f"{socket.gethostname()}:{os.getpid()}:{gpu}"
+
+
+class _Lease(threading.Thread):
+    """Renews a job's lease and the worker's heartbeat every ``lease_s / 4`` until stopped."""
+
+    def __init__(self, queue: JobQueue, job: Job, name: str, device: kernels.DeviceInfo, lease_s: float,
+                 done: int) -> None:
+        super().__init__(daemon=True, name=f"lease-{job.id}")
+        self.queue, self.job, self.worker, self.device = queue, job, name, device
+        self.lease_s, self.done = lease_s, done
+        self.lost = False
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.lease_s / 4):
+            try:
+                if not self.queue.renew(self.job.id, self.worker, self.lease_s):
+                    self.lost = True
+                    log.warning("worker %s lost its lease on job %d (%s): another worker has it now",
+                                self.worker, self.job.id, self.job.spec.problem_key)
+                    return
+                self.queue.beat(self.worker, self.device.name, socket.gethostname(), os.getpid(), "busy",
+                                self.job.id, self.done)
+            except StoreError as exc:  # a database blip: the next beat may get through before the lease ends
+                log.warning("worker %s could not renew its lease: %s", self.worker, exc)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join()
+
+
+def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, lease_s: float = DEFAULT_LEASE_S,
+               poll_s: float = POLL_S, max_jobs: int | None = None, hooks: WorkerHooks | None = None,
+               name: str | None = None) -> WorkerSummary:
+    """Claim and tune jobs for ``device``'s kind until none is queued or running (forever with ``wait``)."""
+    hooks = hooks or WorkerHooks()
+    queue, name = JobQueue(store), name or worker_name(device)
+    host, pid = socket.gethostname(), os.getpid()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna_storage(store.url)
+    done = failed = lost = 0
+    queue.beat(name, device.name, host, pid, "idle", None, 0)
+    try:
+        while max_jobs is None or done + failed + lost < max_jobs:
+            job = queue.claim(name, device.name, lease_s)
+            if job is None:
+                # Without --wait, stop once no job of this kind is left, running ones included: a running
+                # job returns to the queue if its worker dies, and then this worker should finish it.
+                if not wait and queue.unfinished(device.name) == 0:
+                    break
+                queue.beat(name, device.name, host, pid, "idle", None, done)
+                time.sleep(poll_s)
+                continue
+            if hooks.on_claim:
+                hooks.on_claim(job)
+            queue.beat(name, device.name, host, pid, "busy", job.id, done)
+            lease = _Lease(queue, job, name, device, lease_s, done)
+            lease.start()
+            try:
+                record, error = _tune(job, device, store, storage, hooks)
+            finally:
+                lease.stop()
+            if lease.lost or not queue.finish(job.id, name, error):
+                lost += 1
+            elif error:
+                failed += 1
+                if hooks.on_fail:
+                    hooks.on_fail(job, error)
+            else:
+                done += 1
+                if hooks.on_done and record is not None:
+                    hooks.on_done(job, record)
+    finally:
+        queue.beat(name, device.name, host, pid, "stopped", None, done)
+    kernels.clear_cache()  # this process may dispatch next: let it see the new winners
+    return WorkerSummary(name, done, failed, lost)
+
+
+def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
+    """Optuna's storage on ``url``. Workers starting together on a fresh database race to create
+    Optuna's tables (one loses on a unique version row); the loser finds them made on a retry."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except SQLAlchemyError as exc:
+            if attempt == attempts:
+                raise StoreError(f"cannot open Optuna's tables in {url}: {exc}") from exc
+            log.debug("creating Optuna's tables lost a race (%s); retrying", exc)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
+
+
+def _tune(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.storages.BaseStorage,
+          hooks: WorkerHooks) -> tuple[Record | None, str | None]:
+    """Tune one job; (record, None) on success, (None, reason) for a job that cannot succeed."""
+    spec = kernels.get_kernel(job.spec.kernel)
+    problem = kernels.Problem.from_key(spec.name, job.spec.problem_key)
+    options = {k: v for k, v in job.spec.options.items() if k in ("sampler", "seed", "ahead", "use_shipped")}
+    try:
+        record = tune_problem(spec, problem, device, store, budget=Budget(job.spec.budget_trials, job.spec.budget_seconds),
+                              storage=storage, **options, **hooks.tune_options)
+    except NoWinner as exc:
+        return None, str(exc)
+    return record, None
+
+
+def parse_gpus(text: str, visible: int) -> list[str]:
+    """``all`` or ``0,2``: the GPU indices to start workers on (ValueError names a bad one)."""
+    if text == "all":
+        if visible < 1:
+            raise ValueError("--gpus all found no GPU on this host; pass --device cpu without --gpus, "
+                             "or run where GPUs are visible")
+        return [str(index) for index in range(visible)]
+    indices = [part.strip() for part in text.split(",") if part.strip()]
+    if not indices or not all(part.isdigit() for part in indices):
+        raise ValueError(f"--gpus {text!r} must be 'all' or GPU indices such as 0,2")
+    return indices
+
+
+def spawn_gpu_workers(url: str, gpus: Sequence[str], device_arg: str, extra: Sequence[str] = (),
+                      log_dir: str | None = None) -> list[subprocess.Popen]:
+    """One ``python -m tuner worker`` process per GPU, each seeing only its GPU (CUDA_VISIBLE_DEVICES)."""
+    processes = []
+    for gpu in gpus:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
+        argv = [sys.executable, "-m", "tuner", "worker", "--db", url, "--device", device_arg, *extra]
+        out = open(os.path.join(log_dir, f"worker-gpu{gpu}.log"), "w") if log_dir else None
+        processes.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
+    return processes

@@ -1,0 +1,156 @@
+"""The fleet's subcommands (worker, status) and the parts of ``search`` that go through the job queue:
+problems from a file or from record mode, enqueueing, and working the queue off here or on every GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import kernels
+from db import Store
+from db.queue import DEFAULT_LEASE_S, Job, JobQueue
+from db.recorded import recorded
+
+from .cli import UserError
+from .fleet import WorkerHooks, job_specs, optuna_storage, parse_gpus, run_worker, spawn_gpu_workers
+from .search import Budget
+
+# How often `search --gpus` prints the queue's state while its workers run.
+STATUS_EVERY_S = 10.0
+
+
+def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
+    """Problems and their weights from ``path``: one ``kernel dtype:layout:shape [weight]`` per line.
+
+    ``#`` starts a comment; blank lines are skipped. The weight (default 1) is how much the problem
+    matters (e.g. its share of the model's GEMM time); higher weights are tuned first, ties in file order.
+    Every bad line is reported at once."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise UserError(f"--problems {path}: {exc}") from None
+    problems, weights, errors = [], [], []
+    for number, line in enumerate(lines, 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        try:
+            if len(fields) not in (2, 3):
+                raise ValueError("expected 'kernel dtype:layout:shape [weight]'")
+            spec = kernels.get_kernel(fields[0])
+            problem = kernels.Problem.from_key(spec.name, fields[1])
+            spec.check_problem(problem)
+            if problem.dtype not in spec.dtypes:
+                raise ValueError(f"{spec.name} does not take dtype {problem.dtype}")
+            weight = float(fields[2]) if len(fields) == 3 else 1.0
+        except ValueError as exc:
+            errors.append(f"line {number} ({line.strip()!r}): {exc}")
+            continue
+        problems.append(problem)
+        weights.append(weight)
+    if errors:
+        raise UserError(f"--problems {path} has {len(errors)} bad line(s): " + "; ".join(errors[:20]))
+    # Weight first, then file order: the queue claims the highest priority first.
+    count = len(problems)
+    return problems, [w * count + (count - i) / (count + 1) for i, w in enumerate(weights)]
+
+
+def recorded_problems(store: Store, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
+    """What record mode saw on this device kind and nobody tuned yet, the most work first."""
+    found = recorded(store, device.name, untuned=True)
+    problems = [kernels.Problem.from_key(p.key.kernel, p.key.problem_key) for p in found]
+    return problems, [p.work for p in found]
+
+
+def search_through_queue(args: argparse.Namespace, store: Store, device: kernels.DeviceInfo,
+                         problems: list[kernels.Problem], priorities: list[float] | None, budget: Budget,
+                         hooks: WorkerHooks) -> list[Job]:
+    """Enqueue ``problems`` and work them off: here, or by one worker per GPU (``--gpus``). Returns
+    the enqueued jobs as they stand at the end."""
+    queue = JobQueue(store)
+    options = {"sampler": args.sampler, "seed": args.seed, "ahead": args.ahead, "use_shipped": not args.no_shipped}
+    ids = set(queue.enqueue(job_specs(problems, device, budget, options, priorities)))
+    lease_s = args.lease or DEFAULT_LEASE_S
+    if args.gpus:
+        optuna_storage(store.url)  # Optuna's tables exist before the workers start (else they race to make them)
+        _work_on_gpus(args, store, ids, lease_s)
+    else:
+        run_worker(store, device, lease_s=lease_s, hooks=hooks)
+    return [job for job in queue.jobs() if job.id in ids]
+
+
+def _work_on_gpus(args: argparse.Namespace, store: Store, ids: set[int], lease_s: float) -> None:
+    import torch
+
+    visible = torch.cuda.device_count()
+    try:
+        gpus = parse_gpus(args.gpus, visible)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    extra = ["--lease", str(lease_s)] + (["--workers", str(args.workers)] if args.workers is not None else [])
+    processes = spawn_gpu_workers(store.url, gpus, args.device, extra)
+    print(f"started {len(processes)} worker(s) on GPU(s) {','.join(gpus)}", flush=True)
+    queue = JobQueue(store)
+    printed = time.monotonic()
+    while any(process.poll() is None for process in processes):
+        time.sleep(0.5)
+        if time.monotonic() - printed >= STATUS_EVERY_S:
+            printed = time.monotonic()
+            print("  " + _counts_line(queue, ids), flush=True)
+    codes = [process.returncode for process in processes]
+    if any(codes):
+        print(f"worker exit codes: {codes}", flush=True)
+
+
+def _counts_line(queue: JobQueue, ids: set[int]) -> str:
+    states: dict[str, int] = {}
+    for job in queue.jobs():
+        if job.id in ids:
+            states[job.state] = states.get(job.state, 0) + 1
+    return "  ".join(f"{state} {count}" for state, count in sorted(states.items()))
+
+
+def cmd_worker(args: argparse.Namespace, device: kernels.DeviceInfo, store: Store, hooks: WorkerHooks) -> int:
+    print(f"worker on {device.name} ({device.alias}) taking jobs from {store.url}", flush=True)
+    summary = run_worker(store, device, wait=args.wait, lease_s=args.lease or DEFAULT_LEASE_S,
+                         max_jobs=args.max_jobs, hooks=hooks)
+    print(f"worker {summary.name}: {summary.done} done, {summary.failed} failed, {summary.lost} lost", flush=True)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, store: Store) -> int:
+    queue = JobQueue(store)
+    now = datetime.now(timezone.utc)
+    counts = queue.counts()
+    total = sum(counts.values())
+    print(f"{store.url}: {total} job(s): " + ", ".join(f"{counts[s]} {s}" for s in counts))
+    if total and sys.stdout.isatty():
+        finished = counts["done"] + counts["failed"]
+        width = 40
+        filled = int(width * finished / total)
+        print(f"[{'#' * filled}{'.' * (width - filled)}] {finished}/{total}")
+    for job in queue.jobs():
+        if job.state in ("queued", "running") or args.all:
+            since = f"since {_ago(now, job.started_at)}" if job.started_at else ""
+            lease = f"lease {_ago(now, job.lease_until)}" if job.state == "running" and job.lease_until else ""
+            error = f"error: {job.error[:120]}" if job.error else ""
+            print("  " + "  ".join(part for part in (f"#{job.id}", job.state, job.spec.device_name, job.spec.kernel,
+                                                      job.spec.problem_key, job.worker or "", since, lease, error)
+                                   if part))
+    workers = queue.workers()
+    if workers:
+        print(f"{len(workers)} worker(s):")
+    for worker in workers:
+        job = f"job #{worker.job_id}" if worker.job_id else ""
+        print(f"  {worker.name}  {worker.device_name}  {worker.state}  {worker.jobs_done} done  "
+              f"heartbeat {_ago(now, worker.heartbeat_at)}  {job}".rstrip())
+    return 0
+
+
+def _ago(now: datetime, when: datetime) -> str:
+    seconds = (now - when).total_seconds()
+    return f"{seconds:.0f}s ago" if seconds >= 0 else f"in {-seconds:.0f}s"
