@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -111,10 +110,14 @@ def test_put_refuses_an_implausible_record_under_every_conflict_rule(store: Stor
     assert store.records() == [real]
 
 
-def test_a_stored_implausible_record_loses_to_a_slower_plausible_one(store: Store, db_url: str) -> None:
+def test_a_stored_implausible_record_loses_to_a_slower_plausible_one(store: Store) -> None:
+    import sqlalchemy
+
     store.put(make_record())
-    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as connection:  # written before the rules
-        connection.execute("UPDATE tuner_records SET time_ms = 1e-300, tflops = 1e300")
+    engine = sqlalchemy.create_engine(store.url)  # written behind the store's back, as before the rules
+    with engine.begin() as connection:
+        connection.execute(sqlalchemy.text("UPDATE tuner_records SET time_ms = 1e-300, tflops = 1e300"))
+    engine.dispose()
     slower = make_record(time_ms=0.9)
     assert store.put(slower, on_conflict="faster") == "replaced"
     assert store.records() == [slower]
