@@ -6,29 +6,22 @@ moe_matmul in fp16 (the MoE kernels take fp16/bf16 only), compared in fp32 again
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 import torch
+from _helpers import DEVICE, relative_error
 
 import kernels
 from kernels import ops
-from kernels._device import interpreter_enabled
 
-DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
 FP32_TOLERANCE = 1e-4  # relative L2 error; the interpreter's fp32 dot is exact to ~1e-7 here
 FP16_TOLERANCE = 1e-2  # relative L2 error of fp16 outputs; the interpreter measures ~3e-4
 
 
-@pytest.fixture(autouse=True)
-def own_database(db_url: str) -> Iterator[None]:
-    kernels.use_database(db_url, use_shipped=False)
-    yield
-    kernels.use_database(None)
+pytestmark = pytest.mark.usefixtures("own_database")
 
 
-def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-6))
+_error = relative_error
 
 
 @pytest.mark.parametrize("b_transposed", [False, True], ids=["nn", "nt"])

@@ -5,30 +5,24 @@ fp32 and fp16 on the CPU under the interpreter (its bf16 dot is wrong, GPU.md); 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 import torch
+from _helpers import DEVICE, relative_error
 
 import kernels
-from kernels._device import current_device, interpreter_enabled
+from kernels._device import current_device
 from kernels._spec import Config, Problem
 from kernels.epilogue import gated_matmul_with, matmul_bias_with
 
-DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}  # relative L2 error; the interpreter's fp16 ~3e-4
 SMALL = Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=4, num_warps=2, num_stages=2)
 
 
-@pytest.fixture(autouse=True)
-def own_database(db_url: str) -> Iterator[None]:
-    kernels.use_database(db_url, use_shipped=False)
-    yield
-    kernels.use_database(None)
+pytestmark = pytest.mark.usefixtures("own_database")
 
 
-def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float().cpu() - ref.float().cpu()).norm() / ref.float().cpu().norm().clamp_min(1e-6))
+_error = relative_error
 
 
 CPU_DTYPES = ["fp32", "fp16"]

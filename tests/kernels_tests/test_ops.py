@@ -6,28 +6,21 @@ compiled on a GPU. The GPU-marked tests capture each operator in a CUDA graph an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 import torch
+from _helpers import DEVICE, relative_error
 
 import kernels
 from kernels import ops
-from kernels._device import interpreter_enabled
 
-DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}  # relative L2 error; the interpreter measures ~3e-4 in fp16
 
 
-@pytest.fixture(autouse=True)
-def own_database(db_url: str) -> Iterator[None]:
-    kernels.use_database(db_url, use_shipped=False)  # an empty table: every call takes the default config
-    yield
-    kernels.use_database(None)
+pytestmark = pytest.mark.usefixtures("own_database")  # an empty table: calls take cuBLAS or defaults
 
 
-def _error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-6))
+_error = relative_error
 
 
 def _moe_inputs(rows: tuple[int, ...] = (3, 0, 5), n: int = 16, k: int = 24, seed: int = 0):
