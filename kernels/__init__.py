@@ -52,13 +52,14 @@ def get_kernel(name: str) -> KernelSpec:
 def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """C = A @ B with the config tuned for this GPU, problem and dispatch mode (docs/MODES.md).
 
-    A repeated call signature (shapes, strides, dtypes, device) costs one dict lookup before its plan
-    runs (kernels/_plans.py); the first one checks the operands and resolves both modes' configs.
+    A repeated call signature (shapes, strides, a's dtype and device) costs one dict lookup before its
+    plan runs (kernels/_plans.py); the first one checks the operands and resolves both modes' configs.
     Where the two modes run the same plan (most signatures), the mode is not even asked: the capture
-    check is a CUDA runtime query.
+    check is a CUDA runtime query. b's dtype and device are not in the key (each costs host time on
+    every call): a plan checks them itself, and torch.mm (a cuBLAS plan) refuses a mismatch.
     """
     try:
-        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device)
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
     except (AttributeError, TypeError):
         check_operands(a, b)  # not tensors: raises the TypeError that says so
         raise
@@ -74,7 +75,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
             mode = _GRAPH if a.is_cuda and _modes.capturing() else _EAGER
         plan = plans.graph if mode == _GRAPH else plans.eager
     if out is None:
-        return plan(a, b)
+        try:
+            return plan(a, b)
+        except RuntimeError:  # torch.mm on a b of another dtype or device: say so as check_operands does
+            check_operands(a, b)
+            raise
     return _plans.with_out(plan, a, b, out)
 
 

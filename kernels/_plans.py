@@ -16,8 +16,9 @@ costs the lookup and torch's own call, nothing more.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -34,8 +35,9 @@ _LOCK = threading.Lock()
 
 
 def signature(a: torch.Tensor, b: torch.Tensor) -> tuple:
-    """The plan key of a call: everything a plan depends on but the data's addresses and the mode."""
-    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device)
+    """The plan key of a call: what a plan depends on but the data's addresses, the mode, and b's dtype
+    and device (each plan checks those itself: fewer fields to fetch and hash on every call)."""
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
 
 
 class ModePlans:
@@ -78,28 +80,43 @@ class _Checked:
         self.config = config
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        gemm.check_operands(a, b)  # b's dtype and device are not in the plan's key
         return gemm._run_checked(self.config, a, b)
 
     def with_out(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm._run_checked(self.config, a, b, out)
 
 
-class _Direct:
+class _Fitted:
+    """A launch-ready plan. Each call checks, inline (a method call costs host time), that b is what
+    the kernel was built for (dtype, device: not in the plan's key) and that the data is 16-byte
+    aligned (what the kernel was specialized for); else ``odd`` takes the call."""
+
+    __slots__ = ()
+
+    def odd(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """A call the launch cannot take: checked (a mismatched b raises), then the checked launcher."""
+        gemm.check_operands(a, b)
+        return gemm._run_checked(self.config, a, b)
+
+
+class _Direct(_Fitted):
     """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done."""
 
-    __slots__ = ("config", "launch", "args", "c_shape", "workspace")
+    __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index")
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor) -> None:
         m, k = a.shape
         n = b.shape[1]
         self.config, self.c_shape = config, (m, n)
+        self.b_dtype, self.b_index = b.dtype, b.get_device()
         c = a.new_empty(self.c_shape)
         self.launch, self.workspace = gemm.direct_launch(config, a, b, c)
         self.args = (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if (a.data_ptr() | b.data_ptr()) & 15:  # the kernel was specialized for 16-byte aligned data
-            return gemm._run_checked(self.config, a, b)
+        if (a.data_ptr() | b.data_ptr()) & 15 or b.dtype is not self.b_dtype or b.get_device() != self.b_index:
+            return self.odd(a, b)
         c = a.new_empty(self.c_shape)
         if self.workspace is None:
             self.launch(a, b, c, *self.args)
@@ -111,17 +128,18 @@ class _Direct:
         return gemm._run_checked(self.config, a, b, out)
 
 
-class _Launched:
+class _Launched(_Fitted):
     """TMA or repack on operands laid out like the first call's (kernels/gemm.py TmaLaunch, RepackLaunch)."""
 
-    __slots__ = ("config", "launch", "c_shape")
+    __slots__ = ("config", "launch", "c_shape", "b_dtype", "b_index")
 
-    def __init__(self, config: Config, launch: Any, c: torch.Tensor) -> None:
+    def __init__(self, config: Config, launch: Any, b: torch.Tensor, c: torch.Tensor) -> None:
         self.config, self.c_shape, self.launch = config, tuple(c.shape), launch
+        self.b_dtype, self.b_index = b.dtype, b.get_device()
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if (a.data_ptr() | b.data_ptr()) & 15:  # the launch was specialized for 16-byte aligned data
-            return gemm._run_checked(self.config, a, b)
+        if (a.data_ptr() | b.data_ptr()) & 15 or b.dtype is not self.b_dtype or b.get_device() != self.b_index:
+            return self.odd(a, b)
         c = a.new_empty(self.c_shape)
         self.launch(a, b, c)
         return c
@@ -137,6 +155,7 @@ _CUBLAS = torch.mm
 
 def with_out(plan: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """A call with ``out=``: through the checked launcher, which checks ``out`` too."""
+    gemm.check_operands(a, b)  # b's dtype and device are not in the plan's key
     if plan is _CUBLAS:
         return gemm._run_checked(BASELINE, a, b, out)
     return plan.with_out(a, b, out)
@@ -155,9 +174,9 @@ def build(config: Config, a: torch.Tensor, b: torch.Tensor) -> Plan:
         return _Direct(config, a, b)
     c = a.new_empty((m, n))
     if variant == "tma" and gemm._tma_ready(a, b, c):
-        return _Launched(config, gemm.TmaLaunch(config, a, b, c), c)
+        return _Launched(config, gemm.TmaLaunch(config, a, b, c), b, c)
     if variant == "repack":
-        return _Launched(config, gemm.RepackLaunch(config, a, b, c), c)
+        return _Launched(config, gemm.RepackLaunch(config, a, b, c), b, c)
     return _Checked(config)
 
 
@@ -172,12 +191,21 @@ def plans_for(configs: dict[str, Config], a: torch.Tensor, b: torch.Tensor) -> M
 def pinned(config: Config, a: torch.Tensor, b: torch.Tensor) -> Iterator[None]:
     """Within the block, ``kernels.matmul`` on operands shaped like ``a`` and ``b`` runs ``config``
     in every mode: the public call, exactly as a user makes it, with the config forced."""
-    plan = build(config, a, b)
-    key = signature(a, b)
-    before = _PLANS.get(key)
-    _PLANS[key] = ModePlans(plan, plan)
-    try:
+    with pinning([config], a, b) as (install,):
+        install()
         yield
+
+
+@contextlib.contextmanager
+def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor) -> Iterator[list[Callable[[], None]]]:
+    """One installer per config: after ``install()``, ``kernels.matmul`` on operands shaped like ``a``
+    and ``b`` runs that config in every mode, until another installer runs or the block ends (then
+    the signature's own plans come back). A side-by-side timing of configs takes turns this way."""
+    key = signature(a, b)
+    plans = [ModePlans(plan, plan) for plan in (build(config, a, b) for config in configs)]
+    before = _PLANS.get(key)
+    try:
+        yield [functools.partial(_PLANS.__setitem__, key, plan) for plan in plans]
     finally:
         with _LOCK:
             if before is None:

@@ -1,8 +1,10 @@
 """What a user's call gets: kernels.matmul against torch.matmul, per dispatch mode, on the GPU.
 
-For each problem, in each mode, both calls are timed side by side in interleaved rounds, the way the
-tuner times candidates (tuner/timing.py): eager = the public call back to back over rotating inputs
-(host time included), graph = the call captured in a CUDA graph and replayed (L2 flushed). Dispatch
+For each problem, in each mode, both calls are timed side by side, finely interleaved, the way the
+tuner's contest times its finalists (tuner/timing.py ``*_side_by_side``): eager = the public call back
+to back over rotating inputs (host time included), in blocks of about 1 ms taken in turn; graph = the
+call captured in a CUDA graph and replayed (L2 flushed), the two graphs replayed in turn. ``--rounds``
+scales the time spent per problem. Dispatch
 decides the config as it would for the user (no config is forced); the source of each choice is
 reported. With --stored, each problem's stored record (its speed-up over cuBLAS) is set beside the
 speed-up measured here, in this fresh process.
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from tuner.bench import Bench, relative_error, TOLERANCE
 
 
 GRAPH_BUDGET = timing.FULL_MS
+EAGER_MS = timing.SIDE_EAGER_MS / 3  # per side and round
 
 
 def problems_of(args: argparse.Namespace) -> list[Problem]:
@@ -64,18 +66,14 @@ def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], roun
         if not error <= TOLERANCE[problem.dtype]:
             raise AssertionError(f"{problem.key} {mode}: relative error {error:.3g}")
         choice = kernels.explain("matmul", problem, device, mode)
-        ours, theirs = [], []
         if mode == "eager":
-            sides = [(theirs, lambda: timing.eager_ms(lambda x: torch.matmul(*x), rotation)),
-                     (ours, lambda: timing.eager_ms(lambda x: kernels.matmul(*x), rotation))]
+            theirs, ours = timing.eager_ms_side_by_side(
+                [lambda x: torch.matmul(*x), lambda x: kernels.matmul(*x)], rotation, EAGER_MS * rounds)
         else:
-            sides = [(theirs, lambda: timing.graph_ms(lambda: torch.matmul(a, b), GRAPH_BUDGET)),
-                     (ours, lambda: timing.graph_ms(lambda: kernels.matmul(a, b), GRAPH_BUDGET))]
-        for round_ in range(rounds):  # ABBA: neither side always runs on the warmer GPU
-            for times, timed in sides if round_ % 2 == 0 else reversed(sides):
-                times.append(timed())
-        row[mode] = dict(ours_ms=statistics.median(ours), cublas_ms=statistics.median(theirs),
-                         speedup=statistics.median(theirs) / statistics.median(ours),
+            theirs, ours = timing.graph_ms_side_by_side(
+                [lambda: torch.matmul(a, b), lambda: kernels.matmul(a, b)],
+                (GRAPH_BUDGET[0], GRAPH_BUDGET[1] * rounds))
+        row[mode] = dict(ours_ms=ours, cublas_ms=theirs, speedup=theirs / ours,
                          config=str(choice.config), source=choice.source)
     bench.release()
     return row
@@ -95,7 +93,7 @@ def main() -> int:
     parser.add_argument("--db", default=None, help="the database dispatch reads (default: TUNER_DB or the default file)")
     parser.add_argument("--no-shipped", action="store_true", help="leave the shipped tables out")
     parser.add_argument("--modes", default="eager,graph")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="time per problem per side: rounds x 20 ms (eager), rounds x the graph budget")
     parser.add_argument("--stored", action="store_true", help="compare with each problem's stored speed-up")
     parser.add_argument("--stored-table", default=None, help="... as stored in this export (a shipped table)")
     parser.add_argument("--every", type=int, default=1, help="every N-th problem only (a sample)")

@@ -39,7 +39,18 @@ EagerTimer = Callable[[Callable[[tuple], Any], Sequence[tuple]], float]
 EARLY_STOP_MARGIN = 0.10
 
 # Timings per side when the winner meets cuBLAS; three make a median that one outlier cannot move.
+# (Used where the sides are timed one after another: test timers, the CPU. On a GPU the sides are
+# timed together, finely interleaved: see SideBySide.)
 HEAD_TO_HEAD_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class SideBySide:
+    """How a contest on the GPU times its sides together (tuner/timing.py ``*_side_by_side``): the
+    do_bench-like budget of the graph timing and the eager ms per side."""
+
+    graph_budget: tuple[int, int] = timing.FULL_MS
+    eager_ms: float = timing.SIDE_EAGER_MS
 
 
 @dataclass(frozen=True)
@@ -140,7 +151,7 @@ class Bench:
 
     def __init__(self, spec: KernelSpec, problem: Problem, device: DeviceInfo,
                  timer: Timer | None = None, seed: int = 0, quick_timer: Timer | None = None,
-                 eager_timer: EagerTimer | None = None) -> None:
+                 eager_timer: EagerTimer | None = None, side_by_side: SideBySide | None = None) -> None:
         self.spec = spec
         self.problem = problem
         self.device = device
@@ -149,6 +160,8 @@ class Bench:
         # A test's graph timer without an eager one: the eager time is that timer's, one call at a time.
         self.eager_timer = eager_timer or (
             (lambda call, inputs: self.timer(lambda: call(inputs[0]))) if timer else default_eager_timer(device))
+        # A test's own timers keep their turn-by-turn contest; on a GPU the sides are timed together.
+        self.side_by_side = side_by_side or (None if timer or eager_timer or device.is_cpu else SideBySide())
         self._rotation: list[tuple] | None = None
         self.tolerance = TOLERANCE[problem.dtype]
         self._torch_device = torch_device_of(device)
@@ -234,6 +247,9 @@ class Bench:
         The search timed its finalists minutes apart, once each; deciding between them and cuBLAS on
         timings taken side by side removes the drift between those moments from the decision.
         """
+        if self.side_by_side is not None:
+            times = self._side_by_side(configs, mode, self.side_by_side)
+            return times[:-1], times[-1]
         inputs = self._fresh_inputs()
         ours: list[list[float]] = [[] for _ in configs]
         theirs = []
@@ -244,6 +260,18 @@ class Bench:
             for config, times in order if round_ % 2 == 0 else reversed(order):
                 times.append(self.baseline_time(mode, inputs) if config is None else self.time(config, mode, inputs))
         return [statistics.median(times) for times in ours], statistics.median(theirs)
+
+    def _side_by_side(self, configs: Sequence[Config], mode: str, how: SideBySide) -> list[float]:
+        """ms of each config, then of the baseline, timed together (tuner/timing.py)."""
+        if mode == GRAPH:
+            inputs = self._fresh_inputs()
+            calls = [(lambda c=c: self.spec.execute(c, inputs)) for c in configs]
+            return timing.graph_ms_side_by_side(calls + [lambda: self.spec.baseline(inputs)], how.graph_budget)
+        rotation = self.rotation()
+        with timing.public_calls(self.spec, configs, rotation[0]) as sides:
+            calls = [call for call, _ in sides] + [self.spec.baseline]
+            installers = [install for _, install in sides] + [None]
+            return timing.eager_ms_side_by_side(calls, rotation, how.eager_ms, before=installers)
 
 
 

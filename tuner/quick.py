@@ -22,7 +22,7 @@ from db import Record, Store
 from kernels import GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
 
 from . import timing
-from .bench import Bench, Measurement
+from .bench import Bench, Measurement, SideBySide
 from .search import _decide, _tell_values, open_study, sampled_space
 from .space import distributions_of, params_of
 from .workers import CheckPool
@@ -35,7 +35,8 @@ QUICK_GRAPH_MS = (10, 40)
 QUICK_EAGER_ROUND_MS = 5.0
 # The contest of a quick tuning: its two best configs per mode and cuBLAS, two rounds in ABBA order.
 QUICK_FINALISTS = 2
-QUICK_ROUNDS = 2
+QUICK_ROUNDS = 2  # where the sides are timed in turn (CPU, tests); on a GPU, side by side:
+QUICK_CONTEST_EAGER_MS = 30.0
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ def _quick_bench(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Benc
         return Bench(spec, problem, device)
     return Bench(spec, problem, device, timer=lambda fn: timing.graph_ms(fn, QUICK_GRAPH_MS),
                  quick_timer=None,
-                 eager_timer=lambda call, inputs: timing.eager_ms(call, inputs, round_ms=QUICK_EAGER_ROUND_MS))
+                 eager_timer=lambda call, inputs: timing.eager_ms(call, inputs, round_ms=QUICK_EAGER_ROUND_MS),
+                 side_by_side=SideBySide(QUICK_GRAPH_MS, QUICK_CONTEST_EAGER_MS))
 
 
 def _add_trial(study: optuna.Study, space: kernels.SearchSpace, distributions: dict, config: Config,

@@ -6,6 +6,15 @@
   from the first enqueue to the last kernel's end and divided by the calls. What a Python loop pays:
   max(host, GPU) per call. do_bench is not used here: its L2 flush (~80 us of GPU work per call on
   the H100) hides that much host time per call (docs/BENCHMARKS.md).
+
+Comparisons (a contest, ours against torch.matmul) time the sides in turn, finely interleaved
+(``graph_ms_side_by_side``, ``eager_ms_side_by_side``): one replay, or one block of about a
+millisecond of eager calls, of each side per turn, the order reversed every other turn. The H100
+host's speed wanders by up to 1.7x between 10 ms rounds seconds apart (torch.matmul's host time per
+call ranged 14.5-24.8 us over 9 rounds, docs/BENCHMARKS.md), and a large GEMM lowers the GPU's clocks
+as it runs; timed seconds apart, two runs of the very same cuBLAS kernel came out 0.68x-0.97x of
+each other (the held-out benchmark of 2026-11-24). Interleaved at this grain, both sides meet the
+same host and the same clocks.
 """
 
 from __future__ import annotations
@@ -88,6 +97,103 @@ def eager_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], round_ms: fl
     return statistics.median(per_call)
 
 
+# Side-by-side timing: each side's eager block lasts about this long, and the turns go on until each
+# side has run about this long in all (at least the fewest turns, at most the most).
+SIDE_BLOCK_MS = 1.0
+SIDE_EAGER_MS = 60.0
+SIDE_MIN_TURNS, SIDE_MAX_TURNS = 8, 400
+# do_bench's L2 flush: zeroing a buffer larger than any L2 (triton's own empty cache is 256 MB).
+FLUSH_BYTES = 256 << 20
+
+
+def graph_ms_side_by_side(calls: Sequence[Callable[[], Any]], budget: tuple[int, int] = FULL_MS) -> list[float]:
+    """Median ms of each call replayed from its own CUDA graph, the graphs replayed in turn (L2 flushed
+    before every replay), so that clock drift during the timing falls on every side alike."""
+    graphs = [capture(call) for call in calls]
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
+    estimate = [_replay_ms(graph, flush, 5) for graph in graphs]
+    for graph, ms in zip(graphs, estimate):  # warm-up, as do_bench's
+        for _ in range(max(1, int(budget[0] / len(graphs) / max(ms, 1e-3)))):
+            graph.replay()
+    turns = _turns(sum(estimate), budget[1])
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(turns)]
+              for _ in graphs]
+    for turn in range(turns):
+        for side in _order(len(graphs), turn):
+            flush.zero_()
+            begin, end = events[side][turn]
+            begin.record()
+            graphs[side].replay()
+            end.record()
+    torch.cuda.synchronize()
+    return [statistics.median(b.elapsed_time(e) for b, e in side) for side in events]
+
+
+def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> float:
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    total = 0.0
+    for _ in range(count):
+        flush.zero_()
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        total += begin.elapsed_time(end)
+    return total / count
+
+
+def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
+                          total_ms: float = SIDE_EAGER_MS, block_ms: float = SIDE_BLOCK_MS,
+                          before: Sequence[Callable[[], None] | None] | None = None) -> list[float]:
+    """Median ms per call of each ``call(inputs[i % len(inputs)])``, back to back as ``eager_ms`` times
+    them, in blocks of about ``block_ms`` taken in turn: each block is timed by events around it, so a
+    block sees max(host, GPU) per call, and neighbouring blocks of the sides meet the same host speed.
+
+    ``before[i]``, where given, runs ahead of each of side i's blocks, untimed (``public_calls``'s
+    installers: several configs of one call signature take turns)."""
+    enter = list(before) if before is not None else [None] * len(calls)
+    one_ms = []
+    for call, ready in zip(calls, enter):  # warm-up (compiles, plans, allocator), then a first estimate
+        if ready is not None:
+            ready()
+        for x in inputs:
+            call(x)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for x in inputs:
+            call(x)
+        torch.cuda.synchronize()
+        one_ms.append(max((time.perf_counter() - started) * 1e3 / len(inputs), 1e-4))
+    per_block = [max(1, min(EAGER_MAX_CALLS, math.ceil(block_ms / ms))) for ms in one_ms]
+    turns = _turns(sum(n * ms for n, ms in zip(per_block, one_ms)), total_ms * len(calls))
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(turns)]
+              for _ in calls]
+    position = [0] * len(calls)  # each side walks its own way round the inputs
+    torch.cuda.synchronize()
+    for turn in range(turns):
+        for side in _order(len(calls), turn):
+            call, begin, end = calls[side], *events[side][turn]
+            i = position[side]
+            if enter[side] is not None:
+                enter[side]()
+            begin.record()
+            for j in range(i, i + per_block[side]):
+                call(inputs[j % len(inputs)])
+            end.record()
+            position[side] = (i + per_block[side]) % len(inputs)
+    torch.cuda.synchronize()
+    return [statistics.median(b.elapsed_time(e) / n for b, e in side) for side, n in zip(events, per_block)]
+
+
+def _turns(turn_ms: float, budget_ms: float) -> int:
+    return int(min(SIDE_MAX_TURNS, max(SIDE_MIN_TURNS, budget_ms / max(turn_ms, 1e-3))))
+
+
+def _order(sides: int, turn: int) -> range:
+    """Every other turn in reverse: whichever side comes first in a turn is not always the same one."""
+    return range(sides) if turn % 2 == 0 else range(sides - 1, -1, -1)
+
+
 def rotation_size(problem: Problem, element_size: int, l2_bytes: int) -> int:
     """How many input sets ``eager_ms`` cycles through for ``problem``."""
     per_set = max(problem.bytes_moved(element_size), 1)
@@ -98,6 +204,22 @@ def rotation_size(problem: Problem, element_size: int, l2_bytes: int) -> int:
 def l2_bytes() -> int:
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return int(getattr(props, "L2_cache_size", 50 << 20) or (50 << 20))
+
+
+@contextlib.contextmanager
+def public_calls(spec: KernelSpec, configs: Sequence[Config], inputs: tuple
+                 ) -> Iterator[list[tuple[Callable[[tuple], Any], Callable[[], None] | None]]]:
+    """(call, installer) per config, for a side-by-side eager timing: as ``public_call``, but the
+    configs share one call signature, so each side's installer makes ``kernels.matmul`` run its config
+    until the next installer runs (None: the call forces its config itself)."""
+    if spec.name == "matmul" and kernels.KERNELS.get(spec.name) is spec:
+        from kernels import _plans
+
+        with _plans.pinning(configs, *inputs[:2]) as installers:
+            call = lambda x: kernels.matmul(*x)  # noqa: E731
+            yield [(call, install) for install in installers]
+    else:
+        yield [((lambda x, c=c: spec.execute(c, x)), None) for c in configs]
 
 
 @contextlib.contextmanager

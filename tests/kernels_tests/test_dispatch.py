@@ -20,7 +20,7 @@ import triton
 import kernels
 from db import Record, Store, dump_document, load_document
 from kernels import dispatch as dispatch_module
-from kernels import gemm
+from kernels import _plans, gemm
 from kernels._spec import BASELINE, Config, DeviceInfo, Problem, is_baseline
 from kernels.dispatch import SHIPPED_TABLES, Dispatcher
 from kernels.gemm import MATMUL
@@ -193,6 +193,37 @@ def test_matmul_writes_into_out(db_url, put, torch_device) -> None:
     out = torch.full((16, 32), float("nan"), dtype=torch.float16, device=torch_device)
     assert kernels.matmul(a, b, out=out) is out
     _assert_right(out, a, b)
+
+
+@pytest.mark.parametrize("config", [TILED, BASELINE], ids=["tiled", "cublas"])
+def test_a_cached_signature_still_refuses_a_b_of_another_dtype(db_url, put, torch_device, config) -> None:
+    """b's dtype is not in the plan key (host time per call): each plan must refuse a mismatch itself."""
+    put("fp16:nn:16x32x64", config)
+    kernels.use_database(db_url, use_shipped=False)
+    a, b = _inputs(16, 32, 64, torch_device, seed=5)
+    _assert_right(kernels.matmul(a, b), a, b)  # the signature's plan is built and cached
+    with pytest.raises(TypeError, match="cast one"):
+        kernels.matmul(a, b.float())
+    out = torch.empty(16, 32, dtype=torch.float16, device=torch_device)
+    with pytest.raises(TypeError, match="cast one"):
+        kernels.matmul(a, b.float(), out=out)
+    _assert_right(kernels.matmul(a, b), a, b)
+
+
+def test_pinning_installs_each_config_in_turn_then_restores_the_plan(db_url, put, torch_device) -> None:
+    """What a side-by-side eager contest does (tuner/timing.py public_calls): configs take turns on one
+    call signature, and the signature's own plan comes back after."""
+    put("fp16:nn:16x32x64", BASELINE)
+    kernels.use_database(db_url, use_shipped=False)
+    a, b = _inputs(16, 32, 64, torch_device, seed=6)
+    kernels.matmul(a, b)
+    with _plans.pinning([TILED, SPLITK], a, b) as (tiled, splitk):
+        for install, config in ((splitk, SPLITK), (tiled, TILED), (splitk, SPLITK)):
+            install()
+            for mode in kernels.MODES:
+                assert _plans.plan_of(a, b, mode).config == config
+            _assert_right(kernels.matmul(a, b), a, b)
+    assert _plans.plan_of(a, b, "eager") is torch.mm
 
 
 def test_clear_cache_picks_up_a_newly_stored_record(db_url, put, launched, torch_device, device) -> None:
