@@ -11,7 +11,13 @@ problem of its own (its own shape and layout: ``B^T`` and ``A^T`` are transposed
 problems carry the layout letters ``t``). ``moe_matmul``'s backward: the tokens' gradient is one more
 ``moe_matmul`` over the transposed experts; the experts' gradient, X_e^T @ dY_e per expert, is one
 ``grouped_matmul`` over the experts' row ranges, which the host must know, so it reads ``offsets`` (one
-device sync) and cannot be captured in a CUDA graph.
+device sync) and cannot be captured in a CUDA graph. ``gated_matmul``'s backward recomputes the gate/up
+product and runs three tuned ``matmul`` problems (see ``_gated_backward``).
+
+CUDA graphs (``torch.compile(mode="reduce-overhead")``, or ``torch.cuda.graph`` by hand): the first eager
+call of a signature on a GPU also runs the graph winner once (``_call``), so a capture finds it resolved
+and compiled; the two operators that cannot be captured say so with the ``cudagraph_unsafe`` tag, and
+Inductor runs them between graphs.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 import torch
 
 import kernels as _kernels  # the package's public functions, looked up per call (the lead may rebind them)
+from kernels import _modes
 
 NAMESPACE = "triton_tuner"
 
@@ -34,7 +41,7 @@ __all__ = ["NAMESPACE", "gated_matmul", "grouped_matmul", "linear", "matmul", "m
 @torch.library.custom_op(f"{NAMESPACE}::matmul", mutates_args=())
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """C = A @ B through the tuned dispatch."""
-    return _kernels.matmul(a, b)
+    return _call("matmul", _kernels.matmul, a, b)
 
 
 @matmul.register_fake
@@ -46,7 +53,7 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op(f"{NAMESPACE}::matmul_out", mutates_args=("out",))
 def matmul_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """C = A @ B written into ``out``."""
-    _kernels.matmul(a, b, out=out)
+    _call("matmul_out", _kernels.matmul, a, b, out=out)
 
 
 @matmul_out.register_fake
@@ -86,7 +93,12 @@ matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 # ------------------------------------------------------------------------------------------------ grouped
 
-@torch.library.custom_op(f"{NAMESPACE}::grouped_matmul", mutates_args=())
+# cudagraph_unsafe: the launch's table holds the operands' addresses and is built on the host for each new
+# set of them, then copied from pinned host memory. Inductor's CUDA-graph trees record at other addresses
+# than they warm up at, so the capture would build a table, and each replay would re-read a pinned block
+# that the host allocator has since handed out again. Inductor runs it between its graphs instead. (A
+# hand capture at the warmed addresses, ``warm_for_capture``, reuses the table: that stays safe.)
+@torch.library.custom_op(f"{NAMESPACE}::grouped_matmul", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """[A_i @ B_i] in one launch through the tuned dispatch.
 
@@ -114,7 +126,7 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows
     a well-defined tensor for autograd and the compiler; that costs a fill of the output, which a caller
     whose ``offsets[-1]`` is always T (a router's top-k, ``kernels.nn.route``) skips with ``all_rows=True``."""
     out = None if all_rows or x.shape[0] == 0 else x.new_zeros((x.shape[0], w.shape[2]))
-    return _kernels.moe_matmul(x, w, offsets, out=out)
+    return _call("moe_matmul", _kernels.moe_matmul, x, w, offsets, out=out)
 
 
 @moe_matmul.register_fake
@@ -126,7 +138,7 @@ def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = 
 @torch.library.custom_op(f"{NAMESPACE}::moe_matmul_out", mutates_args=("out",))
 def moe_matmul_out(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
     """``moe_matmul`` written into ``out``; rows at or past ``offsets[-1]`` keep what ``out`` held."""
-    _kernels.moe_matmul(x, w, offsets, out=out)
+    _call("moe_matmul_out", _kernels.moe_matmul, x, w, offsets, out=out)
 
 
 @moe_matmul_out.register_fake
@@ -141,7 +153,9 @@ def _check_moe_shapes(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -
                          f"{tuple(x.shape)}, {tuple(w.shape)}, {tuple(offsets.shape)}")
 
 
-@torch.library.custom_op(f"{NAMESPACE}::moe_weight_grad", mutates_args=())
+# cudagraph_unsafe: it reads offsets on the host (a sync, which a capture forbids); Inductor's graph
+# partitions run it between the CUDA graphs of the rest of the backward.
+@torch.library.custom_op(f"{NAMESPACE}::moe_weight_grad", mutates_args=(), tags=(torch.Tag.cudagraph_unsafe,))
 def moe_weight_grad(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """dW[e] = x[rows of e]^T @ grad[rows of e], [E, K, N], as one tuned ``grouped_matmul`` over the
     non-empty experts. Reads ``offsets`` on the host (a sync): the row ranges are the group's shapes."""
@@ -185,8 +199,8 @@ moe_matmul.register_autograd(_moe_backward, setup_context=_moe_setup)
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``nn.functional.linear`` on 2-D x: x @ weight^T (+ bias), the bias added in the GEMM's epilogue."""
     if bias is None:
-        return _kernels.matmul(x, weight.t())
-    return _kernels.matmul_bias(x, weight.t(), bias)
+        return _call("matmul", _kernels.matmul, x, weight.t())
+    return _call("matmul_bias", _kernels.matmul_bias, x, weight.t(), bias)
 
 
 @linear.register_fake
@@ -217,8 +231,8 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_matmul", mutates_args=())
 def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch (forward only: no autograd registered)."""
-    return _kernels.gated_matmul(a, b)
+    """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch; B [K, 2N] is the gate and up weights stacked."""
+    return _call("gated_matmul", _kernels.gated_matmul, a, b)
 
 
 @gated_matmul.register_fake
@@ -228,7 +242,67 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty((a.shape[0], b.shape[1] // 2))
 
 
+def _gated_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    # Only A and B: the backward recomputes G = A @ Bg and U = A @ Bu. Saving them would keep the [M, 2N]
+    # product that the fused forward exists not to write (2N columns per row, 7x the input's for
+    # Llama-3-70B's MLP, per layer, until the backward) to spare one GEMM the size of the unfused
+    # forward's: the backward's three GEMMs instead of two, +1/3 of the layer's training FLOPs.
+    ctx.save_for_backward(*inputs)
+
+
+def _gated_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """y = silu(G) * U: dG = silu'(G) (dy U), dU = dy silu(G); dA = [dG dU] @ B^T, dB = A^T @ [dG dU].
+
+    Three tuned ``matmul`` problems: the recomputed [G U] = A @ B, and the two products with the stacked
+    [dG dU] [M, 2N], each one GEMM over both halves (dA = dG @ Bg^T + dU @ Bu^T is one inner dimension of
+    2N; dB comes out stacked as B is). The elementwise part is torch's, in the inputs' dtype as torch's
+    autograd of the same expression computes it (``silu_backward`` works in fp32 inside).
+    """
+    a, b = ctx.saved_tensors
+    gu = matmul(a, b)
+    n = gu.shape[1] // 2
+    g, u = gu[:, :n], gu[:, n:]
+    grad_gu = torch.cat([torch.ops.aten.silu_backward(grad * u, g), grad * torch.nn.functional.silu(g)], dim=1)
+    grad_a = matmul(grad_gu, b.t()) if ctx.needs_input_grad[0] else None
+    grad_b = matmul(a.t(), grad_gu) if ctx.needs_input_grad[1] else None
+    return grad_a, grad_b
+
+
+gated_matmul.register_autograd(_gated_backward, setup_context=_gated_setup)
+
+
 # ------------------------------------------------------------------------------------------------ capture
+
+# Call signatures (operator, operands' shapes and strides, dtype, device) whose graph winner has run here.
+_GRAPH_READY: set[tuple] = set()
+_GRAPH_READY_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
+_CAPTURABLE = ("cuda",)  # devices whose streams capture (a CPU test adds "cpu" and a stand-in capture check)
+
+
+def _call(name: str, fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, *rest: Any,
+          **kwargs: Any) -> torch.Tensor:
+    """``fn(a, b, ...)``; on a GPU, a signature's first call outside a capture runs once more in graph mode.
+
+    Why: ``torch.compile(mode="reduce-overhead")`` runs each graph once (warm-up), then captures it, and
+    dispatch picks the graph winner while the stream captures: a config that may never have run, whose
+    Triton compile and module load, or split-K workspace growth, would then happen inside the capture
+    (where a compile fails and an allocation lands in the graph's pool). The warm-up's second run leaves
+    the capture nothing but launches, as ``warm_for_capture`` does for a capture by hand. Price: one more
+    GEMM per new signature, result dropped (rewriting ``out`` with the same values). Skipped where a mode
+    is forced (the capture then runs the config the eager calls ran). After ``kernels.clear_cache()`` a
+    capture looks its config up again (host work; the compiled kernel is still in Triton's cache).
+    """
+    out = fn(a, b, *rest, **kwargs)
+    if a.device.type in _CAPTURABLE and _modes.forced() is None:
+        key = (name, a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
+        if key not in _GRAPH_READY and not _modes.capturing():
+            with _kernels.dispatch_mode(_kernels.GRAPH):
+                fn(a, b, *rest, **kwargs)
+            if len(_GRAPH_READY) >= _GRAPH_READY_CAPACITY:
+                _GRAPH_READY.clear()
+            _GRAPH_READY.add(key)
+    return out
+
 
 def warm_for_capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``fn`` once per dispatch mode before a CUDA graph captures it: every config the capture will use

@@ -154,3 +154,9 @@ def test_gated_matmul_operator_passes_opcheck() -> None:
     a = torch.randn(6, 16, device=DEVICE).half()
     b = torch.randn(24, 16, device=DEVICE).div(4).half().t()
     torch.library.opcheck(torch.ops.triton_tuner.gated_matmul.default, (a, b))
+
+
+def test_gated_matmul_operator_passes_opcheck_with_autograd() -> None:
+    a = torch.randn(6, 16, device=DEVICE, requires_grad=True)
+    b = torch.randn(24, 16, device=DEVICE).div(4).t().requires_grad_()
+    torch.library.opcheck(torch.ops.triton_tuner.gated_matmul.default, (a, b))
