@@ -139,3 +139,37 @@ def _add_trial(study: optuna.Study, space: kernels.SearchSpace, distributions: d
     study.add_trial(optuna.trial.create_trial(
         params=params_of(config, space), distributions=distributions, state=state,
         value=float(measurement.time_ms) if measurement.ok else None, user_attrs=attrs))
+
+
+def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates: Sequence[Config],
+             bench: Bench | None = None, trials: int = 1) -> dict[str, Record]:
+    """Each mode's winner of ``problem`` among ``candidates`` (a stored record's winners and best Triton
+    configs) and cuBLAS, decided again by the side-by-side contest alone: no search, no study.
+
+    For tables whose contests were timed the old way (sides seconds apart), so that the stored
+    speed-up becomes what the user's call gets (scripts/redecide.py)."""
+    from .search import _winner_record
+
+    bench = bench or Bench(spec, problem, device)
+    triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
+              and spec.space.violation(c, problem, device) is None]
+    records = {}
+    for mode in MODES:
+        if not triton:
+            ms = bench.baseline_ms(mode)
+            records[mode] = _winner_record(spec, problem, device, (kernels.BASELINE, ms), ms, trials, mode,
+                                           cublas_won=True)
+            continue
+        if device.is_cpu:  # interpreter times say nothing about speed: no contest (as search._decide)
+            records[mode] = _winner_record(spec, problem, device, (triton[0], bench.time(triton[0], mode)),
+                                           bench.baseline_ms(mode), trials, mode)
+            continue
+        contestants = triton + ([kernels.BASELINE] if mode == kernels.EAGER and spec.name == "matmul" else [])
+        times, baseline_ms = bench.contest(contestants, mode=mode)
+        ours_cublas_ms = times[-1] if len(contestants) > len(triton) else None
+        best = min(range(len(triton)), key=lambda i: times[i])
+        cublas_won = ours_cublas_ms is not None and ours_cublas_ms < times[best]
+        records[mode] = _winner_record(spec, problem, device, (triton[best], times[best]), baseline_ms, trials, mode,
+                                       cublas_ms=ours_cublas_ms, cublas_won=cublas_won)
+    bench.release()
+    return records

@@ -102,6 +102,7 @@ def eager_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], round_ms: fl
 SIDE_BLOCK_MS = 1.0
 SIDE_EAGER_MS = 60.0
 SIDE_MIN_TURNS, SIDE_MAX_TURNS = 8, 400
+SIDE_SLOW_BLOCKS = 8
 # do_bench's L2 flush: zeroing a buffer larger than any L2 (triton's own empty cache is 256 MB).
 FLUSH_BYTES = 256 << 20
 
@@ -159,13 +160,13 @@ def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Seque
         for x in inputs:
             call(x)
         torch.cuda.synchronize()
-        started = time.perf_counter()
-        for x in inputs:
-            call(x)
-        torch.cuda.synchronize()
-        one_ms.append(max((time.perf_counter() - started) * 1e3 / len(inputs), 1e-4))
-    per_block = [max(1, min(EAGER_MAX_CALLS, math.ceil(block_ms / ms))) for ms in one_ms]
-    turns = _turns(sum(n * ms for n, ms in zip(per_block, one_ms)), total_ms * len(calls))
+        one_ms.append(_estimate_ms(call, inputs))
+    # One block length, in calls, for every side: a block's fixed cost (its events, the last
+    # kernel's tail) is then spread over as many calls on each side. Sized by the fastest side; the
+    # slowest side's block may be longer, up to SIDE_SLOW_BLOCKS blocks' time.
+    per_block = max(1, min(EAGER_MAX_CALLS, math.ceil(block_ms / min(one_ms)),
+                           math.ceil(SIDE_SLOW_BLOCKS * block_ms / max(one_ms))))
+    turns = _turns(per_block * sum(one_ms), total_ms * len(calls))
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(turns)]
               for _ in calls]
     position = [0] * len(calls)  # each side walks its own way round the inputs
@@ -177,12 +178,26 @@ def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Seque
             if enter[side] is not None:
                 enter[side]()
             begin.record()
-            for j in range(i, i + per_block[side]):
+            for j in range(i, i + per_block):
                 call(inputs[j % len(inputs)])
             end.record()
-            position[side] = (i + per_block[side]) % len(inputs)
+            position[side] = (i + per_block) % len(inputs)
     torch.cuda.synchronize()
-    return [statistics.median(b.elapsed_time(e) / n for b, e in side) for side, n in zip(events, per_block)]
+    return [statistics.median(b.elapsed_time(e) / per_block for b, e in side) for side in events]
+
+
+def _estimate_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], at_least_ms: float = 2.0) -> float:
+    """Wall ms per call over whole passes of ``inputs``, for at least ``at_least_ms`` (a handful of
+    calls is mostly the synchronize)."""
+    calls, started = 0, time.perf_counter()
+    while True:
+        for x in inputs:
+            call(x)
+        calls += len(inputs)
+        torch.cuda.synchronize()
+        elapsed = (time.perf_counter() - started) * 1e3
+        if elapsed >= at_least_ms:
+            return max(elapsed / calls, 1e-4)
 
 
 def _turns(turn_ms: float, budget_ms: float) -> int:

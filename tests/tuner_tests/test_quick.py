@@ -44,3 +44,20 @@ def test_default_portfolio_is_valid_and_distinct_for_thin_and_wide_problems() ->
         configs = default_portfolio(problem, h100)
         assert 8 <= len(configs) == len(set(configs))
         assert all(kernels.MATMUL.space.violation(c, problem, h100) is None for c in configs)
+
+
+def test_redecide_stores_a_record_per_mode_from_the_candidates_and_cublas(db_url) -> None:
+    from tuner.quick import redecide
+
+    outside = Config.from_dict({**_BASE, "BLOCK_M": 512, "BLOCK_N": 32, "BLOCK_K": 32})  # too tall: skipped
+    records = redecide(kernels.MATMUL, PROBLEM, CPU, [*PORTFOLIO, PORTFOLIO[0], outside, kernels.BASELINE])
+    assert set(records) == {"eager", "graph"}
+    canonical = [kernels.MATMUL.space.canonical(c, PROBLEM) for c in PORTFOLIO]
+    for mode, record in records.items():
+        assert record.mode == mode and record.problem_key == PROBLEM.key and record.cublas_ms > 0
+        assert kernels.MATMUL.space.canonical(Config.from_dict(record.config), PROBLEM) in canonical
+    with Store(db_url) as store:  # what scripts/redecide.py does with them: they are valid records
+        store.put_many(list(records.values()), on_conflict="replace")
+        assert {r.mode for r in store.records(kernel="matmul")} == {"eager", "graph"}
+    only_cublas = redecide(kernels.MATMUL, PROBLEM, CPU, [kernels.BASELINE, outside])
+    assert all(kernels.is_baseline(Config.from_dict(r.config)) for r in only_cublas.values())

@@ -1,0 +1,71 @@
+"""Decide a shipped table's winners again by the side-by-side contest, on the GPU, into a database.
+
+Tables whose contests timed their sides seconds apart (before 2026-11-24's side-by-side timing,
+tuner/timing.py) store speed-ups that a fresh process does not see again, most of all in eager mode.
+For each matmul problem of the table on this GPU, its records' winners and best Triton configs meet
+cuBLAS again, per mode (tuner.quick.redecide), and the new records go into --db (resumable: problems
+already there are skipped). Merge them into the table with scripts/ship_table.py.
+
+    PYTHONPATH=. python3 scripts/redecide.py --table kernels/tables/h100.json --db sqlite:///re.db --every 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+import kernels
+from db import Store, load_document
+from kernels import MATMUL, MODES, Config, Problem
+from tuner.bench import Bench, SideBySide
+from tuner.quick import QUICK_CONTEST_EAGER_MS, QUICK_GRAPH_MS, redecide
+
+
+def candidates_by_problem(table: str, device_name: str) -> dict[str, list[Config]]:
+    found: dict[str, list[Config]] = {}
+    for record in load_document(Path(table)):
+        if record.device_name != device_name or record.kernel != "matmul":
+            continue
+        configs = found.setdefault(record.problem_key, [])
+        for values in (record.config, record.triton_config):
+            if values and values.get("VARIANT") != "cublas":
+                configs.append(Config.from_dict(values))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", required=True)
+    parser.add_argument("--db", required=True, help="where the new records go (created if missing)")
+    parser.add_argument("--every", type=int, default=1, help="every N-th problem only (a sample)")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stop after this many seconds")
+    args = parser.parse_args()
+    device = kernels.current_device()
+    problems = sorted(candidates_by_problem(args.table, device.name).items())[:: args.every]
+    print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
+          f"{len(problems)} problems of {args.table}", flush=True)
+    started = time.monotonic()
+    with Store(args.db) as store:
+        for index, (key, configs) in enumerate(problems, 1):
+            if all(store.get(device.name, "matmul", key, mode) for mode in MODES):
+                continue
+            if time.monotonic() - started > args.budget_s:
+                print(f"# budget spent after {index - 1} problems; run again to go on", flush=True)
+                break
+            problem = Problem.from_key("matmul", key)
+            bench = Bench(MATMUL, problem, device, side_by_side=SideBySide(QUICK_GRAPH_MS, QUICK_CONTEST_EAGER_MS))
+            records = redecide(MATMUL, problem, device, configs, bench)
+            store.put_many(list(records.values()), on_conflict="replace")
+            print(f"[{index}/{len(problems)}] {key:28} " + "  ".join(
+                f"{mode} {records[mode].speedup:.3f}x {records[mode].config.get('VARIANT', 'tiled')}" for mode in MODES),
+                flush=True)
+    kernels.clear_cache()
+    print(f"# {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
