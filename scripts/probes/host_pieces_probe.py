@@ -16,7 +16,7 @@ import time
 import torch
 
 import kernels
-from kernels import _plans
+from kernels import _modes, _plans
 
 BURST = 200
 
@@ -37,7 +37,8 @@ def key_of(x):
 
 
 def main() -> None:
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, python {sys.version.split()[0]}")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, python {sys.version.split()[0]}; "
+          f"raw stream of the default stream: {torch._C._cuda_getCurrentRawStream(-1)}")
     cases = {
         "fp16 nn 64x64x64, 1 set": [(torch.randn(64, 64, device="cuda").half(), torch.randn(64, 64, device="cuda").half())],
         "fp16 nt 1x4096x3584, 6 sets": [(torch.randn(1, 3584, device="cuda").half(),
@@ -58,6 +59,9 @@ def main() -> None:
             "key + dict get": lambda x: table.get(key_of(x)),
             "key + get + torch.mm": lambda x: table.get(key_of(x))(*x),
             "plan's own object": lambda x: _plans.get(_plans.signature(*x)),
+            "capture query": lambda x: torch._C._cuda_isCurrentStreamCapturing(),
+            "raw stream (-1)": lambda x: torch._C._cuda_getCurrentRawStream(-1),
+            "kernels._modes.capturing": lambda x: _modes.capturing(),
         }
         samples = {n: [] for n in calls}
         for round_ in range(15):

@@ -111,3 +111,21 @@ def test_grouped_and_moe_calls_capture_and_replay_right() -> None:
     torch.cuda.synchronize()
     ref = torch.cat([x[:32].float() @ w[0].float(), x[32:96].float() @ w[2].float()])
     assert (y.float() - ref).norm() <= 5e-3 * ref.norm()
+
+
+def test_the_capture_check_answers_on_the_default_stream_a_side_stream_and_inside_a_capture() -> None:
+    """kernels._modes.capturing reads the current stream first (the default stream cannot be captured)
+    and asks CUDA only on other streams."""
+    from kernels import _modes
+
+    seen = {}
+    assert not _modes.capturing()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert not _modes.capturing()
+    x = torch.ones(8, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        seen["inside"] = _modes.capturing()
+        x.add_(1)
+    assert seen["inside"] is True and not _modes.capturing()
