@@ -11,7 +11,8 @@ from ._plausible import PEAKS, DevicePeak, peak_of, plausibility_problems
 from ._record import ImportSummary, Record
 from .io import (SCHEMA_VERSION, ImportValidationError, dump_document, export_records,
                  import_records, load_document)
-from .store import ON_CONFLICT_CHOICES, Store, StoreError, default_url
+from ._outage import Outage, server_unreachable
+from .store import ON_CONFLICT_CHOICES, Store, StoreError, StoreUnreachable, default_url
 
 __all__ = [
     "PEAKS",
@@ -19,15 +20,18 @@ __all__ = [
     "peak_of",
     "plausibility_problems",
     "ON_CONFLICT_CHOICES",
+    "Outage",
     "SCHEMA_VERSION",
     "ImportSummary",
     "ImportValidationError",
     "Record",
     "Store",
     "StoreError",
+    "StoreUnreachable",
     "default_url",
     "dump_document",
     "export_records",
     "import_records",
     "load_document",
+    "server_unreachable",
 ]

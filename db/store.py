@@ -9,6 +9,11 @@ into ``StoreError`` naming the database, as Optuna's ``RDBStorage`` does. Writes
   WAL journaling lets readers go on while a writer holds the lock.
 * Other backends (PostgreSQL): the row is read ``FOR UPDATE``; a concurrent insert of the same key
   fails the unique constraint, and the whole transaction is retried, then finds the row.
+
+A server that goes away (``db._outage``): a store opened for writing that cannot get a connection
+waits for it with a bounded backoff (nothing of the transaction ran, so trying again is safe); a
+connection lost mid-transaction is not tried again (its COMMIT may have landed) but raises
+``StoreUnreachable`` at once. A read-only store (runtime dispatch) never waits.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import _migrate
+from ._outage import Outage, StoreError, StoreUnreachable, one_line, server_unreachable
 from ._record import ImportSummary, Record
 from ._plausible import check_plausible, plausibility_problems
 from .models import TABLE_NAME, RecordModel
@@ -40,6 +46,8 @@ ON_CONFLICT_CHOICES = ("faster", "replace", "keep", "error")
 # a put holds the lock for milliseconds, so 30 s only runs out when something is badly stuck.
 # TUNER_SQLITE_BUSY_TIMEOUT_S overrides it (the fault tests hold a lock past a short timeout).
 _SQLITE_BUSY_TIMEOUT_S = 30.0
+# Seconds libpq may take to open a PostgreSQL connection; loopback and LAN servers answer in milliseconds.
+_PG_CONNECT_TIMEOUT_S = 10
 # Whole-transaction retries for lost races (locked SQLite, duplicate insert on PostgreSQL).
 _ATTEMPTS = 5
 _BACKOFF_S = 0.05  # doubled after each failed attempt: 0.05, 0.1, 0.2, 0.4 s
@@ -51,12 +59,12 @@ T = TypeVar("T")
 Outcome = Literal["inserted", "replaced", "kept"]
 
 
-class StoreError(RuntimeError):
-    """The database could not be read or written, or a write conflicts; the message says what to do."""
-
-
 class _RetryableError(StoreError):
     """A lost race: running the transaction again may well succeed."""
+
+
+class _NotConnected(StoreUnreachable):
+    """No connection could be had for a transaction, so none of it ran: waiting for the server is safe."""
 
 
 def default_url() -> str:
@@ -85,7 +93,8 @@ class Store:
     """Tuned records in a database, one per (device_name, kernel, problem_key).
 
     ``create=False`` makes a reader that never creates anything: on a machine that has not tuned,
-    a missing SQLite file or a missing table reads as no records.
+    a missing SQLite file or a missing table reads as no records; nor does it wait for a server that
+    went away (``db._outage``), where a writer does.
     """
 
     def __init__(self, url: str | None = None, *, create: bool = True) -> None:
@@ -93,6 +102,7 @@ class Store:
         self._engine = _make_engine(self._url, wal=create)
         self._sqlite_file = _sqlite_file(self._url)
         self._writer = self._engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
+        self._waits_for_server = create
         self._has_table = False
         self._legacy = False  # a table from before modes (schema 0001), read as "graph" records
         if create:
@@ -201,12 +211,17 @@ class Store:
         """A session that commits on success, rolls back on any error, and turns driver errors
         into ``StoreError``; writers take SQLite's write lock when they begin."""
         session = Session(self._writer if write else self._engine)
+        connected = False
         try:
+            # Connect (and, on PostgreSQL, ping) before any work, so that a failure here is known to
+            # have run nothing of the transaction (see _transaction).
+            session.connection()
+            connected = True
             yield session
             session.commit()
         except SQLAlchemyError as exc:
             session.rollback()
-            raise self._error(exc) from exc
+            raise self._error(exc, connected) from exc
         except BaseException:
             session.rollback()
             raise
@@ -214,23 +229,40 @@ class Store:
             session.close()
 
     def _transaction(self, work: Callable[[Session], T], *, write: bool) -> T:
-        """Run ``work`` in one session, again from the start if it lost a race to another writer."""
-        for attempt in range(1, _ATTEMPTS + 1):
+        """Run ``work`` in one session, again from the start if it lost a race to another writer, or,
+        for a writing store, once the server that could not be reached is back."""
+        outage = Outage(_shown(self._url)) if self._waits_for_server else None
+        attempt = 0
+        while True:
             try:
                 with self._session(write) as session:
                     return work(session)
+            except _NotConnected as exc:
+                if outage is None:
+                    raise
+                outage.pause(exc)
             except _RetryableError as exc:
+                attempt += 1
                 if attempt == _ATTEMPTS:
                     raise StoreError(f"{exc} (gave up after {_ATTEMPTS} attempts)") from exc.__cause__
                 _logger.debug("attempt %d on %s lost a race (%s); retrying", attempt,
                               _shown(self._url), exc.__cause__)
                 time.sleep(_BACKOFF_S * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")
 
-    def _error(self, exc: SQLAlchemyError) -> StoreError:
+    def _error(self, exc: SQLAlchemyError, connected: bool = True) -> StoreError:
         """The ``StoreError`` for a driver error: names the database and what to try."""
         detail = getattr(exc, "orig", None) or exc
         where = f"database {_shown(self._url)}"
+        if server_unreachable(exc):
+            if not connected:
+                return _NotConnected(f"{where} cannot be reached ({one_line(detail)}); nothing was written: "
+                                     "start the server or fix the URL (TUNER_DB or --db), then run the "
+                                     "command again")
+            return StoreUnreachable(
+                f"{where} dropped the connection mid-transaction ({one_line(detail)}); that transaction was "
+                "rolled back unless its commit had reached the server, and everything committed before "
+                "is kept; once the server is back, run the same command again (an import is safe to "
+                "repeat; a search resumes its study where it stopped)")
         if _is_locked(exc):
             return _RetryableError(f"{where} stayed locked by another process ({detail}); "
                                    "wait for the other tuner or import to finish and try again")
@@ -336,8 +368,17 @@ def _make_engine(url: str, *, wal: bool) -> Engine:
     """One engine per store; for SQLite, set up the busy timeout, BEGIN IMMEDIATE and, for
     writers, WAL (a reader leaves the journal mode alone: switching it needs the write lock)."""
     try:
-        if make_url(url).get_backend_name() != "sqlite":
-            return create_engine(url, pool_pre_ping=True)
+        parsed = make_url(url)
+        if parsed.get_backend_name() != "sqlite":
+            # pre-ping: a pooled connection the server closed (a restart, pg_terminate_backend, an idle
+            # timeout) is replaced at checkout instead of failing the caller's transaction; a store makes
+            # few, short transactions, so one round trip each is cheap.
+            connect_args = {}
+            if parsed.get_driver_name() in ("psycopg", "psycopg2") and "connect_timeout" not in parsed.query:
+                # libpq waits for TCP (about 2 min) on a host that drops packets; the outage backoff
+                # (db._outage) should see a failure in seconds. A URL's own connect_timeout wins.
+                connect_args["connect_timeout"] = _PG_CONNECT_TIMEOUT_S
+            return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
         engine = create_engine(url, connect_args={"timeout": _busy_timeout_s()})
     except (SQLAlchemyError, ImportError) as exc:
         raise StoreError(f"cannot open database URL {_shown(url)}: {exc}; pass a SQLAlchemy URL such "

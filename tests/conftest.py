@@ -40,14 +40,9 @@ def db_url(tmp_path) -> str:
 def pg_server():
     """One real PostgreSQL server on loopback for the session; skipped without a server binary,
     except in CI (env CI set), where the PostgreSQL tests must run."""
-    from tests.pg_server import PgUnavailable, start_server
+    from tests.pg_server import start_for_tests
 
-    try:
-        server = start_server()
-    except PgUnavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the PostgreSQL tests: {exc}")
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    server = start_for_tests()
     yield server
     server.stop()
 

@@ -74,11 +74,20 @@ class PgServer:
     def start(self) -> PgServer:
         self._run(str(self._bin / "initdb"), "-D", str(self._data), "-U", "postgres", "--auth=trust",
                   "-E", "UTF8", "--no-sync")
+        self.start_again()
+        return self
+
+    def start_again(self) -> None:
+        """Start the server on its data folder and port (after ``initdb``, or after ``shut_down``)."""
         options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self._root} "
                    "-c fsync=off -c max_connections=300 -c shared_buffers=64MB")
         self._run(str(self._bin / "pg_ctl"), "-D", str(self._data), "-l", str(self._root / "server.log"),
                   "-o", options, "-w", "-t", "60", "start")
-        return self
+
+    def shut_down(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data, as an operator would: ``fast`` rolls back open transactions
+        and closes every connection; ``immediate`` kills the processes (crash recovery at the next start)."""
+        self._run(str(self._bin / "pg_ctl"), "-D", str(self._data), "-m", mode, "-w", "-t", "60", "stop")
 
     def stop(self) -> None:
         try:
@@ -114,6 +123,19 @@ def start_server() -> PgServer:
         raise PgUnavailable("no PostgreSQL server binary (initdb, pg_ctl): apt-get install postgresql, "
                             "or set PG_BIN to the folder that holds them")
     return PgServer(bin_dir).start()
+
+
+def start_for_tests() -> PgServer:
+    """A started server; without one the calling test skips, except in CI (env CI set), where the
+    PostgreSQL tests must run, so it fails."""
+    import pytest
+
+    try:
+        return start_server()
+    except PgUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the PostgreSQL tests: {exc}")
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
 
 
 def _cpu_of(pid: int) -> tuple[float, int]:

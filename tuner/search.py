@@ -22,9 +22,10 @@ import optuna
 from optuna.trial import TrialState
 import torch
 import triton
+from sqlalchemy.exc import SQLAlchemyError
 
 import kernels
-from db import Record, Store, plausibility_problems
+from db import Outage, Record, Store, StoreUnreachable, plausibility_problems, server_unreachable
 from kernels import BASELINE, EAGER, GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
 from kernels.dispatch import Dispatcher
 
@@ -332,8 +333,42 @@ def tune_problem(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: 
     """Search configs for one problem, then store and return the winner (cuBLAS if nothing beats it).
 
     ``use_shipped=False`` keeps the tables shipped in the package out of the first trials: on a fresh
-    database the search then finds what it finds by itself (for measuring it)."""
+    database the search then finds what it finds by itself (for measuring it).
+
+    A database server that goes away mid-search (restarted, failed over) is waited for with a bounded
+    backoff (``db._outage``), then the study resumes as a rerun would: trials told stay, the ones in
+    flight are asked again. Past the window, ``StoreUnreachable`` says to run the command again."""
     storage = storage or optuna.storages.RDBStorage(store.url)
+    outage = Outage(store.url)
+
+    def told(progress: Progress) -> None:  # a trial reached the database: any outage is over
+        outage.recovered()
+        if on_trial:
+            on_trial(progress)
+
+    options = dict(budget=budget, sampler=sampler, seed=seed, timer=timer, quick_timer=quick_timer,
+                   eager_timer=eager_timer, on_trial=told, pool=pool, ahead=ahead, on_finish=on_finish,
+                   use_shipped=use_shipped)
+    while True:
+        try:
+            return _tune_once(spec, problem, device, store, storage, **options)
+        except (optuna.exceptions.StorageInternalError, StoreUnreachable, SQLAlchemyError) as exc:
+            if getattr(exc, "gave_up", False) or not server_unreachable(exc):
+                raise  # a real error, or the store has waited out the outage already
+            # Optuna's engine keeps no pre-ping: its first call after a restart fails on a pooled
+            # connection the server closed, and SQLAlchemy then drops the whole pool; this resume is
+            # the one retry that needs (cheaper than a ping before each of a search's many calls).
+            if pool is not None:
+                pool.close()  # candidates in flight belong to the abandoned run; the pool restarts on use
+            outage.pause(exc, f"resuming the study of {problem.key}")
+
+
+def _tune_once(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store,
+               storage: optuna.storages.BaseStorage, *, budget: Budget, sampler: str, seed: int | None,
+               timer: Timer | None, quick_timer: Timer | None, eager_timer: EagerTimer | None,
+               on_trial: Callable[[Progress], None] | None, pool: CheckPool | None, ahead: int,
+               on_finish: Callable[[SearchStats], None] | None, use_shipped: bool) -> Record:
+    """``tune_problem`` from opening (or resuming) the study to storing its winners."""
     study = open_study(storage, device, problem, sampler, seed)
     if pool is not None and timer is None and kernels.KERNELS.get(spec.name) is spec:
         # Timed in the pool's timing worker: a candidate that faults while timed costs that process only.

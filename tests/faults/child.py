@@ -10,6 +10,8 @@ Faults, from the environment:
   FAULT_KILL_SQL=REGEX:N   SIGKILL this process just before the N-th SQL statement matching REGEX
   FAULT_KILL_COMMIT=REGEX  SIGKILL this process at the COMMIT of a transaction that ran a statement
                            matching REGEX (after the statements, before the commit reaches the file)
+  FAULT_PAUSE_COMMIT=REGEX as FAULT_KILL_COMMIT, but print "paused" and wait for a line on stdin, then
+                           commit (the test meanwhile terminates this client's server connection)
   FAULT_FSIZE=BYTES        RLIMIT_FSIZE: no file may grow past BYTES (a full disk), SIGXFSZ ignored
 The hooks wrap the store's engine factory; the library itself has no fault switches.
 """
@@ -40,14 +42,15 @@ def _die() -> None:
 def _install_faults() -> None:
     kill_sql = os.environ.get("FAULT_KILL_SQL")
     kill_commit = os.environ.get("FAULT_KILL_COMMIT")
+    pause_commit = os.environ.get("FAULT_PAUSE_COMMIT")
     fsize = os.environ.get("FAULT_FSIZE")
     if fsize:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(fsize), int(fsize)))
-    if not (kill_sql or kill_commit):
+    if not (kill_sql or kill_commit or pause_commit):
         return
     make_engine = db.store._make_engine
-    seen = {"count": 0, "dirty": False}
+    seen = {"count": 0, "dirty": False, "paused": False}
 
     def hooked(url: str, *, wal: bool):
         engine = make_engine(url, wal=wal)
@@ -60,13 +63,17 @@ def _install_faults() -> None:
                     seen["count"] += 1
                     if seen["count"] == int(nth):
                         _die()
-            if kill_commit and re.search(kill_commit, statement, re.IGNORECASE):
+            if (kill_commit or pause_commit) and re.search(kill_commit or pause_commit, statement, re.IGNORECASE):
                 seen["dirty"] = True
 
         @event.listens_for(engine, "commit")
         def commit(conn):
             if kill_commit and seen["dirty"]:
                 _die()
+            if pause_commit and seen["dirty"] and not seen["paused"]:
+                seen["paused"] = True
+                print("paused", flush=True)
+                sys.stdin.readline()
 
         return engine
 
