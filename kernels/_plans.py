@@ -197,12 +197,20 @@ def pinned(config: Config, a: torch.Tensor, b: torch.Tensor) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor) -> Iterator[list[Callable[[], None]]]:
+def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
+            graph: Config | None = None) -> Iterator[list[Callable[[], None]]]:
     """One installer per config: after ``install()``, ``kernels.matmul`` on operands shaped like ``a``
     and ``b`` runs that config in every mode, until another installer runs or the block ends (then
-    the signature's own plans come back). A side-by-side timing of configs takes turns this way."""
+    the signature's own plans come back). A side-by-side timing of configs takes turns this way.
+
+    With ``graph`` (the graph winner, decided first), each config is pinned as the eager plan beside
+    it, as dispatch will hold them: where the two differ, every eager call pays the mode check, and
+    an eager contest timed this way stores what the user's call costs."""
     key = signature(a, b)
-    plans = [ModePlans(plan, plan) for plan in (build(config, a, b) for config in configs)]
+    if graph is None:
+        plans = [ModePlans(plan, plan) for plan in (build(config, a, b) for config in configs)]
+    else:
+        plans = [plans_for({EAGER: config, GRAPH: graph}, a, b) for config in configs]
     before = _PLANS.get(key)
     try:
         yield [functools.partial(_PLANS.__setitem__, key, plan) for plan in plans]

@@ -240,15 +240,17 @@ class Bench:
         return self.baseline_time(mode)
 
     def contest(self, configs: Sequence[Config], rounds: int = HEAD_TO_HEAD_ROUNDS,
-                mode: str = GRAPH) -> tuple[list[float], float]:
+                mode: str = GRAPH, graph: Config | None = None) -> tuple[list[float], float]:
         """(each config's ms, baseline ms) in ``mode``: medians of timings taken in turn, round after
         round, on the same inputs.
 
         The search timed its finalists minutes apart, once each; deciding between them and cuBLAS on
         timings taken side by side removes the drift between those moments from the decision.
+        ``graph``, in eager mode: the graph winner dispatch will hold beside each config (its mode
+        check then counts, as in the user's call).
         """
         if self.side_by_side is not None:
-            times = self._side_by_side(configs, mode, self.side_by_side)
+            times = self._side_by_side(configs, mode, self.side_by_side, graph)
             return times[:-1], times[-1]
         inputs = self._fresh_inputs()
         ours: list[list[float]] = [[] for _ in configs]
@@ -261,14 +263,15 @@ class Bench:
                 times.append(self.baseline_time(mode, inputs) if config is None else self.time(config, mode, inputs))
         return [statistics.median(times) for times in ours], statistics.median(theirs)
 
-    def _side_by_side(self, configs: Sequence[Config], mode: str, how: SideBySide) -> list[float]:
+    def _side_by_side(self, configs: Sequence[Config], mode: str, how: SideBySide,
+                      graph: Config | None = None) -> list[float]:
         """ms of each config, then of the baseline, timed together (tuner/timing.py)."""
         if mode == GRAPH:
             inputs = self._fresh_inputs()
             calls = [(lambda c=c: self.spec.execute(c, inputs)) for c in configs]
             return timing.graph_ms_side_by_side(calls + [lambda: self.spec.baseline(inputs)], how.graph_budget)
         rotation = self.rotation()
-        with timing.public_calls(self.spec, configs, rotation[0]) as sides:
+        with timing.public_calls(self.spec, configs, rotation[0], graph) as sides:
             calls = [call for call, _ in sides] + [self.spec.baseline]
             installers = [install for _, install in sides] + [None]
             return timing.eager_ms_side_by_side(calls, rotation, how.eager_ms, before=installers)

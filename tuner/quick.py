@@ -23,7 +23,7 @@ from kernels import GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
 
 from . import timing
 from .bench import Bench, Measurement, SideBySide
-from .search import _decide, _tell_values, open_study, sampled_space
+from .search import _tell_values, decide_modes, open_study, sampled_space
 from .space import distributions_of, params_of
 from .workers import CheckPool
 
@@ -110,8 +110,7 @@ def quick_tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo
         if not any(t.user_attrs.get("status") == "ok" for t in study.trials):
             log.warning("%s: no portfolio config ran correctly; nothing stored", problem)
             continue
-        records = {mode: _decide(spec, problem, device, bench, study, mode, QUICK_FINALISTS, QUICK_ROUNDS)
-                   for mode in MODES}
+        records = decide_modes(spec, problem, device, bench, study, QUICK_FINALISTS, QUICK_ROUNDS)
         bench.release()
         store.put_many(list(records.values()), on_conflict="replace")
         result = QuickResult(problem, records, len(configs), time.monotonic() - started)
@@ -153,8 +152,8 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
               and spec.space.violation(c, problem, device) is None]
-    records = {}
-    for mode in MODES:
+    records: dict[str, Record] = {}
+    for mode in (GRAPH, kernels.EAGER):  # graph first: the eager contest runs beside its winner, as dispatch will
         if not triton:
             ms = bench.baseline_ms(mode)
             records[mode] = _winner_record(spec, problem, device, (kernels.BASELINE, ms), ms, trials, mode,
@@ -165,7 +164,8 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
                                            bench.baseline_ms(mode), trials, mode)
             continue
         contestants = triton + ([kernels.BASELINE] if mode == kernels.EAGER and spec.name == "matmul" else [])
-        times, baseline_ms = bench.contest(contestants, mode=mode)
+        graph = Config.from_dict(records[GRAPH].config) if mode == kernels.EAGER else None
+        times, baseline_ms = bench.contest(contestants, mode=mode, graph=graph)
         ours_cublas_ms = times[-1] if len(contestants) > len(triton) else None
         best = min(range(len(triton)), key=lambda i: times[i])
         cublas_won = ours_cublas_ms is not None and ours_cublas_ms < times[best]

@@ -387,7 +387,7 @@ def _tune_once(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: St
         raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
                        f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}")
     started = time.monotonic()
-    records = {mode: _decide(spec, problem, device, bench, study, mode) for mode in MODES}
+    records = decide_modes(spec, problem, device, bench, study)
     stats.head_to_head_s = time.monotonic() - started
     bench_release = getattr(bench, "release", None)
     if bench_release:
@@ -402,13 +402,23 @@ def _tune_once(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: St
     return records[GRAPH]
 
 
+def decide_modes(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,
+                 study: optuna.Study, most: int = FINALISTS, rounds: int | None = None) -> dict[str, Record]:
+    """Both modes' winners: graph first, then eager beside the graph winner (``_decide``)."""
+    graph = _decide(spec, problem, device, bench, study, GRAPH, most, rounds)
+    eager = _decide(spec, problem, device, bench, study, EAGER, most, rounds, graph_winner=Config.from_dict(graph.config))
+    return {GRAPH: graph, EAGER: eager}
+
+
 def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,
-            study: optuna.Study, mode: str, most: int = FINALISTS, rounds: int | None = None) -> Record:
+            study: optuna.Study, mode: str, most: int = FINALISTS, rounds: int | None = None,
+            graph_winner: Config | None = None) -> Record:
     """The winner of ``mode``: the study's best configs in that mode and cuBLAS, side by side.
 
     In eager mode cuBLAS enters twice: as the user's own ``torch.matmul`` (the baseline every
     speed-up is against) and as our dispatch's cuBLAS path, so a cuBLAS winner's stored time is what
-    ``kernels.matmul`` costs, host time included."""
+    ``kernels.matmul`` costs, host time included. Given the graph winner, each eager finalist is timed
+    beside it, as dispatch will hold the two (where they differ, each eager call pays the mode check)."""
     chosen = finalists(study, most=most, mode=mode)
     if not chosen:  # no candidate got an eager time (all early-stopped): take the graph finalists'
         chosen = finalists(study, most=most, mode=GRAPH)
@@ -419,7 +429,7 @@ def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench
     if mode == EAGER and spec.name == "matmul":
         ours_cublas_ms = bench.time(BASELINE, EAGER)
         chosen = chosen + [(BASELINE, ours_cublas_ms)]
-    ((found, search_ms), found_ms), baseline_ms = head_to_head(bench, chosen, mode, rounds)
+    ((found, search_ms), found_ms), baseline_ms = head_to_head(bench, chosen, mode, rounds, graph_winner)
     # What the cost model needs besides the trials (kernels/_costmodel.py): the user's torch.matmul in
     # this mode and, in eager mode, our own dispatch's cuBLAS path, whose lookup costs host time.
     study.set_user_attr(f"{mode}_cublas_ms", baseline_ms)
@@ -460,7 +470,8 @@ def finalists(study: optuna.Study, most: int = FINALISTS, within: float = FINALI
 
 
 def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config, float]], mode: str = GRAPH,
-                 rounds: int | None = None) -> tuple[tuple[tuple[Config, float], float], float]:
+                 rounds: int | None = None, graph_winner: Config | None = None
+                 ) -> tuple[tuple[tuple[Config, float], float], float]:
     """((winner, the search's time for it), its time side by side), baseline ms): the finalists and the
     baseline timed in turn on the same inputs, the contest that decides the winner.
 
@@ -474,8 +485,9 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
     for attempt in range(CONTEST_ATTEMPTS):
         if attempt:
             time.sleep(CONTEST_PAUSE_S)
-        times, baseline_ms = (bench.contest(configs, mode=mode) if rounds is None
-                              else bench.contest(configs, rounds=rounds, mode=mode))
+        beside = {} if graph_winner is None else {"graph": graph_winner}  # (test benches may not take it)
+        times, baseline_ms = (bench.contest(configs, mode=mode, **beside) if rounds is None
+                              else bench.contest(configs, rounds=rounds, mode=mode, **beside))
         best = min(range(len(configs)), key=times.__getitem__)
         if believed(times[best], finalists[best][1]):
             return (finalists[best], times[best]), baseline_ms  # believed: this attempt decides

@@ -222,15 +222,16 @@ def l2_bytes() -> int:
 
 
 @contextlib.contextmanager
-def public_calls(spec: KernelSpec, configs: Sequence[Config], inputs: tuple
+def public_calls(spec: KernelSpec, configs: Sequence[Config], inputs: tuple, graph: Config | None = None
                  ) -> Iterator[list[tuple[Callable[[tuple], Any], Callable[[], None] | None]]]:
     """(call, installer) per config, for a side-by-side eager timing: as ``public_call``, but the
     configs share one call signature, so each side's installer makes ``kernels.matmul`` run its config
-    until the next installer runs (None: the call forces its config itself)."""
+    until the next installer runs (None: the call forces its config itself). ``graph``: the graph
+    winner that dispatch will hold beside each config (``kernels._plans.pinning``)."""
     if spec.name == "matmul" and kernels.KERNELS.get(spec.name) is spec:
         from kernels import _plans
 
-        with _plans.pinning(configs, *inputs[:2]) as installers:
+        with _plans.pinning(configs, *inputs[:2], graph=graph) as installers:
             call = lambda x: kernels.matmul(*x)  # noqa: E731
             yield [(call, install) for install in installers]
     else:

@@ -284,9 +284,11 @@ def _time_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, 
     return _bench_of(kernel, problem_key, seed).time(Config.parse(config_text), mode)
 
 
-def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: list[str], mode: str = "graph"
-                       ) -> tuple[list[float], float]:
-    return _bench_of(kernel, problem_key, seed).contest([Config.parse(text) for text in config_texts], mode=mode)
+def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: list[str], mode: str = "graph",
+                       graph_text: str | None = None) -> tuple[list[float], float]:
+    graph = Config.parse(graph_text) if graph_text else None
+    return _bench_of(kernel, problem_key, seed).contest([Config.parse(text) for text in config_texts], mode=mode,
+                                                        graph=graph)
 
 
 class TimingWorker:
@@ -361,5 +363,7 @@ class IsolatedBench:
     def time(self, config: Config, mode: str) -> float:
         return self._call(_time_in_worker, str(config), mode)
 
-    def contest(self, configs: list[Config], mode: str = "graph") -> tuple[list[float], float]:
-        return self._call(_contest_in_worker, [str(config) for config in configs], mode)
+    def contest(self, configs: list[Config], mode: str = "graph", graph: Config | None = None
+                ) -> tuple[list[float], float]:
+        return self._call(_contest_in_worker, [str(config) for config in configs], mode,
+                          str(graph) if graph is not None else None)

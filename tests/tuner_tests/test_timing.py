@@ -59,3 +59,17 @@ def test_a_gpu_contest_times_its_sides_together_and_installs_each_config() -> No
         # our cuBLAS path and torch.matmul run the same kernel: side by side they agree
         assert 0.8 <= ours_cublas / theirs <= 1.25, (mode, ours_cublas, theirs)
     bench.release()
+
+
+def test_an_eager_contest_beside_a_graph_winner_pins_both_then_restores_the_plans() -> None:
+    from kernels import _plans
+
+    problem = Problem.from_key("matmul", "fp16:nt:32x1024x1024")
+    device = kernels.current_device()
+    bench = Bench(MATMUL, problem, device, side_by_side=SideBySide((5, 20), 20.0))
+    tiled = MATMUL.default_config(problem, device)
+    a, b = bench.rotation()[0]
+    (ours_tiled, ours_cublas), theirs = bench.contest([tiled, BASELINE], mode="eager", graph=BASELINE)
+    assert min(ours_tiled, ours_cublas, theirs) > 0
+    assert _plans.plan_of(a, b, "eager") is None, "the signature's own plans (none yet) are back"
+    bench.release()
