@@ -24,14 +24,17 @@ from sqlalchemy.engine import make_url
 import kernels
 from db import Store
 from db.queue import JobQueue
-from tests.faults._helpers import (CHILD, PER_BATCH, batch_file, batches, child_env, one_line_error, record,
-                                   run_child)
+from tests.faults._helpers import (CHILD, PER_BATCH, ROUNDS, batch_file, batches, child_env, one_line_error,
+                                   record, run_child)
 from tests.pg_server import PgServer
 from tuner.search import measured_trials, study_name
 
 pytestmark = pytest.mark.faults
 
 TRIALS = 30  # at ~0.1 s a trial, the search is still running when the server stops after its 3rd
+# Restarts under one search (one per 3 trials) and terminated imports: 1 at CI size (TUNER_FAULT_ROUNDS=6),
+# 5 in the long run (30).
+RESTARTS = min(8, max(1, ROUNDS // 6))
 CPU = kernels.resolve_device("cpu")
 PROBLEM = kernels.Problem.from_key("matmul", "fp16:nn:16x32x32")
 
@@ -52,21 +55,23 @@ def _terminate(url: str, application: str) -> int:
 def test_a_connection_terminated_mid_transaction_is_one_line_and_loses_nothing(pg_url: str, tmp_path: Path) -> None:
     assert run_child(tmp_path, "import", pg_url, str(batch_file(tmp_path, 0))).returncode == 0
     victim = f"{pg_url}?application_name=faults_victim"
-    importer = subprocess.Popen([sys.executable, str(CHILD), "cli", "import", str(batch_file(tmp_path, 1)),
-                                 "--db", victim], env=child_env(tmp_path, FAULT_PAUSE_COMMIT="INSERT INTO tuner_records"),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert importer.stdout.readline().strip() == "paused"  # its 20 rows written, its COMMIT not yet sent
-        assert _terminate(pg_url, "faults_victim") == 1
-        out, err = importer.communicate("\n", timeout=60)
-    finally:
-        importer.kill()
-    done = subprocess.CompletedProcess(importer.args, importer.returncode, out, err)
-    assert "dropped the connection mid-transaction" in one_line_error(done)
-    assert "run the same command again" in err and make_url(pg_url).database in err
-    assert batches(pg_url) == {0: PER_BATCH}, "the terminated import left nothing; the one before stays"
-    assert run_child(tmp_path, "import", pg_url, str(batch_file(tmp_path, 1))).returncode == 0
-    assert batches(pg_url) == {0: PER_BATCH, 1: PER_BATCH}
+    for batch in range(1, 1 + RESTARTS):
+        importer = subprocess.Popen([sys.executable, str(CHILD), "cli", "import", str(batch_file(tmp_path, batch)),
+                                     "--db", victim],
+                                    env=child_env(tmp_path, FAULT_PAUSE_COMMIT="INSERT INTO tuner_records"),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert importer.stdout.readline().strip() == "paused"  # its rows written, its COMMIT not yet sent
+            assert _terminate(pg_url, "faults_victim") == 1
+            out, err = importer.communicate("\n", timeout=60)
+        finally:
+            importer.kill()
+        done = subprocess.CompletedProcess(importer.args, importer.returncode, out, err)
+        assert "dropped the connection mid-transaction" in one_line_error(done)
+        assert "run the same command again" in err and make_url(pg_url).database in err
+        assert batches(pg_url) == {b: PER_BATCH for b in range(batch)}, "the terminated import left nothing"
+        assert run_child(tmp_path, "import", pg_url, str(batch_file(tmp_path, batch))).returncode == 0
+    assert batches(pg_url) == {b: PER_BATCH for b in range(1 + RESTARTS)}
 
 
 def test_a_pooled_connection_the_server_terminated_is_replaced_without_an_error(pg_url: str) -> None:
@@ -144,11 +149,14 @@ def test_a_search_rides_through_a_server_restart_and_counts_each_trial_once(mode
                                                                             tmp_path: Path) -> None:
     url = restartable_pg.fresh_url()
     search = _Search(tmp_path, url, "--lease", "10")
-    search.wait_for_trials(3)
-    _restart(restartable_pg, mode, down_s=1.5)
+    for _ in range(RESTARTS):
+        search.wait_for_trials(3)
+        assert search.process.poll() is None, "the search must be running when the server stops"
+        _restart(restartable_pg, mode, down_s=1.5)
     done = search.finish()
+    # How it rode through varies with where the stop found it: the store's or the search's backoff
+    # (a log line each), or Optuna's own retry of a trial's creation; never a traceback.
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
-    assert "cannot be reached" in done.stderr, "the search met the restart (else the test proved nothing)"
     assert _measured(url) == TRIALS, "each trial counted once, the one in flight at the restart asked again"
     assert _finished_job(url) == ("done", 1, sorted(kernels.MODES))
 
