@@ -12,6 +12,8 @@ already there are skipped). Merge them into the table with scripts/ship_table.py
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import torch
 import triton
 
 import kernels
-from db import Store, load_document
+from db import Store, dump_document, load_document
 from kernels import MATMUL, MODES, Config, Problem
 from tuner.bench import Bench, SideBySide
 from tuner.quick import QUICK_CONTEST_EAGER_MS, QUICK_GRAPH_MS, redecide
@@ -43,9 +45,14 @@ def main() -> None:
     parser.add_argument("--db", required=True, help="where the new records go (created if missing)")
     parser.add_argument("--every", type=int, default=1, help="every N-th problem only (a sample)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop after this many seconds")
+    parser.add_argument("--key", action="append", help="only these problems (repeatable)")
+    parser.add_argument("-o", "--output", help="also export the new records to this JSON file")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")
     device = kernels.current_device()
     problems = sorted(candidates_by_problem(args.table, device.name).items())[:: args.every]
+    if args.key:
+        problems = [(key, configs) for key, configs in problems if key in args.key]
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(problems)} problems of {args.table}", flush=True)
     started = time.monotonic()
@@ -63,6 +70,8 @@ def main() -> None:
             print(f"[{index}/{len(problems)}] {key:28} " + "  ".join(
                 f"{mode} {records[mode].speedup:.3f}x {records[mode].config.get('VARIANT', 'tiled')}" for mode in MODES),
                 flush=True)
+        if args.output:
+            Path(args.output).write_text(json.dumps(dump_document(store.records(device=device.name, kernel="matmul")), indent=1))
     kernels.clear_cache()
     print(f"# {time.monotonic() - started:.0f} s")
 

@@ -166,6 +166,8 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
         contestants = triton + ([kernels.BASELINE] if mode == kernels.EAGER and spec.name == "matmul" else [])
         graph = Config.from_dict(records[GRAPH].config) if mode == kernels.EAGER else None
         times, baseline_ms = bench.contest(contestants, mode=mode, graph=graph)
+        log.info("%s %s: %s; torch %.4f ms", problem.key, mode,
+                 ", ".join(f"{c.get('VARIANT', 'tiled')} {t:.4f}" for c, t in zip(contestants, times)), baseline_ms)
         ours_cublas_ms = times[-1] if len(contestants) > len(triton) else None
         best = min(range(len(triton)), key=lambda i: times[i])
         cublas_won = ours_cublas_ms is not None and ours_cublas_ms < times[best]
