@@ -175,3 +175,28 @@ def test_untuned_problem_skips_a_near_config_that_does_not_fit_it(db_url) -> Non
     _store(db_url, make_record(H100, "fp16:nn:128x128x4096", big, mode="graph", time_ms=0.01, cublas_ms=0.02))
     chosen = _choose(db_url, "fp16:nn:16x128x4096", "graph")  # BLOCK_M=128 > what 16 rows need
     assert is_baseline(chosen.config)
+
+
+def test_untuned_eager_call_takes_a_near_host_bound_eager_win_that_survives_the_growth(db_url) -> None:
+    """No graph evidence (cuBLAS won on the GPU there), but in eager mode a tiled config beat torch.matmul
+    by 20% on a host-bound call (18 us against 22 us, under HOST_BOUND_MS)."""
+    _store(db_url,
+           make_record(H100, "fp16:nt:32x3584x3584", BASELINE, mode="graph", time_ms=0.018, cublas_ms=0.018),
+           make_record(H100, "fp16:nt:32x3584x3584", TILED, mode="eager", time_ms=0.018, cublas_ms=0.022))
+    smaller = _choose(db_url, "fp16:nt:32x3072x3584", "eager")
+    assert smaller.config == TILED and smaller.source == "eager-near:fp16:nt:32x3584x3584"
+    assert is_baseline(_choose(db_url, "fp16:nt:32x3072x3584", "graph").config), "graph mode has no evidence"
+    # 1.14x the work: 0.018 x 1.14 x 1.05 = 0.0216, still under torch.matmul's 0.022 there
+    assert _choose(db_url, "fp16:nt:32x4096x3584", "eager").config == TILED
+    # 2x the work: past HOST_BOUND_MORE_WORK
+    assert is_baseline(_choose(db_url, "fp16:nt:32x7168x3584", "eager").config)
+
+
+def test_untuned_eager_call_ignores_eager_wins_that_are_slim_gpu_bound_or_host_heavy(db_url) -> None:
+    tma = Config.from_dict({**TILED.as_dict(), "VARIANT": "tma"})
+    _store(db_url,
+           make_record(H100, "fp16:nt:8x3584x3584", TILED, mode="eager", time_ms=0.0195, cublas_ms=0.020),  # 2.5%
+           make_record(H100, "fp16:nt:128x3584x3584", tma, mode="eager", time_ms=0.015, cublas_ms=0.020),
+           make_record(H100, "fp16:nt:2048x3584x3584", TILED, mode="eager", time_ms=0.09, cublas_ms=0.11))
+    for key in ("fp16:nt:8x3072x3584", "fp16:nt:128x3072x3584", "fp16:nt:2048x3072x3584"):
+        assert is_baseline(_choose(db_url, key, "eager").config), key
