@@ -10,10 +10,11 @@ into ``StoreError`` naming the database, as Optuna's ``RDBStorage`` does. Writes
 * Other backends (PostgreSQL): the row is read ``FOR UPDATE``; a concurrent insert of the same key
   fails the unique constraint, and the whole transaction is retried, then finds the row.
 
-A server that goes away (``db._outage``): a store opened for writing that cannot get a connection
-waits for it with a bounded backoff (nothing of the transaction ran, so trying again is safe); a
-connection lost mid-transaction is not tried again (its COMMIT may have landed) but raises
-``StoreUnreachable`` at once. A read-only store (runtime dispatch) never waits.
+A server that goes away (``db._outage``): a store opened for writing that reached its server before
+and now cannot get a connection waits for it with a bounded backoff (nothing of the transaction ran, so
+trying again is safe); a URL that never answered fails at once, as a typo should. A connection lost
+mid-transaction is not tried again (its COMMIT may have landed) but raises ``StoreUnreachable`` at
+once. A read-only store (runtime dispatch) never waits.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class Store:
         self._sqlite_file = _sqlite_file(self._url)
         self._writer = self._engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"})
         self._waits_for_server = create
+        self._reached = False  # has this store ever had a connection? (only then is a failure an outage)
         self._has_table = False
         self._legacy = False  # a table from before modes (schema 0001), read as "graph" records
         if create:
@@ -216,7 +218,7 @@ class Store:
             # Connect (and, on PostgreSQL, ping) before any work, so that a failure here is known to
             # have run nothing of the transaction (see _transaction).
             session.connection()
-            connected = True
+            connected = self._reached = True
             yield session
             session.commit()
         except SQLAlchemyError as exc:
@@ -231,15 +233,16 @@ class Store:
     def _transaction(self, work: Callable[[Session], T], *, write: bool) -> T:
         """Run ``work`` in one session, again from the start if it lost a race to another writer, or,
         for a writing store, once the server that could not be reached is back."""
-        outage = Outage(_shown(self._url)) if self._waits_for_server else None
+        outage: Outage | None = None
         attempt = 0
         while True:
             try:
                 with self._session(write) as session:
                     return work(session)
             except _NotConnected as exc:
-                if outage is None:
+                if not (self._waits_for_server and self._reached):
                     raise
+                outage = outage or Outage(_shown(self._url))
                 outage.pause(exc)
             except _RetryableError as exc:
                 attempt += 1

@@ -10,6 +10,7 @@ committed is lost, and the study counts each trial once.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -72,6 +73,19 @@ def test_a_connection_terminated_mid_transaction_is_one_line_and_loses_nothing(p
         assert batches(pg_url) == {b: PER_BATCH for b in range(batch)}, "the terminated import left nothing"
         assert run_child(tmp_path, "import", pg_url, str(batch_file(tmp_path, batch))).returncode == 0
     assert batches(pg_url) == {b: PER_BATCH for b in range(1 + RESTARTS)}
+
+
+def test_a_url_where_no_server_ever_answered_fails_at_once_in_one_line(tmp_path: Path) -> None:
+    # Only a server that answered before is waited for: a typo or a server not started is said at once.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound but not listening: connections are refused
+        started = time.monotonic()
+        refused = run_child(tmp_path, "cli", "import", str(batch_file(tmp_path, 0)), "--db",
+                            f"postgresql+psycopg://postgres@127.0.0.1:{port}/tuner", TUNER_DB_RETRY_S="60")
+        assert time.monotonic() - started < 30
+    err = one_line_error(refused)
+    assert "cannot be reached" in err and f"127.0.0.1:{port}/tuner" in err and "WARNING" not in err
 
 
 def test_a_pooled_connection_the_server_terminated_is_replaced_without_an_error(pg_url: str) -> None:
