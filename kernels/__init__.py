@@ -58,6 +58,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     check is a CUDA runtime query. b's dtype and device are not in the key (each costs host time on
     every call): a plan checks them itself, and torch.mm (a cuBLAS plan) refuses a mismatch.
     """
+    fast = _FAST.cublas_everywhere
+    if fast is None:
+        fast = _learn_cublas_everywhere()
+    if fast and out is None:  # nothing tuned for any GPU here: cuBLAS from the first call, at torch.mm's cost
+        try:
+            if a.dtype in _TAKEN:
+                return _MM(a, b)
+        except AttributeError:
+            pass  # not a tensor: the checked path below says so
+        except RuntimeError:  # b of another dtype or device, not 2-D...: say so as check_operands does
+            check_operands(a, b)
+            raise
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
     except (AttributeError, TypeError):
@@ -96,7 +108,22 @@ def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.ModePla
     return _plans.put(key, _plans.plans_for(configs, a, b))
 
 
+def _learn_cublas_everywhere() -> bool:
+    """Whether every matmul of this process goes to cuBLAS (kernels/_plans.py ``_Fast``); remembered
+    until the next ``clear_cache``."""
+    fast = not (_INTERPRETED or _REC.on or _FAST.pins) and not any(
+        DISPATCHER.has_records(current_device(torch.device("cuda", index)), MATMUL)
+        for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    with _plans._LOCK:
+        if not _FAST.pins:
+            _FAST.cublas_everywhere = fast
+    return fast
+
+
 _PLANS = _plans._PLANS
+_FAST = _plans.FAST
+_MM = torch.mm
+_TAKEN = frozenset(gemm.DTYPE_NAMES)
 _FORCED = _modes.LOCAL
 _AUTO, _GRAPH, _EAGER = _modes.AUTO, _modes.GRAPH, _modes.EAGER
 
@@ -202,6 +229,7 @@ def recording(url: str | None = None) -> Iterator[None]:
         yield
     finally:
         _REC.stop()
+        _plans.clear()  # the cuBLAS shortcut may come back now that nothing is recorded
 
 
 def use_database(url: str | None = None, use_shipped: bool = True) -> None:

@@ -65,6 +65,27 @@ def put(key: Hashable, plan: ModePlans) -> ModePlans:
 def clear() -> None:
     with _LOCK:
         _PLANS.clear()
+        FAST.cublas_everywhere = None
+
+
+class _Fast:
+    """Whether every matmul in this process resolves to cuBLAS, so that ``kernels.matmul`` may call
+    ``torch.mm`` at once: no tuned matmul record for any GPU of this process (shipped or in the user's
+    database), no Triton on the CPU (no interpreter), record mode off and no plan pinned. None: not
+    known yet (learned on the next call, after every ``clear``).
+
+    A GPU with no table dispatches to cuBLAS anyway; without this, each call would still build its
+    plan key first: about 1 us of host time, 7% of a 13 us host-bound call (H200, scripts/host_cost.py,
+    2026-11-24), the whole of its eager shortfall against torch.matmul."""
+
+    __slots__ = ("cublas_everywhere", "pins")
+
+    def __init__(self) -> None:
+        self.cublas_everywhere: bool | None = None
+        self.pins = 0
+
+
+FAST = _Fast()
 
 
 # Distinct call signatures kept; a model has a few hundred GEMM signatures per dtype and batch bucket.
@@ -212,6 +233,9 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
     else:
         plans = [plans_for({EAGER: config, GRAPH: graph}, a, b) for config in configs]
     before = _PLANS.get(key)
+    with _LOCK:
+        FAST.pins += 1
+        FAST.cublas_everywhere = False  # the pinned plans must run, not torch.mm at once
     try:
         yield [functools.partial(_PLANS.__setitem__, key, plan) for plan in plans]
     finally:
@@ -220,6 +244,8 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
                 _PLANS.pop(key, None)
             else:
                 _PLANS[key] = before
+            FAST.pins -= 1
+            FAST.cublas_everywhere = None
 
 
 def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:

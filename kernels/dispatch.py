@@ -112,6 +112,10 @@ class Dispatcher:
             self._tables.clear()
             self._resolved.clear()
 
+    def has_records(self, device: DeviceInfo, spec: KernelSpec) -> bool:
+        """Whether any usable record of ``spec`` exists for ``device`` (shipped or in the database)."""
+        return bool(self._table(device, spec))
+
     def cached(self, key: Hashable) -> Config | None:
         """The hot path: a config already resolved for this call signature, or None."""
         return self._resolved.get(key)

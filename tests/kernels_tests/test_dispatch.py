@@ -408,3 +408,67 @@ def test_a_corrupt_shipped_table_is_skipped_with_a_warning(tmp_path, device, mon
     assert (choice.config, choice.source) == (SPLITK, "shipped")
     warned = [r.getMessage() for r in caplog.records if "skipping the shipped table" in r.getMessage()]
     assert sorted(m.split()[4] for m in warned) == ["deep.json:", "list.json:", "truncated.json:"]
+
+
+# ------------------------------------------------------------------------ nothing tuned: torch.mm at once
+
+@pytest.fixture
+def compiled_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """A process without the interpreter (as on a GPU box, where Triton compiles), no tuned tables: every
+    matmul goes to cuBLAS. Triton still interprets here, which only matters to the pinned plans below."""
+    monkeypatch.setattr(kernels, "_INTERPRETED", False)
+    kernels.use_database(f"sqlite:///{tmp_path / 'none.db'}", use_shipped=False)
+    yield
+    kernels.use_database(None)
+
+
+def test_with_nothing_tuned_a_call_is_torch_mm_at_once_and_builds_no_plan(compiled_process) -> None:
+    a, b = _inputs(16, 32, 64, "cpu", seed=7)
+    assert torch.equal(kernels.matmul(a, b), torch.mm(a, b))
+    assert _plans.FAST.cublas_everywhere is True and _plans.get(_plans.signature(a, b)) is None
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    (lambda a, b: (a, b.float()), TypeError, "cast one"),
+    (lambda a, b: (a.unsqueeze(0), b), ValueError, "2-D"),
+    (lambda a, b: (a.double(), b.double()), TypeError, "float16, bfloat16 or float32"),
+    (lambda a, b: (a, b[:10]), ValueError, "inner dimensions"),
+    (lambda a, b: (a.tolist(), b), TypeError, "torch tensors"),
+])
+def test_with_nothing_tuned_bad_operands_still_get_the_checked_errors(compiled_process, bad, error, message) -> None:
+    a, b = _inputs(16, 32, 64, "cpu", seed=8)
+    kernels.matmul(a, b)
+    with pytest.raises(error, match=message):
+        kernels.matmul(*bad(a, b))
+
+
+def test_a_pinned_plan_runs_even_where_nothing_is_tuned(compiled_process) -> None:
+    """The tuner times candidates through the public call: the cuBLAS shortcut must not take them over."""
+    a, b = _inputs(16, 32, 64, "cpu", seed=9)
+    kernels.matmul(a, b)
+    with _plans.pinning([TILED], a, b) as (install,):
+        install()
+        _assert_right(kernels.matmul(a, b), a, b)
+        assert _ran(a, b) == TILED and not _plans.FAST.cublas_everywhere
+    kernels.matmul(a, b)
+    assert _plans.FAST.cublas_everywhere is True
+
+
+def test_record_mode_sees_calls_where_nothing_is_tuned(compiled_process, tmp_path: Path) -> None:
+    a, b = _inputs(16, 32, 64, "cpu", seed=10)
+    with kernels.recording(f"sqlite:///{tmp_path / 'recorded.db'}"):
+        kernels.matmul(a, b)
+        kernels.matmul(a, b)
+        assert _plans.FAST.cublas_everywhere is False
+        assert sum(count for key, count in kernels._REC.counts.items() if key == _plans.signature(a, b)) == 2
+    kernels.matmul(a, b)
+    assert _plans.FAST.cublas_everywhere is True
+
+
+def test_has_records_sees_a_gpu_table(db_url) -> None:
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
+    with Store(db_url) as store:
+        store.put(make_record(h100, "fp16:nn:16x32x64", TILED))
+    dispatcher = Dispatcher(db_url, use_shipped=False)
+    assert dispatcher.has_records(h100, MATMUL)
+    assert not dispatcher.has_records(DeviceInfo("NVIDIA H200", "h200", "9.0", 132, 232448), MATMUL)
