@@ -3,7 +3,8 @@
 A loop of calls on a small problem (the GPU finishes each call before the host has issued the next),
 timed by the wall clock with one synchronize at the end: the time per call is the host's. Beside it,
 each call's GPU time from a CUDA-graph replay shows that the host is the bound. Variants are forced
-through the public call (``kernels.matmul`` with the config pinned, as the tuner times it). Then a
+through the public call (``kernels.matmul`` with the config pinned, as the tuner times it); "cublas,
+nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). Then a
 cProfile of the tiled call says where the host time goes.
 
     PYTHONPATH=. python3 scripts/host_cost.py [--calls 300] [--rounds 31] [--profile]
@@ -16,10 +17,12 @@ each round's ratio to torch.matmul's time in the same round.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
 import pstats
+import tempfile
 import statistics
 import time
 
@@ -50,6 +53,17 @@ def host_us(call, calls: int) -> float:
         call()
     torch.cuda.synchronize()
     return (time.perf_counter() - started) * 1e6 / calls
+
+
+@contextlib.contextmanager
+def _nothing_tuned():
+    """Dispatch as on a GPU with no table: an empty database, no shipped tables."""
+    with tempfile.TemporaryDirectory() as folder:
+        kernels.use_database(f"sqlite:///{folder}/none.db", use_shipped=False)
+        try:
+            yield
+        finally:
+            kernels.use_database(None)
 
 
 def operands(shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,13 +97,21 @@ def main() -> None:
         with _plans.pinned(config, a, b):
             gpu_us[name] = timing.graph_ms(lambda: kernels.matmul(a, b)) * 1e3
     columns = [("torch.matmul", lambda: torch.matmul(torch_a, torch_b), None),
-               ("torch.mm", lambda: torch.mm(torch_a, torch_b), None)]
+               ("torch.mm", lambda: torch.mm(torch_a, torch_b), None),
+               ("cublas, nothing tuned", lambda: kernels.matmul(torch_a, torch_b), "untuned")]
+    samples["cublas, nothing tuned"] = []
+    with _nothing_tuned():
+        gpu_us["cublas, nothing tuned"] = timing.graph_ms(lambda: kernels.matmul(torch_a, torch_b)) * 1e3
     columns += [(name, (lambda a=a, b=b: kernels.matmul(a, b)), (config, a, b)) for name, (a, b, config) in cases.items()]
     for round_ in range(args.rounds):  # interleaved, so drift of the host's speed hits every column alike
         order = columns if round_ % 2 == 0 else columns[::-1]
         for name, call, pin in order:
             if pin is None:
                 samples[name].append(host_us(call, args.calls))
+                continue
+            if pin == "untuned":  # a GPU with no table: dispatch's cuBLAS shortcut (kernels/_plans.py _Fast)
+                with _nothing_tuned():
+                    samples[name].append(host_us(call, args.calls))
                 continue
             with _plans.pinned(*pin):  # one variant pinned at a time: some share a signature
                 samples[name].append(host_us(call, args.calls))
