@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 scripts/quick_tune.py --corpus tuned --db sqlite:///out.db --json out.json
     PYTHONPATH=. python3 scripts/quick_tune.py --key bf16:nt:8x4096x4096 --db sqlite:///out.db
+    PYTHONPATH=. python3 scripts/quick_tune.py --corpus all --skip-table kernels/tables/h100.json --db sqlite:///q.db
 """
 
 from __future__ import annotations
@@ -34,11 +35,21 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--db", required=True)
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting problems after this many seconds")
+    parser.add_argument("--skip-table", default=None,
+                        help="leave out problems this export (a shipped table) has both modes' records of, for this GPU")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.current_device()
     problems = problems_of(args)
+    if args.skip_table:
+        from db import load_document
+
+        modes: dict[str, set[str]] = {}
+        for record in load_document(Path(args.skip_table)):
+            if record.device_name == device.name and record.kernel == "matmul":
+                modes.setdefault(record.problem_key, set()).add(record.mode)
+        problems = [p for p in problems if modes.get(p.key, set()) != set(kernels.MODES)]
     print(f"# quick tune, {device.name}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{time.strftime('%Y-%m-%d')}, {len(problems)} problems into {args.db}", flush=True)
     started = time.monotonic()
