@@ -11,6 +11,7 @@ model (kernels/_costmodel.py) learns from it like from any trial.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -146,32 +147,46 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
     configs) and cuBLAS, decided again by the side-by-side contest alone: no search, no study.
 
     For tables whose contests were timed the old way (sides seconds apart), so that the stored
-    speed-up becomes what the user's call gets (scripts/redecide.py)."""
-    from .search import _winner_record
+    speed-up becomes what the user's call gets (scripts/redecide.py). As in ``search.decide_modes``:
+    graph first; then eager, beside the graph winner, among the configs that ran within
+    EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path."""
+    from .search import EAGER_GPU_MARGIN, _winner_record
 
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
               and spec.space.violation(c, problem, device) is None]
     records: dict[str, Record] = {}
-    for mode in (GRAPH, kernels.EAGER):  # graph first: the eager contest runs beside its winner, as dispatch will
-        if not triton:
+    gpu_ms: dict[Config, float] = {}
+    for mode in (GRAPH, kernels.EAGER):
+        contestants, graph = list(triton), None
+        if mode == kernels.EAGER and not device.is_cpu:
+            graph = Config.from_dict(records[GRAPH].config)
+            limit = records[GRAPH].cublas_ms * (1 + EAGER_GPU_MARGIN)
+            contestants = [c for c in triton if gpu_ms.get(c, math.inf) <= limit]
+            contestants += [kernels.BASELINE] if spec.name == "matmul" else []
+        if not contestants:
             ms = bench.baseline_ms(mode)
             records[mode] = _winner_record(spec, problem, device, (kernels.BASELINE, ms), ms, trials, mode,
                                            cublas_won=True)
             continue
         if device.is_cpu:  # interpreter times say nothing about speed: no contest (as search._decide)
-            records[mode] = _winner_record(spec, problem, device, (triton[0], bench.time(triton[0], mode)),
-                                           bench.baseline_ms(mode), trials, mode)
+            found = (contestants[0], bench.time(contestants[0], mode))
+            records[mode] = _winner_record(spec, problem, device, found, bench.baseline_ms(mode), trials, mode)
             continue
-        contestants = triton + ([kernels.BASELINE] if mode == kernels.EAGER and spec.name == "matmul" else [])
-        graph = Config.from_dict(records[GRAPH].config) if mode == kernels.EAGER else None
         times, baseline_ms = bench.contest(contestants, mode=mode, graph=graph)
         log.info("%s %s: %s; torch %.4f ms", problem.key, mode,
                  ", ".join(f"{c.get('VARIANT', 'tiled')} {t:.4f}" for c, t in zip(contestants, times)), baseline_ms)
-        ours_cublas_ms = times[-1] if len(contestants) > len(triton) else None
-        best = min(range(len(triton)), key=lambda i: times[i])
-        cublas_won = ours_cublas_ms is not None and ours_cublas_ms < times[best]
-        records[mode] = _winner_record(spec, problem, device, (triton[best], times[best]), baseline_ms, trials, mode,
+        timed = dict(zip(contestants, times))
+        if mode == GRAPH:
+            gpu_ms = timed
+        ours_cublas_ms = timed.pop(kernels.BASELINE, None)
+        if not timed:  # only our cuBLAS path was left to time
+            records[mode] = _winner_record(spec, problem, device, (kernels.BASELINE, ours_cublas_ms), baseline_ms,
+                                           trials, mode, cublas_ms=ours_cublas_ms, cublas_won=True)
+            continue
+        best = min(timed, key=timed.__getitem__)
+        cublas_won = ours_cublas_ms is not None and ours_cublas_ms < timed[best]
+        records[mode] = _winner_record(spec, problem, device, (best, timed[best]), baseline_ms, trials, mode,
                                        cublas_ms=ours_cublas_ms, cublas_won=cublas_won)
     bench.release()
     return records

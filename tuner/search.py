@@ -57,6 +57,11 @@ CONTEST_PAUSE_S = 2.0
 # a sweep's, 2026-11-23), so configs that close may be in the wrong order.
 FINALISTS = 3
 FINALIST_MARGIN = 0.03
+# An eager winner must also be near cuBLAS on the GPU: its graph time at most this much over torch's.
+# An eager win of a config that is slower on the GPU is a win of host time that holds only on a host as
+# slow as the tuning one; the H100 boxes' hosts differ up to 1.7x (torch.matmul 12-20 us per call), and
+# such winners, tuned on a slow host, ran at 0.63-0.75x on a fast one (docs/BENCHMARKS.md, ninth session).
+EAGER_GPU_MARGIN = 0.03
 
 # Repeats of measured configs in a row after which the sampler counts as converged.
 MAX_REPEATS_IN_A_ROW = 100
@@ -406,20 +411,22 @@ def decide_modes(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: 
                  study: optuna.Study, most: int = FINALISTS, rounds: int | None = None) -> dict[str, Record]:
     """Both modes' winners: graph first, then eager beside the graph winner (``_decide``)."""
     graph = _decide(spec, problem, device, bench, study, GRAPH, most, rounds)
-    eager = _decide(spec, problem, device, bench, study, EAGER, most, rounds, graph_winner=Config.from_dict(graph.config))
+    eager = _decide(spec, problem, device, bench, study, EAGER, most, rounds, graph_winner=Config.from_dict(graph.config),
+                    gpu_limit_ms=graph.cublas_ms * (1 + EAGER_GPU_MARGIN) if graph.cublas_ms else None)
     return {GRAPH: graph, EAGER: eager}
 
 
 def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,
             study: optuna.Study, mode: str, most: int = FINALISTS, rounds: int | None = None,
-            graph_winner: Config | None = None) -> Record:
+            graph_winner: Config | None = None, gpu_limit_ms: float | None = None) -> Record:
     """The winner of ``mode``: the study's best configs in that mode and cuBLAS, side by side.
 
     In eager mode cuBLAS enters twice: as the user's own ``torch.matmul`` (the baseline every
     speed-up is against) and as our dispatch's cuBLAS path, so a cuBLAS winner's stored time is what
     ``kernels.matmul`` costs, host time included. Given the graph winner, each eager finalist is timed
-    beside it, as dispatch will hold the two (where they differ, each eager call pays the mode check)."""
-    chosen = finalists(study, most=most, mode=mode)
+    beside it, as dispatch will hold the two (where they differ, each eager call pays the mode check).
+    Given ``gpu_limit_ms``, an eager finalist must have run within it on the GPU (EAGER_GPU_MARGIN)."""
+    chosen = finalists(study, most=most, mode=mode, gpu_limit_ms=gpu_limit_ms)
     if not chosen:  # no candidate got an eager time (all early-stopped): take the graph finalists'
         chosen = finalists(study, most=most, mode=GRAPH)
     trials = len(measured_trials(study))
@@ -450,15 +457,17 @@ def believed(side_by_side_ms: float, earlier_ms: float) -> bool:
 
 
 def finalists(study: optuna.Study, most: int = FINALISTS, within: float = FINALIST_MARGIN,
-              mode: str = GRAPH) -> list[tuple[Config, float]]:
+              mode: str = GRAPH, gpu_limit_ms: float | None = None) -> list[tuple[Config, float]]:
     """The best fully timed configs of the study in ``mode``, at most ``most``, each within ``within``
-    of the best: the ones a single timing's spread could have put in the wrong order."""
+    of the best: the ones a single timing's spread could have put in the wrong order. With
+    ``gpu_limit_ms``, only configs whose graph (GPU) time was within it."""
     def time_of(t: optuna.trial.FrozenTrial) -> float | None:
         return t.value if mode == GRAPH else t.user_attrs.get("eager_ms")
 
     done = sorted((t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
                    if t.user_attrs.get("status") == "ok" and t.user_attrs.get("timing") != "quick"
-                   and not t.user_attrs.get("repeat") and time_of(t) is not None), key=time_of)
+                   and not t.user_attrs.get("repeat") and time_of(t) is not None
+                   and (gpu_limit_ms is None or t.value <= gpu_limit_ms)), key=time_of)
     chosen: list[tuple[Config, float]] = []
     for t in done:
         config, ms = Config.parse(t.user_attrs["config"]), float(time_of(t))

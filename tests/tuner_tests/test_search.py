@@ -292,13 +292,13 @@ def test_without_the_shipped_table_a_fresh_database_starts_from_default_and_seed
 
 
 def test_a_cublas_winner_in_the_shipped_table_is_left_out_of_the_warm_start(db_url) -> None:
-    """The shipped h100 table keeps cuBLAS for 1000x1000x1000. Its config has no tile parameters,
+    """The shipped h100 table keeps cuBLAS for 1000x1000x1000 (graph mode). Its config has no tile parameters,
     which the problem's folds once read: the search crashed before its first trial (seventh session)."""
     spec = kernels.get_kernel("matmul")
     problem = Problem.from_key("matmul", "fp16:nn:1000x1000x1000")
     h100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
                       shared_memory_bytes=232_448)
-    assert kernels.is_baseline(Dispatcher(db_url).choose(spec, problem, h100).config), \
+    assert kernels.is_baseline(Dispatcher(db_url).choose(spec, problem, h100, "graph").config), \
         "the test needs a problem whose shipped winner is cuBLAS"
     with Store(db_url) as store:
         warm = warm_start_configs(spec, problem, h100, store)
@@ -405,6 +405,21 @@ def test_finalists_are_the_distinct_fully_timed_configs_near_the_best(db_url) ->
             and t.user_attrs.get("timing") != "quick"]
     assert times[0] == min(t.value for t in full), "the best fully timed config leads"
     assert search.finalists(study, most=1) == chosen[:1]
+
+
+def test_eager_finalists_must_have_run_near_cublas_on_the_gpu() -> None:
+    """An eager win of a config that is slower on the GPU holds only on a host as slow as the tuning one."""
+    study = optuna.create_study()
+    distribution = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for n, (graph_ms, eager_ms) in enumerate(((0.030, 0.018), (0.020, 0.019), (0.021, 0.020))):
+        config = Config.make(BLOCK_M=16 * (n + 1))
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": 0.5}, distributions=distribution, value=graph_ms,
+            user_attrs={"status": "ok", "config": str(config), "eager_ms": eager_ms, "graph_ms": graph_ms}))
+    fastest_eager = search.finalists(study, most=1, within=0.5, mode="eager")
+    assert fastest_eager[0][0]["BLOCK_M"] == 16, "without a limit the GPU-slow config leads"
+    near_cublas = search.finalists(study, most=3, within=0.5, mode="eager", gpu_limit_ms=0.0206)
+    assert [c["BLOCK_M"] for c, _ in near_cublas] == [32]
 
 
 def test_time_budget_stops_the_search(db_url) -> None:
