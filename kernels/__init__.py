@@ -216,6 +216,7 @@ def clear_cache() -> None:
     grouped.CALLS.clear()
     moe.LAUNCHES.clear()
     gemm.LAUNCHES.clear()
+    ops._GRAPH_READY.clear()  # the operators' graph-winner warm-ups ran the old configs
 
 
 @contextlib.contextmanager
@@ -237,6 +238,7 @@ def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     DISPATCHER.configure(url, use_shipped)
     _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables
+    ops._GRAPH_READY.clear()
 
 
 def refresh_every(ttl_s: float | None) -> None:

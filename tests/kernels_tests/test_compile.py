@@ -301,3 +301,15 @@ def test_reduce_overhead_trains_the_gated_mlp_with_captured_backward_gemms(monke
     assert {call.name for call in captured} == {"gated_matmul", "matmul_bias", "matmul"}  # matmul: the backward
     assert all(call.mode == kernels.GRAPH for call in captured)
     torch._dynamo.reset()
+
+
+def test_clear_cache_forgets_the_operators_graph_warm_ups() -> None:
+    """After a re-tune, a capture must not trust a warm-up that ran the old graph winner."""
+    from kernels import ops
+
+    ops._GRAPH_READY.add(("matmul", "a signature warmed before"))
+    kernels.clear_cache()
+    assert not ops._GRAPH_READY
+    ops._GRAPH_READY.add(("matmul", "a signature warmed before"))
+    kernels.use_database(None)
+    assert not ops._GRAPH_READY
