@@ -11,24 +11,15 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
+from pathlib import Path
 
 import torch
 
 import kernels
 from kernels import _modes, _plans
 
-BURST = 200
-
-
-def burst_us(call, inputs) -> float:
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for i in range(BURST):
-        call(inputs[i % len(inputs)])
-    elapsed = time.perf_counter() - started
-    torch.cuda.synchronize()
-    return elapsed * 1e6 / BURST
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eager_gap_probe import host_us as burst_us  # noqa: E402  (one burst timer for both probes)
 
 
 def key_of(x):
