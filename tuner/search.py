@@ -238,20 +238,57 @@ def _prune_invalid(study: optuna.Study, trial: optuna.Trial, reason: str, worst_
 def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: Store,
                        use_shipped: bool = True) -> list[Config]:
     """First trials: what dispatch would pick today (the database, the shipped table unless
-    ``use_shipped`` is false, or the nearest tuned problem), the winners of the nearest tuned problems
-    (the other of fp16/bf16 included), the kernel's default and its seeds."""
-    tuned = []
+    ``use_shipped`` is false, or the nearest tuned problem), the cost model's best-ranked candidates
+    (``_model_picks``), the winners of the nearest tuned problems (the other of fp16/bf16 included),
+    the kernel's default and its seeds."""
+    tuned, others = [], []
     for record in store.records(device=device.name, kernel=spec.name):
         if record.problem_key == problem.key or not record.triton_config:
             continue
+        others.append(Config.from_dict(record.triton_config))
         distance = spec.transfer_distance(problem, Problem.from_key(spec.name, record.problem_key))
         if math.isfinite(distance):
-            tuned.append((distance, Config.from_dict(record.triton_config)))
+            tuned.append((distance, others[-1]))
     tuned.sort(key=lambda pair: pair[0])
     dispatched = Dispatcher(store.url, use_shipped=use_shipped).choose(spec, problem, device).config
-    candidates = ([dispatched] + [config for _, config in tuned[:3]] + [spec.default_config(problem, device)]
-                  + spec.seeds(problem, device))
+    seeds = [spec.default_config(problem, device)] + spec.seeds(problem, device)
+    picks = _model_picks(spec, problem, device, store.url, _valid_unique(spec, problem, device, others + seeds))
+    candidates = [dispatched] + picks + [config for _, config in tuned[:3]] + seeds
     return _valid_unique(spec, problem, device, candidates)
+
+
+# The cost model joins the warm start only when the database holds at least this many graph-mode
+# observations of the kernel on other problems: about three problems' quick-tuning portfolios (9-41
+# configs each, docs/COSTMODEL.md). Fewer say too little about a shape nobody tuned.
+MODEL_MIN_OBSERVATIONS = 50
+# The model's top 3: on the held-out H100 portfolios (docs/COSTMODEL.md, session 9) knn's best of 3 is
+# as good as nearest's in graph mode and better in eager, its best of 5 better in both.
+MODEL_PICKS = 3
+MODEL_KIND = "knn"  # ridge ranked better on one of two held-out models and 3x worse at worst
+
+
+def _model_picks(spec: KernelSpec, problem: Problem, device: DeviceInfo, url: str,
+                 candidates: list[Config]) -> list[Config]:
+    """Up to MODEL_PICKS of ``candidates`` that a cost model fitted on every timed trial of the other
+    problems in the database at ``url`` ranks fastest on ``problem`` (graph mode); [] when the data is
+    too thin, and on any failure, which must never stop a search."""
+    if not candidates:
+        return []
+    try:
+        from kernels._costmodel import fit
+        from .costmodel_data import from_database, ranked_warm_start
+        observations = [o for o in from_database(url, device.name)
+                        if o.problem.kernel == spec.name and o.problem.key != problem.key]
+        graph = sum(o.mode == GRAPH for o in observations)
+        if graph < MODEL_MIN_OBSERVATIONS:
+            log.debug("no cost-model warm start for %s: %d graph observations, %d needed",
+                      problem.key, graph, MODEL_MIN_OBSERVATIONS)
+            return []
+        return ranked_warm_start(fit(observations, kind=MODEL_KIND), problem, candidates, GRAPH, MODEL_PICKS)
+    except Exception as error:  # noqa: BLE001 - the warm start without the model is today's
+        log.warning("cost-model warm start for %s skipped (%s: %s); using the nearest winners and seeds",
+                    problem.key, type(error).__name__, error)
+        return []
 
 
 def _valid_unique(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates: list[Config]) -> list[Config]:
