@@ -6,6 +6,8 @@ fitted on the rest and rank the configs measured on each held-out problem. Repor
 
 - rho: Spearman rank correlation of predicted and measured time over those configs (median);
 - regret@1: measured time of the top-ranked config / the best measured there (geomean, worst);
+- trials to 98%: how many configs, taken in the ranking's order, reach 98% of the best throughput;
+- ``nearest+knn``: the order tuner.search's warm start now tries (nearest's pick, knn's top 3, the rest);
 - regret@3, regret@5: the best of the top 3 (5) / the best (what a warm start of 3 (5) trials reaches;
   tuner.search's warm start takes the model's top 3).
 
@@ -34,7 +36,9 @@ from kernels import Config, Problem
 from kernels._costmodel import Observation, fit
 from tuner.costmodel_data import from_database, from_rows_file, from_sweeps
 
-METHODS = ("nearest", "knn", "ridge")
+METHODS = ("nearest", "knn", "ridge", "nearest+knn")
+# A time within this of the best counts as reached (1 / 0.98: 98% of the best throughput), as in replay.py.
+TARGET = 1 / 0.98
 Ranker = Callable[[Problem, list[Config]], list[float]]
 
 
@@ -56,6 +60,20 @@ def nearest_ranker(train: Sequence[Observation]) -> Ranker:
         if near is None or not math.isfinite(spec.transfer_distance(problem, near)):
             return [math.inf] * len(candidates)
         return [tuned[near].get(c, math.inf) for c in candidates]
+    return rank
+
+
+def warm_start_ranker(train: Sequence[Observation], mode: str, picks: int = 3) -> Ranker:
+    """tuner.search's warm start now: nearest's first pick, then knn's top ``picks``, then nearest's order."""
+    near, knn = nearest_ranker(train), model_ranker(train, "knn", mode)
+
+    def rank(problem: Problem, candidates: list[Config]) -> list[float]:
+        by_near, by_knn = near(problem, candidates), knn(problem, candidates)
+        order = sorted(range(len(candidates)), key=lambda i: by_near[i])[:1]
+        order += [i for i in sorted(range(len(candidates)), key=lambda i: by_knn[i]) if i not in order][:picks]
+        order += [i for i in sorted(range(len(candidates)), key=lambda i: by_near[i]) if i not in order]
+        position = {i: n for n, i in enumerate(order)}
+        return [float(position[i]) for i in range(len(candidates))]
     return rank
 
 
@@ -86,7 +104,7 @@ def score(ranker: Ranker, problem: Problem, measured: dict[Config, float]) -> di
     times = [measured[configs[i]] for i in order]
     return {"rho": spearman(predicted, [measured[c] for c in configs]),
             "regret1": times[0] / best, "regret3": min(times[:3]) / best, "regret5": min(times[:5]) / best,
-            "top_vs_cublas": times[0], "best_vs_cublas": best}
+            "to98": next(n for n, t in enumerate(times, 1) if t <= best * TARGET), "top_vs_cublas": times[0], "best_vs_cublas": best}
 
 
 def groups_of(problems: Sequence[Problem], by: str) -> dict[str, list[Problem]]:
@@ -109,7 +127,8 @@ def evaluate(observations: Sequence[Observation], mode: str, by: str, methods: S
         train = [o for o in observations if o.problem not in held]
         if not train:
             continue
-        rankers = {m: nearest_ranker(train) if m == "nearest" else model_ranker(train, m, mode) for m in methods}
+        rankers = {m: nearest_ranker(train) if m == "nearest" else warm_start_ranker(train, mode) if m == "nearest+knn"
+                   else model_ranker(train, m, mode) for m in methods}
         for p in problems:
             for m in methods:
                 rows[m].append({"group": group, "problem": p.key, "configs": len(measured[p]),
@@ -118,14 +137,15 @@ def evaluate(observations: Sequence[Observation], mode: str, by: str, methods: S
 
 
 def summary_table(rows: dict[str, list[dict]]) -> str:
-    lines = ["| method | problems | median rho | regret@1 geomean | regret@1 worst | regret@3 geomean | regret@5 geomean |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| method | problems | median rho | regret@1 geomean | regret@1 worst | regret@3 geomean | regret@5 geomean | trials to 98% mean | reached 98% in 4 |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for method, rs in rows.items():
         if not rs:
             continue
         gm = lambda key: math.exp(statistics.fmean(math.log(r[key]) for r in rs))  # noqa: E731
         lines.append(f"| {method} | {len(rs)} | {statistics.median(r['rho'] for r in rs):.3f} | {gm('regret1'):.3f} | "
-                     f"{max(r['regret1'] for r in rs):.3f} | {gm('regret3'):.3f} | {gm('regret5'):.3f} |")
+                     f"{max(r['regret1'] for r in rs):.3f} | {gm('regret3'):.3f} | {gm('regret5'):.3f} | "
+                     f"{statistics.fmean(r['to98'] for r in rs):.2f} | {sum(r['to98'] <= 4 for r in rs) / len(rs):.0%} |")
     return "\n".join(lines)
 
 
