@@ -277,7 +277,7 @@ def _model_picks(spec: KernelSpec, problem: Problem, device: DeviceInfo, url: st
     try:
         from kernels._costmodel import fit
         from .costmodel_data import from_database, ranked_warm_start
-        observations = [o for o in from_database(url, device.name)
+        observations = [o for o in _observations(url, device.name, from_database)
                         if o.problem.kernel == spec.name and o.problem.key != problem.key]
         graph = sum(o.mode == GRAPH for o in observations)
         if graph < MODEL_MIN_OBSERVATIONS:
@@ -289,6 +289,23 @@ def _model_picks(spec: KernelSpec, problem: Problem, device: DeviceInfo, url: st
         log.warning("cost-model warm start for %s skipped (%s: %s); using the nearest winners and seeds",
                     problem.key, type(error).__name__, error)
         return []
+
+
+# Reading every trial of a database costs seconds (2-3 s for 92 quick-tuned problems, docs/COSTMODEL.md)
+# and grows with it: a process that tunes problem after problem (the CLI, a fleet worker) reads it at
+# most this often and reuses what it read in between (a few problems' newest trials are then missing).
+MODEL_DATA_TTL_S = 600.0
+_OBSERVATIONS: dict[tuple[str, str], tuple[float, list]] = {}
+
+
+def _observations(url: str, device_name: str, read: Callable[[str, str], list]) -> list:
+    """The database's observations for this device, read at most once per MODEL_DATA_TTL_S per process."""
+    cached = _OBSERVATIONS.get((url, device_name))
+    if cached is not None and time.monotonic() - cached[0] < MODEL_DATA_TTL_S:
+        return cached[1]
+    observations = read(url, device_name)
+    _OBSERVATIONS[(url, device_name)] = (time.monotonic(), observations)
+    return observations
 
 
 def _valid_unique(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates: list[Config]) -> list[Config]:

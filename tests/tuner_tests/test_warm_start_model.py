@@ -22,6 +22,12 @@ from test_search import PROBLEM, Kernel, _space, fake_ms
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+
+@pytest.fixture(autouse=True)
+def fresh_model_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test reads its database afresh (a process keeps what it read for MODEL_DATA_TTL_S)."""
+    monkeypatch.setattr(search, "_OBSERVATIONS", {})
+
 # (BLOCK_M, GROUP_SIZE_M, num_stages) of the configs the tables below favour.
 X = (16, 1, 2)  # second best by 1% on every problem near PROBLEM, best on one far problem
 WINNERS = [(32, 4, 3), (32, 1, 3), (16, 4, 4), (32, 4, 4)]  # each best on one near problem only
@@ -99,3 +105,15 @@ def test_a_broken_observation_does_not_stop_the_search(favouring_db, tmp_path, c
                               eager_timer=kernel.eager_timer, seed=0)
     assert record.config
     assert any("cost-model warm start" in r.message for r in caplog.records), "the failure is logged"
+
+
+def test_a_process_reads_the_model_data_once_per_ttl(monkeypatch) -> None:
+    """A CLI run or a fleet worker tunes problem after problem: the trials are read once, not per problem."""
+    reads = []
+    reader = lambda url, device: reads.append((url, device)) or ["an observation"]  # noqa: E731
+    assert search._observations("sqlite:///a.db", "gpu", reader) == ["an observation"]
+    assert search._observations("sqlite:///a.db", "gpu", reader) == ["an observation"]
+    assert reads == [("sqlite:///a.db", "gpu")]
+    monkeypatch.setattr(search, "MODEL_DATA_TTL_S", 0.0)
+    search._observations("sqlite:///a.db", "gpu", reader)
+    assert len(reads) == 2, "past the TTL the database is read again"
