@@ -62,7 +62,12 @@ def _capturing() -> bool:
     return _raw_stream(-1) != 0 and _is_capturing()
 
 
-capturing = (_capturing if _raw_stream is not None else _is_capturing) if _is_capturing is not None else (lambda: False)
+if _is_capturing is None:  # a build without CUDA
+    capturing = lambda: False  # noqa: E731
+elif _raw_stream is None:
+    capturing = _is_capturing
+else:
+    capturing = _capturing
 
 
 def forced() -> str | None:

@@ -71,8 +71,6 @@ class _Entry:
     mode: str = GRAPH
     time_ms: float | None = None
     cublas_ms: float | None = None
-    triton_config: Config | None = None  # the best Triton config where it was tuned, winner or not
-    triton_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -208,20 +206,7 @@ def _entry(spec: KernelSpec, fields: dict, source: str) -> _Entry:
     mode = fields.get("mode", GRAPH)  # records from before modes were timed as a graph replay sees them
     if mode not in (EAGER, GRAPH):
         raise ValueError(f"mode {mode!r} is not eager or graph")
-    return _Entry(problem, config, source, mode, _number(fields.get("time_ms")), _number(fields.get("cublas_ms")),
-                  *_triton_of(spec, fields))
-
-
-def _triton_of(spec: KernelSpec, fields: dict) -> tuple[Config | None, float | None]:
-    """The record's best Triton config and its time, where usable (else None: the record still serves)."""
-    values, ms = fields.get("triton_config"), _number(fields.get("triton_ms"))
-    if not isinstance(values, dict) or ms is None:
-        return None, None
-    try:
-        config = _config_of(values)
-    except (ValueError, TypeError, KeyError):
-        return None, None
-    return (None, None) if is_baseline(config) or spec.outside(config) else (config, ms)
+    return _Entry(problem, config, source, mode, _number(fields.get("time_ms")), _number(fields.get("cublas_ms")))
 
 
 def _number(value: object) -> float | None:

@@ -548,9 +548,8 @@ def head_to_head(bench: Bench | IsolatedBench, finalists: Sequence[tuple[Config,
     for attempt in range(CONTEST_ATTEMPTS):
         if attempt:
             time.sleep(CONTEST_PAUSE_S)
-        beside = {} if graph_winner is None else {"graph": graph_winner}  # (test benches may not take it)
-        times, baseline_ms = (bench.contest(configs, mode=mode, **beside) if rounds is None
-                              else bench.contest(configs, rounds=rounds, mode=mode, **beside))
+        times, baseline_ms = (bench.contest(configs, mode=mode, graph=graph_winner) if rounds is None
+                              else bench.contest(configs, rounds=rounds, mode=mode, graph=graph_winner))
         best = min(range(len(configs)), key=times.__getitem__)
         if believed(times[best], finalists[best][1]):
             return (finalists[best], times[best]), baseline_ms  # believed: this attempt decides

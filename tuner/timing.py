@@ -78,11 +78,7 @@ def eager_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], round_ms: fl
     for x in inputs:
         call(x)
     torch.cuda.synchronize()
-    started = time.perf_counter()
-    for x in inputs:
-        call(x)
-    torch.cuda.synchronize()
-    one_ms = max((time.perf_counter() - started) * 1e3 / len(inputs), 1e-4)
+    one_ms = _estimate_ms(call, inputs, at_least_ms=0.0)  # one pass
     calls = max(len(inputs), min(EAGER_MAX_CALLS, math.ceil(round_ms / one_ms)))
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     per_call = []

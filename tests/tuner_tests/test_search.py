@@ -354,7 +354,8 @@ class _ContestBench:
         self.results = list(results)
         self.contests: list[list[Config]] = []
 
-    def contest(self, configs: list[Config], mode: str = "graph") -> tuple[list[float], float]:
+    def contest(self, configs: list[Config], mode: str = "graph", graph: Config | None = None
+                ) -> tuple[list[float], float]:
         self.contests.append(list(configs))
         return self.results.pop(0)
 
