@@ -364,6 +364,11 @@ class KernelSpec:
     # Values a stored winner should carry where its problem makes several equivalent (see
     # SearchSpace.portable): the config is reused on the nearest untuned problems, where they differ.
     portable_values: Callable[[DeviceInfo], Mapping[str, Value]] = field(default=lambda device: {})
+    # Whether an untuned problem runs the baseline unless a near tuned record won clearly (dispatch's
+    # ``_untuned_choice``): right where the baseline is a vendor library (cuBLAS), which an untried
+    # Triton config rarely beats; wrong where it is a Python loop of launches (grouped GEMMs), which
+    # the default config beats.
+    baseline_when_untuned: bool = False
 
     def execute(self, config: Config, inputs: tuple) -> Any:
         """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""

@@ -7,9 +7,10 @@ is the winner of one dispatch mode (kernels/_modes.py): "eager" (host time count
 A problem with no record in the mode asked:
 - eager, with a graph record: that record's config, where its host cost cannot show (see
   ``_carries_to_eager``);
-- a dense matmul nobody tuned: a Triton config only where the evidence says it beats cuBLAS in
-  this mode on this GPU (``_untuned_matmul``), else cuBLAS itself. A GPU with no records gets
-  cuBLAS from the first call;
+- a dense matmul, bias-epilogue or gated (SwiGLU) problem nobody tuned (kernels whose spec sets
+  ``baseline_when_untuned``): a Triton config only where the evidence says it beats the baseline
+  (cuBLAS) in this mode on this GPU (``_untuned_choice``), else the baseline itself. A GPU with no
+  records gets cuBLAS from the first call;
 - grouped and MoE problems: the nearest tuned problem's config (where valid; the same shapes in
   the other of fp16/bf16 count as near), else the kernel's default, which beats the loop of
   torch.matmul it replaces.
@@ -134,8 +135,8 @@ class Dispatcher:
             graph = table.get((problem.key, GRAPH))
             if graph is not None and _carries_to_eager(graph):
                 return Choice(graph.config, graph.source, GRAPH)
-        if spec.name == "matmul" and not device.is_cpu:
-            return _untuned_matmul(spec, problem, device, mode, table)
+        if spec.baseline_when_untuned and not device.is_cpu:
+            return _untuned_choice(spec, problem, device, mode, table)
         best: tuple[float, str, Config] | None = None
         for (key, entry_mode), entry in table.items():
             d = spec.transfer_distance(problem, entry.problem)
@@ -220,10 +221,14 @@ def _carries_to_eager(graph: _Entry) -> bool:
     return graph.time_ms is not None and graph.time_ms >= HOST_HEAVY_HIDDEN_MS
 
 
-def _untuned_matmul(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str,
+def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str,
                     table: dict[tuple[str, str], _Entry]) -> Choice:
-    """A dense problem nobody tuned in ``mode``: a tuned problem's Triton config where the evidence
-    says it will beat cuBLAS here, else cuBLAS (the user's torch.matmul, never worse than it).
+    """A problem nobody tuned in ``mode``: a tuned problem's Triton config where the evidence says it
+    will beat cuBLAS here, else cuBLAS (the user's torch.matmul, never worse than it).
+
+    For the epilogue kernels (bias, gated) the baseline is cuBLAS plus torch's elementwise ops: on the
+    H100 the gated kernel's default config ran a 70B decoder layer's prefill 1.38x slower than it
+    (docs/BENCHMARKS.md, eighth session), so an untried config is never the safe guess.
 
     The evidence is the nearest tuned problem (within UNTUNED_NEAR) whose graph record is a Triton
     config that beat torch.matmul there by UNTUNED_WIN_MARGIN: GPU time, which carries over to a
@@ -243,7 +248,7 @@ def _untuned_matmul(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
             best = (d, key, entry.config)
     if best is not None:
         return Choice(best[2], f"nearest:{best[1]}")
-    if mode == EAGER:
+    if mode == EAGER and spec.name == "matmul":  # only matmul has the cheap direct launch (kernels/_launch.py)
         host_bound = _host_bound_choice(spec, problem, device, table)
         if host_bound is not None:
             return host_bound
@@ -287,7 +292,7 @@ def _work_ratio(problem: Problem, tuned: Problem) -> float:
 
 
 def _won_clearly(entry: _Entry) -> bool:
-    """Whether ``entry`` is a Triton config that beat cuBLAS where it was tuned (see _untuned_matmul)."""
+    """Whether ``entry`` is a Triton config that beat cuBLAS where it was tuned (see _untuned_choice)."""
     if is_baseline(entry.config) or entry.time_ms is None or entry.cublas_ms is None:
         return False
     return entry.time_ms * (1 + UNTUNED_WIN_MARGIN) <= entry.cublas_ms

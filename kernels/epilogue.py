@@ -183,6 +183,26 @@ def default_config(problem: Problem, device: DeviceInfo) -> Config:
     return config
 
 
+# Tiles for the quick tuner's portfolio and the search's first trials, (BLOCK_M, BLOCK_N, BLOCK_K,
+# num_warps, num_stages): thin ones for decode (a stream of B, many programs in flight), the tiled
+# matmul's Hopper-good ones for the rest. The space's register limit drops what the gated kernel's two
+# accumulators cannot hold.
+_THIN_TILES = ((16, 32, 128, 4, 5), (16, 64, 128, 4, 4), (16, 64, 64, 4, 5), (16, 128, 64, 4, 4),
+               (16, 256, 64, 4, 3), (16, 32, 64, 2, 5), (32, 64, 128, 4, 4), (32, 32, 128, 4, 5),
+               (64, 64, 128, 4, 4))
+_WIDE_TILES = ((128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4), (128, 64, 64, 4, 4),
+               (64, 256, 64, 8, 3), (128, 128, 32, 8, 5), (64, 64, 64, 4, 4))
+
+
+def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
+    """Configs measured first (by the search) or only (by the quick tuner's portfolio)."""
+    m = problem.shapes[0][0]
+    tiles = (_THIN_TILES if m <= 128 else ()) + _WIDE_TILES
+    configs = [Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=8, num_warps=warps, num_stages=stages)
+               for bm, bn, bk, warps, stages in tiles if bm <= max(16, triton.next_power_of_2(max(m, 1)))]
+    return [c for c in configs if SPACE.violation(c, problem, device) is None]
+
+
 def _distance(p: Problem, q: Problem) -> float:
     if p.kernel != q.kernel or p.dtype != q.dtype or p.layout != q.layout:
         return math.inf
@@ -192,7 +212,8 @@ def _distance(p: Problem, q: Problem) -> float:
 def _spec(kernel: str, run: Any) -> KernelSpec:
     return KernelSpec(name=kernel, space=SPACE, dtypes=("fp16", "bf16", "fp32"), problem_of=_problem_of(kernel),
                       make_inputs=_make_inputs(kernel), reference=_reference, run=run, baseline=_baseline,
-                      default_config=default_config, distance=_distance)
+                      default_config=default_config, distance=_distance, seeds=seed_configs,
+                      baseline_when_untuned=True)
 
 
 MATMUL_BIAS = _spec("matmul_bias", lambda config, inputs: matmul_bias_with(config, *inputs))

@@ -84,3 +84,22 @@ def test_epilogue_kernels_match_torch_on_the_gpu(kernel: str, dtype: str) -> Non
     inputs = spec.make_inputs(problem, "cuda", 0)
     config = spec.default_config(problem, current_device())
     assert _error(spec.run(config, inputs), spec.reference(inputs)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("kernel", ["gated_matmul", "matmul_bias"])
+@pytest.mark.parametrize("m", [1, 32, 2048])
+def test_seeds_are_valid_thin_for_decode_and_respect_the_gated_register_limit(kernel, m) -> None:
+    from kernels import get_kernel
+    from kernels._spec import DeviceInfo, Problem
+
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
+    spec = get_kernel(kernel)
+    problem = Problem(kernel, "bf16", "nt", ((m, 28672, 8192),))
+    seeds = spec.seeds(problem, h100)
+    assert len(seeds) >= 5 and len(set(seeds)) == len(seeds)
+    assert all(spec.space.violation(c, problem, h100) is None and spec.outside(c) is None for c in seeds)
+    assert all(c["BLOCK_M"] <= max(16, m) for c in seeds), "no tile taller than the problem needs"
+    if m <= 128:
+        assert any(c["BLOCK_M"] == 16 for c in seeds), "decode gets thin tiles"
+    if kernel == "gated_matmul":  # two accumulators: 128x256 would spill at 8 warps
+        assert all(2 * c["BLOCK_M"] * c["BLOCK_N"] // (32 * c.num_warps) <= 256 for c in seeds)
