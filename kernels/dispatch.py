@@ -226,9 +226,9 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
     """A problem nobody tuned in ``mode``: a tuned problem's Triton config where the evidence says it
     will beat cuBLAS here, else cuBLAS (the user's torch.matmul, never worse than it).
 
-    For the epilogue kernels (bias, gated) the baseline is cuBLAS plus torch's elementwise ops: on the
-    H100 the gated kernel's default config ran a 70B decoder layer's prefill 1.38x slower than it
-    (docs/BENCHMARKS.md, eighth session), so an untried config is never the safe guess.
+    For the epilogue kernels (bias, gated) the baseline is cuBLAS plus torch's elementwise ops. With
+    its gated problems on the default config, a 70B decoder layer's prefill ran 1.38x slower than in
+    torch (H100, docs/BENCHMARKS.md, eighth session): an untried tile is never the safe guess.
 
     The evidence is the nearest tuned problem (within UNTUNED_NEAR) whose graph record is a Triton
     config that beat torch.matmul there by UNTUNED_WIN_MARGIN: GPU time, which carries over to a
