@@ -7,7 +7,8 @@ latency (ms per layer call), the time to get there (compile/autotune of the firs
 tuner's search of every problem the layer poses, with --tune), and the error against torch eager.
 
     PYTHONPATH=. python scripts/bench_layers.py --quick --out $OUT            # ~5 min on an H100
-    PYTHONPATH=. python scripts/bench_layers.py --tune 20 --out $OUT          # everything, tuned first
+    PYTHONPATH=. python scripts/bench_layers.py --tune quick --out $OUT       # untuned problems quick-tuned first
+    PYTHONPATH=. python scripts/bench_layers.py --tune 20 --out $OUT          # every problem searched first
     TRITON_INTERPRET=1 PYTHONPATH=. python scripts/bench_layers.py --cpu-smoke  # tiny dims, runs anywhere
 """
 
@@ -114,6 +115,49 @@ def recording(problems: set) -> Iterator[None]:
             setattr(kernels, name, fn)
 
 
+def untuned(problems: set) -> list:
+    """The problems without a record of their own in some mode for this GPU (shipped or in the database)."""
+    device = kernels.current_device()
+    return sorted((p for p in problems if any(
+        kernels.DISPATCHER.choose(kernels.get_kernel(p.kernel), p, device, mode).record_mode != mode
+        for mode in kernels.MODES)), key=lambda p: (p.kernel, p.key))
+
+
+def quick_tune(problems: set, db: str) -> tuple[float, int]:
+    """Quick-tune (tuner/quick.py: a portfolio per problem, both modes) the problems nobody tuned yet
+    into ``db``, as a user with the shipped tables would; (the seconds it took, problems tuned)."""
+    from db import Store
+    from tuner.quick import quick_tune as tune_portfolio
+    from tuner.workers import CheckPool
+
+    start = time.perf_counter()
+    device = kernels.current_device()
+    tuned = 0
+    with Store(db) as store, CheckPool() as pool:
+        for problem in untuned(problems):
+            for result in tune_portfolio(kernels.get_kernel(problem.kernel), [problem], device, store, pool=pool):
+                tuned += 1
+                LOG.info("quick-tuned %s %s in %.1f s: eager %.3fx, graph %.3fx", problem.kernel, problem.key,
+                         result.seconds, result.records["eager"].speedup, result.records["graph"].speedup)
+    kernels.use_database(db)
+    kernels.clear_cache()
+    return time.perf_counter() - start, tuned
+
+
+def chosen(problems: set) -> list[dict]:
+    """What dispatch runs for each problem in each mode, and where that came from."""
+    device = kernels.current_device()
+    rows = []
+    for p in sorted(problems, key=lambda p: (p.kernel, p.key)):
+        spec = kernels.get_kernel(p.kernel)
+        for mode in kernels.MODES:
+            choice = kernels.DISPATCHER.choose(spec, p, device, mode)
+            rows.append({"kernel": p.kernel, "problem": p.key, "mode": mode, "source": choice.source,
+                         "config": choice.config.as_dict()})
+            LOG.info("  %-13s %-26s %-5s %s", p.kernel, p.key, mode, choice.source)
+    return rows
+
+
 def tune(problems: set, db: str, budget: str) -> float:
     """Search every problem with the tuner's CLI into ``db``; the seconds it took."""
     start = time.perf_counter()
@@ -188,6 +232,8 @@ def settings(args: argparse.Namespace) -> list[tuple[str, str, int]]:
         decode, prefill = (2,), (8,)
     else:
         decode, prefill = ((1, 32), (2048,)) if args.quick else ((1, 8, 32, 64), (2048, 8192))
+        decode = args.decode if args.decode is not None else decode
+        prefill = args.prefill if args.prefill is not None else prefill
     out = []
     for layer in args.layers:
         out += [(layer, "decode", t) for t in decode] + [(layer, "prefill", t) for t in prefill]
@@ -218,9 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="decode 1 and 32, prefill 2048, five columns")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny dims on the CPU (set TRITON_INTERPRET=1)")
     parser.add_argument("--layers", default="decoder,moe", type=lambda s: s.split(","))
+    tokens = lambda s: tuple(int(t) for t in s.split(",") if t)  # noqa: E731
+    parser.add_argument("--decode", type=tokens, default=None, help="decode token counts (default 1,8,32,64)")
+    parser.add_argument("--prefill", type=tokens, default=None, help="prefill token counts (default 2048,8192)")
     parser.add_argument("--columns", default=None, type=lambda s: tuple(s.split(",")), help="subset of columns")
-    parser.add_argument("--tune", default=None, metavar="BUDGET",
-                        help="tune every problem of each layer first with this per-problem budget (20, 30s)")
+    parser.add_argument("--tune", default=None, metavar="quick|BUDGET",
+                        help="quick: quick-tune the layer's problems that have no record yet (shipped or in "
+                             "--db); a budget (20, 30s): search every problem of each layer with it")
     parser.add_argument("--db", default=None, help="database for --tune (default: a fresh SQLite under --out)")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per column (default 50; 10 prefill)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_layers_out"))
@@ -233,27 +283,42 @@ def main(argv: list[str] | None = None) -> int:
     columns = args.columns or (("torch_eager", "ours_eager", "ours_compile") if smoke
                                else QUICK_COLUMNS if args.quick else ALL_COLUMNS)
     rows: list[dict] = []
+    problem_rows: dict[str, dict] = {}
     models: dict[str, torch.nn.Module] = {}
     for layer, mode, tokens in settings(args):
         dtype = (torch.float32 if layer == "decoder" else torch.float16) if smoke else torch.bfloat16
         model = models.get(layer) or models.setdefault(layer, build(layer, smoke, device, dtype))
         x = inputs(model, mode, tokens, device, dtype)
-        tune_s = 0.0
-        if args.tune:
-            problems: set = set()
-            with ours(model) as m, recording(problems), torch.no_grad():
-                m(x)
-            tune_s = tune(problems, args.db or f"sqlite:///{out_dir / 'tuned.db'}", args.tune)
+        tune_s, tuned = 0.0, 0
         name = f"{layer}/{mode}/{tokens}"
+        problems: set = set()
+        with ours(model) as m, recording(problems), torch.no_grad():
+            m(x)
+        db = args.db or f"sqlite:///{out_dir / 'tuned.db'}"
+        if args.tune == "quick":
+            tune_s, tuned = quick_tune(problems, db)
+        elif args.tune:
+            tune_s, tuned = tune(problems, db, args.tune), len(problems)
+        LOG.info("%s: %d problems, %d tuned here in %.1f s; dispatch runs:", name, len(problems), tuned, tune_s)
+        problem_rows[name] = {"tuned_here": tuned, "tune_s": tune_s, "choices": chosen(problems)}
         iters = args.iters or (3 if smoke else 10 if mode == "prefill" else 50)
         rows += bench_setting(name, model, x, columns, iters, smoke, tune_s)
-    device_name = "cpu" if smoke else torch.cuda.get_device_name()
-    meta = {"device": device_name, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "columns": columns, "tuned": args.tune}
-    (out_dir / "bench_layers.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        write_results(out_dir, args, columns, rows, problem_rows)  # after every setting: a cut-off run keeps it
     print(table(rows, columns))
     plot(rows, columns, out_dir)
     return 0
+
+
+def write_results(out_dir: Path, args: argparse.Namespace, columns: tuple, rows: list[dict],
+                  problems: dict[str, dict]) -> None:
+    import triton
+
+    device_name = "cpu" if args.cpu_smoke else torch.cuda.get_device_name()
+    meta = {"device": device_name, "torch": torch.__version__, "triton": triton.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "columns": columns, "tuned": args.tune,
+            "command": " ".join(sys.argv)}
+    (out_dir / "bench_layers.json").write_text(json.dumps({"meta": meta, "rows": rows, "problems": problems},
+                                                          indent=1))
 
 
 def table(rows: list[dict], columns: tuple) -> str:
