@@ -223,13 +223,23 @@ GATED_MATMUL = _spec("gated_matmul", lambda config, inputs: gated_matmul_with(co
 # ---------------------------------------------------------------------------------------------- dispatch
 
 def _resolve(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor) -> Config:
+    """The config of this call: a repeated call signature is one dict lookup; its first call checks the
+    operands (``problem_of``) and resolves. The key holds what the check reads, b's dtype and device
+    included, so a cached signature is a checked one (building the Problem per call cost more host time
+    than the launch's other Python)."""
+    mode = _modes.current(a.is_cuda)  # the graph winner while the stream captures, else the eager one
+    try:
+        key = (spec.name, a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, b.device, mode)
+    except AttributeError:
+        key = None  # not tensors: problem_of says so
+    config = DISPATCHER.cached(key) if key is not None else None
+    if config is not None:
+        return config
     from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
     if a.device.type == "cpu" and not _INTERPRETED:
         return BASELINE  # no Triton on the CPU unless the interpreter is on
     problem = spec.problem_of(a, b)
-    mode = _modes.current(a.is_cuda)  # the graph winner while the stream captures, else the eager one
-    key = (spec.name, a.device, problem, mode)
-    return DISPATCHER.cached(key) or DISPATCHER.resolve(key, spec, problem, current_device(a.device), mode)
+    return DISPATCHER.resolve(key, spec, problem, current_device(a.device), mode)
 
 
 def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,8 @@ from kernels import _modes
 
 NAMESPACE = "triton_tuner"
 
-__all__ = ["NAMESPACE", "gated_matmul", "grouped_matmul", "linear", "matmul", "matmul_out", "moe_matmul", "moe_matmul_out",
+__all__ = ["NAMESPACE", "gated_matmul", "gated_matmul_call", "grouped_matmul", "linear", "linear_call", "matmul",
+           "matmul_out", "moe_matmul", "moe_matmul_call", "moe_matmul_out",
            "moe_weight_grad", "warm_for_capture"]
 
 
@@ -125,6 +126,10 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows
     """Rows of expert e of ``x`` times ``w[e]``. Rows at or past ``offsets[-1]`` are zero, so the result is
     a well-defined tensor for autograd and the compiler; that costs a fill of the output, which a caller
     whose ``offsets[-1]`` is always T (a router's top-k, ``kernels.nn.route``) skips with ``all_rows=True``."""
+    return _moe_matmul(x, w, offsets, all_rows)
+
+
+def _moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
     out = None if all_rows or x.shape[0] == 0 else x.new_zeros((x.shape[0], w.shape[2]))
     return _call("moe_matmul", _kernels.moe_matmul, x, w, offsets, out=out)
 
@@ -195,12 +200,16 @@ moe_matmul.register_autograd(_moe_backward, setup_context=_moe_setup)
 
 # ------------------------------------------------------------------------------------------------ epilogues
 
-@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=())
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``nn.functional.linear`` on 2-D x: x @ weight^T (+ bias), the bias added in the GEMM's epilogue."""
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if bias is None:
         return _call("matmul", _kernels.matmul, x, weight.t())
     return _call("matmul_bias", _kernels.matmul_bias, x, weight.t(), bias)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``nn.functional.linear`` on 2-D x: x @ weight^T (+ bias), the bias added in the GEMM's epilogue."""
+    return _linear(x, weight, bias)
 
 
 @linear.register_fake
@@ -229,10 +238,14 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
 linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 
+def _gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _call("gated_matmul", _kernels.gated_matmul, a, b)
+
+
 @torch.library.custom_op(f"{NAMESPACE}::gated_matmul", mutates_args=())
 def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch; B [K, 2N] is the gate and up weights stacked."""
-    return _call("gated_matmul", _kernels.gated_matmul, a, b)
+    return _gated_matmul(a, b)
 
 
 @gated_matmul.register_fake
@@ -274,6 +287,44 @@ gated_matmul.register_autograd(_gated_backward, setup_context=_gated_setup)
 # ------------------------------------------------------------------------------------------------ capture
 
 # Call signatures (operator, operands' shapes and strides, dtype, device) whose graph winner has run here.
+# ------------------------------------------------------------------------------------------ direct calls
+
+def _direct(*tensors: torch.Tensor | None) -> bool:
+    """Whether an eager call may run an operator's body without the operator: nothing traces or watches
+    it (no torch.compile, no tensor subclass such as a fake or an FX proxy, no torch function or
+    dispatch mode such as a FLOP counter) and no gradient is wanted.
+
+    Why: the operator's dispatch (schema parsing, autograd wrapper, re-entry) costs 6-7 us of host time
+    per call on our CPU box, 3-4x the tuned matmul's own lookup; an eager model pays it on every layer."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
+            torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``linear``, without the operator's dispatch where nothing traces the call and no gradient is wanted
+    (``_direct``): what ``kernels.nn.Linear`` runs."""
+    return _linear(x, weight, bias) if _direct(x, weight, bias) else linear(x, weight, bias)
+
+
+def gated_matmul_call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``gated_matmul``, direct where ``_direct`` allows."""
+    return _gated_matmul(a, b) if _direct(a, b) else gated_matmul(a, b)
+
+
+def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    """``moe_matmul``, direct where ``_direct`` allows."""
+    return _moe_matmul(x, w, offsets, all_rows) if _direct(x, w, offsets) else moe_matmul(x, w, offsets, all_rows)
+
+
 _GRAPH_READY: set[tuple] = set()
 _GRAPH_READY_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
 _CAPTURABLE = ("cuda",)  # devices whose streams capture (a CPU test adds "cpu" and a stand-in capture check)

@@ -50,7 +50,7 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up is not None:
             rows = x.reshape(-1, x.shape[-1])
-            h = kernels.ops.gated_matmul(rows, self.gate_up).reshape(*x.shape[:-1], -1)
+            h = kernels.ops.gated_matmul_call(rows, self.gate_up).reshape(*x.shape[:-1], -1)
         else:
             h = F.silu(self.gate_proj(x)) * self.up_proj(x)
         return self.down_proj(h)

@@ -160,3 +160,34 @@ def test_gated_matmul_operator_passes_opcheck_with_autograd() -> None:
     a = torch.randn(6, 16, device=DEVICE, requires_grad=True)
     b = torch.randn(24, 16, device=DEVICE).div(4).t().requires_grad_()
     torch.library.opcheck(torch.ops.triton_tuner.gated_matmul.default, (a, b))
+
+
+# ----------------------------------------------------------------------------------- direct eager calls
+
+def test_eager_inference_calls_skip_the_operator_and_everything_else_goes_through_it(monkeypatch) -> None:
+    """``linear_call`` runs the operator's body directly only where nothing could tell: no gradient, plain
+    tensors, no mode watching, no compile. The operator is observed by wrapping the module's global."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+    real = ops.linear
+    monkeypatch.setattr(ops, "linear", lambda *args: seen.append("op") or real(*args))
+    x, weight = torch.randn(4, 8), torch.randn(6, 8, requires_grad=True)
+    expected = torch.nn.functional.linear(x, weight.detach())
+
+    with torch.no_grad():
+        torch.testing.assert_close(ops.linear_call(x, weight, None), expected)
+    assert seen == [], "an inference call skips the operator's dispatch"
+
+    out = ops.linear_call(x, weight, None)  # a gradient is wanted: autograd needs the operator
+    assert seen == ["op"] and out.requires_grad
+    out.sum().backward()
+    torch.testing.assert_close(weight.grad, torch.ones(4, 6).t() @ x)
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Watch():
+        ops.linear_call(x, weight, None)
+    assert seen == ["op", "op"], "a dispatch mode sees the operator"
