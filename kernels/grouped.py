@@ -535,14 +535,29 @@ _HOPPER_TILES = (dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_sta
                  dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4))
 
 
+# Few rows per group (an MoE layer's decode step: a token or two per expert) make each GEMM a stream of
+# its expert's weights: thin tiles and deep K keep many loads in flight. Without them a decode problem
+# had no valid seed at all (the tiles above are taller than its rows), so a quick tuning had nothing
+# to time (H100, 2026-11-24, bench_layers' MoE decode 1 and 8).
+_THIN_TILES = (dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+               dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4),
+               dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=5),
+               dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3),
+               dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4),
+               dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4))
+_THIN_ROWS = 64  # mean rows per group up to which the thin tiles are seeded
+
+
 def seed_configs(problem: Problem, device: DeviceInfo, space: SearchSpace = SPACE) -> list[Config]:
     """Hopper-good tiles for ``problem``, those that ``space`` allows on ``device``; none for the interpreter,
     whose time grows with tile size."""
     if device.is_cpu:
         return []
     num_sm = _largest_at_most("NUM_SM", device.sm_count)
-    configs = [space.canonical(_config(**tile, NUM_SM=num_sm), problem) for tile in _HOPPER_TILES]
-    return [c for c in configs if space.violation(c, problem, device) is None]
+    mean_rows = sum(m for m, _, _ in problem.shapes) / max(len(problem.shapes), 1)
+    tiles = (_THIN_TILES if mean_rows <= _THIN_ROWS else ()) + _HOPPER_TILES
+    configs = [space.canonical(_config(**tile, NUM_SM=num_sm), problem) for tile in tiles]
+    return list(dict.fromkeys(c for c in configs if space.violation(c, problem, device) is None))
 
 
 def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

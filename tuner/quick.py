@@ -51,7 +51,9 @@ class QuickResult:
 def default_portfolio(problem: Problem, device: DeviceInfo) -> list[Config]:
     """The matmul seeds for this problem's class, the tutorial's configs, and thin split-K configs."""
     spec = kernels.get_kernel(problem.kernel)
-    candidates = list(spec.seeds(problem, device))
+    # The kernel's default config too: what dispatch would run with no record, and a portfolio is never
+    # empty (a problem whose seeds all violate its space was left untuned).
+    candidates = list(spec.seeds(problem, device)) + [spec.default_config(problem, device)]
     if problem.kernel == "matmul":
         from kernels import gemm
 

@@ -4,6 +4,7 @@ as a trial of the problem's study (real SQLite file, real kernels under the inte
 from __future__ import annotations
 
 import optuna
+import pytest
 
 import kernels
 from db import Store
@@ -61,3 +62,19 @@ def test_redecide_stores_a_record_per_mode_from_the_candidates_and_cublas(db_url
         assert {r.mode for r in store.records(kernel="matmul")} == {"eager", "graph"}
     only_cublas = redecide(kernels.MATMUL, PROBLEM, CPU, [kernels.BASELINE, outside])
     assert all(kernels.is_baseline(Config.from_dict(r.config)) for r in only_cublas.values())
+
+
+@pytest.mark.parametrize("tokens", [2, 16, 64, 4096])
+def test_the_portfolio_of_an_moe_problem_is_never_empty_and_thin_for_decode(tokens) -> None:
+    """An MoE decode step (a token or two per expert) had no valid seed, so its quick tuning timed nothing."""
+    from kernels._spec import DeviceInfo
+    from tuner.quick import default_portfolio
+
+    h100 = DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
+    spec = kernels.get_kernel("moe_matmul")
+    problem = kernels.moe.balanced_problem("bf16", "nt", tokens, 8, 14336, 4096)
+    portfolio = default_portfolio(problem, h100)
+    assert portfolio and all(spec.space.violation(c, problem, h100) is None for c in portfolio)
+    assert spec.default_config(problem, h100) in portfolio
+    if tokens <= 64:
+        assert any(c["BLOCK_M"] == 16 for c in portfolio), "thin tiles for a stream of weights"
