@@ -180,3 +180,17 @@ def test_the_idle_sm_rule_counts_the_fewest_tiles_of_any_split_of_the_tokens() -
     assert moe.SPACE.violation(small_tiles.replace(NUM_SM=128), group, h100) is None
     big_tiles = Config.make(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, NUM_SM=64, num_warps=8, num_stages=3)
     assert moe.SPACE.violation(big_tiles, group, h100) is None, "33 x 3 = 99 tiles cannot fill 132 SMs"
+
+
+def test_timed_inputs_of_a_balanced_key_are_routed_at_random_and_an_explicit_split_is_kept() -> None:
+    """Dispatch keys every call by the even split; a router never splits evenly, so the tuner times a
+    random routing of the same tokens (seeded: the same seed gives the same split)."""
+    from kernels.moe import balanced_problem, make_inputs
+
+    problem = balanced_problem("fp16", "nt", 128, 8, 32, 16)
+    ends = make_inputs(problem, "cpu", 3)[3]
+    rows = [b - a for a, b in zip((0,) + ends[:-1], ends)]
+    assert ends[-1] == 128 and len(rows) == 8 and max(rows) > 16, rows
+    assert make_inputs(problem, "cpu", 3)[3] == ends and make_inputs(problem, "cpu", 4)[3] != ends
+    skewed = Problem("moe_matmul", "fp16", "nt", ((100, 32, 16), (20, 32, 16), (8, 32, 16)))
+    assert make_inputs(skewed, "cpu", 3)[3] == (100, 120, 128)
