@@ -108,11 +108,14 @@ class DecoderLayer(nn.Module):
 
 
 def fuse_gate_up(layer: nn.Module) -> nn.Module:
-    """Give every MLP of ``layer`` a stacked [K, 2 * ffn] gate/up weight: its forward then runs the gated
-    kernel (one launch, A read once) instead of two GEMMs and torch's SiLU and product."""
+    """Give every MLP of ``layer`` a stacked [K, 2 * ffn] gate/up weight (a transposed view, as nn.Linear
+    keeps weights): its forward then runs the gated kernel (one launch, A read once) instead of two GEMMs
+    and torch's SiLU and product."""
     for module in layer.modules():
         if isinstance(module, MLP):
-            module.gate_up = torch.cat([module.gate_proj.weight, module.up_proj.weight]).t().contiguous().detach()
+            # [K, 2N] as a view of the stacked [2N, K] rows: nn.Linear's own layout (B = w.t(), "nt"),
+            # where cuBLAS and the tiled kernel read both operands along K.
+            module.gate_up = torch.cat([module.gate_proj.weight, module.up_proj.weight]).detach().t()
     return layer
 
 
