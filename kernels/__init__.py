@@ -15,7 +15,7 @@ import torch
 from ._device import CPU, current_device, interpreter_enabled, resolve_device
 from ._spec import BASELINE, Config, is_baseline, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, parse_shape
 from .dispatch import DISPATCHER, Choice
-from . import _modes, _plans
+from . import _modes, _native, _plans
 from ._modes import EAGER, GRAPH, dispatch_mode
 from . import grouped
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
@@ -70,6 +70,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         except RuntimeError:  # b of another dtype or device, not 2-D...: say so as check_operands does
             check_operands(a, b)
             raise
+    native = _NATIVE.try_mm
+    if native is not None and out is None:  # a cuBLAS signature, served from C++ (kernels/_native.py)
+        c = native(a, b)
+        if c is not None:
+            return c
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
     except (AttributeError, TypeError):
@@ -122,6 +127,7 @@ def _learn_cublas_everywhere() -> bool:
 
 _PLANS = _plans._PLANS
 _FAST = _plans.FAST
+_NATIVE = _native.NATIVE
 _MM = torch.mm
 _TAKEN = frozenset(gemm.DTYPE_NAMES)
 _FORCED = _modes.LOCAL

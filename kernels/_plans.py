@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import gemm
+from . import _native, gemm
 from ._modes import EAGER, GRAPH
 from ._spec import BASELINE, Config, is_baseline
 
@@ -58,13 +58,17 @@ def put(key: Hashable, plan: ModePlans) -> ModePlans:
     with _LOCK:
         if len(_PLANS) >= _CAPACITY:  # a workload of ever-new shapes must not grow memory for ever
             _PLANS.clear()
+            _native.forget_all()
         _PLANS[key] = plan
+    # A cuBLAS plan in both modes is served from C++ once the extension is ready (kernels/_native.py).
+    _native.remember(key, plan.both is _CUBLAS, getattr(key[-1], "type", None) == "cuda")
     return plan
 
 
 def clear() -> None:
     with _LOCK:
         _PLANS.clear()
+        _native.forget_all()
         FAST.cublas_everywhere = None
 
 
@@ -236,6 +240,7 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
     with _LOCK:
         FAST.pins += 1
         FAST.cublas_everywhere = False  # the pinned plans must run, not torch.mm at once
+    _native.suspend()  # nor the C++ path's cuBLAS call
     try:
         yield [functools.partial(_PLANS.__setitem__, key, plan) for plan in plans]
     finally:
@@ -246,6 +251,7 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
                 _PLANS[key] = before
             FAST.pins -= 1
             FAST.cublas_everywhere = None
+        _native.resume()
 
 
 def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:

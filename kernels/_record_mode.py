@@ -22,6 +22,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Hashable
 
+from . import _native
 from ._spec import DeviceInfo, Problem
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class Recorder:
         self._url = url
         if flush_s is None:
             flush_s = float(os.environ.get("TUNER_RECORD_FLUSH_S", DEFAULT_FLUSH_S))
+        if not self.on:
+            _native.suspend()  # every call must reach the count below: none served from C++
         self.on = True
         if not self._atexit:
             atexit.register(self.flush)
@@ -64,6 +67,8 @@ class Recorder:
 
     def stop(self) -> None:
         """Stop recording and write what is left."""
+        if self.on:
+            _native.resume()
         self.on = False
         self._wake.set()
         if self._thread is not None:

@@ -107,6 +107,9 @@ def main() -> int:
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(problems)} problems, db {args.db}, shipped {'off' if args.no_shipped else 'on'}, "
           f"{args.rounds} rounds", flush=True)
+    # What a process gets once the C++ path of cuBLAS plans is built (kernels/_native.py): wait for it
+    # here, so that the figures do not depend on how far a background build got.
+    print(f"# C++ path of cuBLAS plans: {kernels._native.start(block=True)}", flush=True)
     global GRAPH_BUDGET
     GRAPH_BUDGET = tuple(int(x) for x in args.graph_budget.split(","))
     stored = {}

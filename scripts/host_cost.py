@@ -3,8 +3,10 @@
 A loop of calls on a small problem (the GPU finishes each call before the host has issued the next),
 timed by the wall clock with one synchronize at the end: the time per call is the host's. Beside it,
 each call's GPU time from a CUDA-graph replay shows that the host is the bound. Variants are forced
-through the public call (``kernels.matmul`` with the config pinned, as the tuner times it); "cublas,
-nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). Then a
+through the public call (``kernels.matmul`` with the config pinned, as the tuner times it: a pinned
+cuBLAS plan runs on the Python path); "cublas plan, C++ path" is a signature resolved to cuBLAS as a
+tuned table leaves it, served by kernels/_native.cpp (built first, or loaded from torch's build cache);
+"cublas, nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). Then a
 cProfile of the tiled call says where the host time goes.
 
     PYTHONPATH=. python3 scripts/host_cost.py [--calls 300] [--rounds 31] [--profile]
@@ -30,12 +32,12 @@ import torch
 import triton
 
 import kernels
-from kernels import BASELINE, Config, _plans
+from kernels import BASELINE, Config, _native, _plans
 from tuner import timing
 
 _BASE = dict(GROUP_SIZE_M=8, SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=3)
 VARIANTS = {
-    "cublas (our dispatch)": ((64, 64, 64), BASELINE),
+    "cublas plan, Python path": ((64, 64, 64), BASELINE),
     "tiled": ((64, 64, 64), Config.from_dict({**_BASE, "VARIANT": "tiled", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64})),
     "splitk": ((64, 64, 256), Config.from_dict({**_BASE, "VARIANT": "splitk", "BLOCK_M": 64, "BLOCK_N": 64,
                                                "BLOCK_K": 64, "SPLIT_K": 2})),
@@ -81,6 +83,9 @@ def main() -> None:
     args = parser.parse_args()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{time.strftime('%Y-%m-%d')}, {args.calls} calls x {args.rounds} interleaved rounds")
+    started = time.perf_counter()
+    native = _native.start(block=True)
+    print(f"# C++ path of cuBLAS plans: {native} after {time.perf_counter() - started:.1f} s")
     cases = {}
     for name, (shape, config) in VARIANTS.items():
         a, b = operands(shape)
@@ -103,6 +108,11 @@ def main() -> None:
     with _nothing_tuned():
         gpu_us["cublas, nothing tuned"] = timing.graph_ms(lambda: kernels.matmul(torch_a, torch_b)) * 1e3
     columns += [(name, (lambda a=a, b=b: kernels.matmul(a, b)), (config, a, b)) for name, (a, b, config) in cases.items()]
+    if native == "ready":
+        native_a, native_b = operands((64, 64, 64))
+        columns.append(("cublas plan, C++ path", lambda: kernels.matmul(native_a, native_b), "native"))
+        samples["cublas plan, C++ path"] = []
+        gpu_us["cublas plan, C++ path"] = gpu_us["torch.mm"]
     for round_ in range(args.rounds):  # interleaved, so drift of the host's speed hits every column alike
         order = columns if round_ % 2 == 0 else columns[::-1]
         for name, call, pin in order:
@@ -112,6 +122,11 @@ def main() -> None:
             if pin == "untuned":  # a GPU with no table: dispatch's cuBLAS shortcut (kernels/_plans.py _Fast)
                 with _nothing_tuned():
                     samples[name].append(host_us(call, args.calls))
+                continue
+            if pin == "native":  # the plan a tuned table's cuBLAS record leaves, as its first call puts it
+                _plans.put(_plans.signature(native_a, native_b), _plans.ModePlans(_plans._CUBLAS, _plans._CUBLAS))
+                assert kernels._NATIVE.try_mm is not None and kernels._FAST.cublas_everywhere is not True
+                samples[name].append(host_us(call, args.calls))
                 continue
             with _plans.pinned(*pin):  # one variant pinned at a time: some share a signature
                 samples[name].append(host_us(call, args.calls))
@@ -124,7 +139,7 @@ def main() -> None:
         figures[name] = dict(host_us=median, host_us_all=values, vs_torch=ratio, gpu_us=gpu_us[name])
         print(f"{name:24} {median:22.2f} {min(values):7.2f} {max(values):7.2f} {ratio:8.3f}x "
               f"{gpu_us[name]:15.2f}")
-    for name in ("tiled", "cublas (our dispatch)") if args.profile else ():
+    for name in ("tiled", "cublas plan, Python path") if args.profile else ():
         a, b, config = cases[name]
         with _plans.pinned(config, a, b):
             kernels.matmul(a, b)

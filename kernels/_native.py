@@ -1,0 +1,153 @@
+"""kernels.matmul's cuBLAS plans served from C++ (kernels/_native.cpp), where this machine can build it.
+
+A signature whose plan is cuBLAS in both modes is most of a tuned table on the shapes models run (cuBLAS
+is hard to beat there). In Python its call costs the plan key, the dict lookup and torch.mm's own
+argument parsing: 1.08x torch.matmul's host time on the H100 and H200 boxes (scripts/host_cost.py,
+docs/BENCHMARKS.md). The extension keeps the set of those signatures and runs ``at::mm`` on a hit, from
+one C call; on a miss it returns None in about 40 ns and the Python path decides as before.
+
+The extension is built the first time a GPU process puts a cuBLAS plan, in a daemon thread, with
+torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
+``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
+cannot be built, the Python path serves every call: nothing but host time depends on it.
+``KERNELS_NATIVE=0`` turns it off. Record mode and pinned plans (the tuner's timing) suspend it, since
+they must see or change every call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Hashable
+from importlib import resources
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_ENV = "KERNELS_NATIVE"
+_NAME = "triton_tuner_native"
+
+
+class _Native:
+    """``try_mm``: the C function while it may serve calls, else None (what kernels.matmul reads)."""
+
+    __slots__ = ("try_mm", "module", "state", "suspended", "pending")
+
+    def __init__(self) -> None:
+        self.try_mm: Callable[[Any, Any], Any] | None = None
+        self.module: Any = None
+        self.state = "idle"  # idle, building, ready, failed, off
+        self.suspended = 0
+        self.pending: dict[Hashable, bool] = {}  # plan key -> cuBLAS?, put before the module was ready
+
+
+NATIVE = _Native()
+_LOCK = threading.RLock()
+_PENDING_CAPACITY = 4096  # as kernels/_plans.py's plans
+
+
+def wanted() -> bool:
+    """Whether this process may build and use the extension (``KERNELS_NATIVE`` not 0)."""
+    return os.environ.get(_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def start(block: bool = False) -> str:
+    """Build (or load the cached build of) the extension, in a daemon thread unless ``block``; returns the
+    state: "ready", "failed" or "off" once decided, "building" while a thread builds."""
+    with _LOCK:
+        if NATIVE.state == "idle":
+            if not wanted():
+                NATIVE.state = "off"
+                return NATIVE.state
+            NATIVE.state = "building"
+            thread = threading.Thread(target=_build, name="kernels-native-build", daemon=True)
+            thread.start()
+        else:
+            thread = None
+    if block:
+        if thread is not None:
+            thread.join()
+        while NATIVE.state == "building":  # another caller's thread builds
+            threading.Event().wait(0.05)
+    return NATIVE.state
+
+
+def _build() -> None:
+    try:
+        from torch.utils.cpp_extension import load
+
+        with resources.as_file(resources.files("kernels") / "_native.cpp") as source:
+            module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], verbose=False)
+    except Exception as exc:  # no compiler, no ninja, a read-only cache...: the Python path stays
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        log.info("the C++ path of cuBLAS plans is not available here (%s); Python serves them", first)
+        with _LOCK:
+            NATIVE.state = "failed"
+            NATIVE.pending.clear()
+        return
+    with _LOCK:
+        for key, cublas in NATIVE.pending.items():
+            _apply(module, key, cublas)
+        NATIVE.pending.clear()
+        NATIVE.module, NATIVE.state = module, "ready"
+        _publish()
+
+
+def _apply(module: Any, key: Hashable, cublas: bool) -> None:
+    a_shape, b_shape, a_stride, b_stride, dtype, device = key
+    fields = [*a_shape, *b_shape, *a_stride, *b_stride]
+    if len(fields) != 8:
+        return
+    (module.add if cublas else module.discard)(fields, dtype, device)
+
+
+def _publish() -> None:
+    NATIVE.try_mm = NATIVE.module.try_mm if NATIVE.module is not None and NATIVE.suspended == 0 else None
+
+
+def remember(key: Hashable, cublas: bool, on_cuda: bool) -> None:
+    """A plan was put for ``key`` (kernels/_plans.py): served here from now on if ``cublas``, else not.
+    The first cuBLAS plan of a GPU process starts the build."""
+    with _LOCK:
+        if NATIVE.module is not None:
+            _apply(NATIVE.module, key, cublas)
+            return
+        if NATIVE.state in ("failed", "off"):
+            return
+        if len(NATIVE.pending) >= _PENDING_CAPACITY:
+            NATIVE.pending.clear()
+        NATIVE.pending[key] = cublas
+    if cublas and on_cuda and NATIVE.state == "idle":
+        start()
+
+
+def forget_all() -> None:
+    """Every plan is gone (``kernels.clear_cache``, another database): serve nothing until put again."""
+    with _LOCK:
+        NATIVE.pending.clear()
+        if NATIVE.module is not None:
+            NATIVE.module.clear()
+
+
+def suspend() -> None:
+    """Every call takes the Python path until as many ``resume`` calls (record mode, pinned plans)."""
+    with _LOCK:
+        NATIVE.suspended += 1
+        NATIVE.try_mm = None
+
+
+def resume() -> None:
+    with _LOCK:
+        NATIVE.suspended = max(0, NATIVE.suspended - 1)
+        if NATIVE.module is not None:
+            _publish()
+
+
+def served() -> int:
+    """How many signatures the C++ path serves now (for tests and ``explain``)."""
+    with _LOCK:
+        return NATIVE.module.size() if NATIVE.module is not None else 0
+
+
+__all__ = ["NATIVE", "forget_all", "remember", "resume", "served", "start", "suspend", "wanted"]

@@ -1,0 +1,100 @@
+"""The C++ path of cuBLAS plans (kernels/_native.py, kernels/_native.cpp), built for real with torch's
+cpp_extension and run on CPU tensors: the same at::mm call a GPU signature gets. Skipped, with the reason,
+where this machine has no C++ compiler or ninja (the Python path then serves every call, as tested
+everywhere else)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import kernels
+from kernels import _native, _plans
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None or not __import__("torch.utils.cpp_extension").utils.cpp_extension.is_ninja_available(),
+    reason="no C++ compiler or ninja here: the C++ path cannot be built (the Python path serves every call)")
+
+
+@pytest.fixture
+def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_native._Native]:
+    """The extension built (or loaded from torch's build cache) and empty; afterwards, the process back
+    to no extension, so that the other tests run the Python path they test."""
+    kernels.clear_cache()
+    state = _native.start(block=True)
+    assert state == "ready", f"the extension did not build: {state}"
+    yield _native.NATIVE
+    kernels.clear_cache()
+    with _native._LOCK:
+        _native.NATIVE.module, _native.NATIVE.state, _native.NATIVE.try_mm = None, "idle", None
+        _native.NATIVE.suspended = 0
+
+
+def _cublas_signature(a: torch.Tensor, b: torch.Tensor) -> None:
+    """What kernels.matmul's first call of a cuBLAS signature leaves: a plan of torch.mm in both modes."""
+    _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, _plans._CUBLAS))
+
+
+def test_a_cublas_signature_is_served_by_at_mm_and_nothing_else_is(native) -> None:
+    a, b = torch.randn(8, 16), torch.randn(12, 16).t()  # b as nn.Linear keeps it
+    assert native.try_mm(a, b) is None, "nothing is served before a plan is put"
+    _cublas_signature(a, b)
+    assert _native.served() == 1
+    c = native.try_mm(a, b)
+    torch.testing.assert_close(c, a @ b)
+    other = torch.randn(8, 16), torch.randn(16, 12)  # same shapes, other strides: another signature
+    assert native.try_mm(*other) is None
+    assert native.try_mm(a, b.double()) is None, "b of another dtype is not the signature"
+    assert native.try_mm(a, torch.nn.Parameter(b)) is not None, "nn.Parameter is served like a tensor"
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert native.try_mm(a.as_subclass(Sub), b) is None, "a subclass keeps its overrides: Python path"
+    with torch.overrides.TorchFunctionMode():
+        assert native.try_mm(a, b) is None, "a torch function mode sees torch.mm on the Python path"
+    assert kernels.matmul(a, b).data_ptr() != 0  # the public call, served here
+
+
+def test_gradients_and_grad_mode_are_at_mm_s(native) -> None:
+    a, b = torch.randn(4, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True)
+    _cublas_signature(a, b.t())
+    out = native.try_mm(a, b.t())
+    assert out.grad_fn is not None
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, torch.ones(4, 6) @ b.detach())
+    with torch.no_grad():
+        assert native.try_mm(a, b.t()).grad_fn is None
+
+
+def test_clear_cache_record_mode_and_pinned_plans_take_calls_back_to_python(native, tmp_path) -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 12)
+    _cublas_signature(a, b)
+    kernels.clear_cache()
+    assert _native.served() == 0 and native.try_mm(a, b) is None
+    _cublas_signature(a, b)
+    with kernels.recording(f"sqlite:///{tmp_path / 'rec.db'}"):
+        assert native.try_mm is None, "record mode counts every call in Python"
+    assert native.try_mm is not None
+    _cublas_signature(a, b)  # (recording's start and end clear the plans: put it again)
+    assert native.try_mm(a, b) is not None
+    with _plans.pinned(kernels.BASELINE, a, b):
+        assert native.try_mm is None, "a pinned plan must run"
+    assert native.try_mm(a, b) is not None
+
+
+def test_a_non_cublas_plan_of_the_signature_is_not_served(native) -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 12)
+    _cublas_signature(a, b)
+    _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, object()))  # graph mode differs
+    assert native.try_mm(a, b) is None
+
+
+def test_kernels_native_0_turns_it_off(monkeypatch) -> None:
+    monkeypatch.setenv("KERNELS_NATIVE", "0")
+    fresh = _native._Native()
+    monkeypatch.setattr(_native, "NATIVE", fresh)
+    assert _native.start(block=True) == "off" and fresh.try_mm is None
