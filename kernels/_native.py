@@ -10,8 +10,9 @@ The extension is built the first time a GPU process puts a cuBLAS plan, in a dae
 torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
 ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
 cannot be built, the Python path serves every call: nothing but host time depends on it.
-``KERNELS_NATIVE=0`` turns it off. Record mode and pinned plans (the tuner's timing) suspend it, since
-they must see or change every call.
+``KERNELS_NATIVE=0`` turns it off. Record mode suspends it (it counts every call in Python). A plan the
+tuner pins (kernels/_plans.py ``pinning``) is mirrored like any other, so that the tuner times cuBLAS as
+the user's call will run it.
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def forget_all() -> None:
 
 
 def suspend() -> None:
-    """Every call takes the Python path until as many ``resume`` calls (record mode, pinned plans)."""
+    """Every call takes the Python path until as many ``resume`` calls (record mode, a measurement of the
+    Python path)."""
     with _LOCK:
         NATIVE.suspended += 1
         NATIVE.try_mm = None

@@ -240,9 +240,16 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
     with _LOCK:
         FAST.pins += 1
         FAST.cublas_everywhere = False  # the pinned plans must run, not torch.mm at once
-    _native.suspend()  # nor the C++ path's cuBLAS call
+    on_cuda = a.is_cuda
+
+    def install(plan: ModePlans) -> None:
+        _PLANS[key] = plan
+        # As dispatch will hold it: a cuBLAS plan in both modes is served from C++ (kernels/_native.py),
+        # so the tuner's eager timing of cuBLAS is what the user's call costs.
+        _native.remember(key, plan.both is _CUBLAS, on_cuda)
+
     try:
-        yield [functools.partial(_PLANS.__setitem__, key, plan) for plan in plans]
+        yield [functools.partial(install, plan) for plan in plans]
     finally:
         with _LOCK:
             if before is None:
@@ -251,7 +258,7 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
                 _PLANS[key] = before
             FAST.pins -= 1
             FAST.cublas_everywhere = None
-        _native.resume()
+        _native.remember(key, before is not None and before.both is _CUBLAS, on_cuda)
 
 
 def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:

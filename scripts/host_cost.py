@@ -129,7 +129,14 @@ def main() -> None:
                 samples[name].append(host_us(call, args.calls))
                 continue
             with _plans.pinned(*pin):  # one variant pinned at a time: some share a signature
-                samples[name].append(host_us(call, args.calls))
+                python_path = pin[0] == BASELINE
+                if python_path:  # a pinned cuBLAS plan is served from C++ like dispatch's: not this row
+                    _native.suspend()
+                try:
+                    samples[name].append(host_us(call, args.calls))
+                finally:
+                    if python_path:
+                        _native.resume()
     torch_us = samples["torch.matmul"]
     print(f"{'call':24} {'host us/call (median)':>22} {'min':>7} {'max':>7} {'vs torch':>9} {'GPU us (graph)':>15}")
     figures = {}

@@ -70,7 +70,7 @@ def test_gradients_and_grad_mode_are_at_mm_s(native) -> None:
         assert native.try_mm(a, b.t()).grad_fn is None
 
 
-def test_clear_cache_record_mode_and_pinned_plans_take_calls_back_to_python(native, tmp_path) -> None:
+def test_clear_cache_record_mode_and_pins_decide_what_is_served(native, tmp_path) -> None:
     a, b = torch.randn(8, 16), torch.randn(16, 12)
     _cublas_signature(a, b)
     kernels.clear_cache()
@@ -81,9 +81,17 @@ def test_clear_cache_record_mode_and_pinned_plans_take_calls_back_to_python(nati
     assert native.try_mm is not None
     _cublas_signature(a, b)  # (recording's start and end clear the plans: put it again)
     assert native.try_mm(a, b) is not None
+    tiled = kernels.Config.make(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    with _plans.pinned(tiled, a, b):
+        assert native.try_mm(a, b) is None, "a pinned Triton plan must run"
+    assert native.try_mm(a, b) is not None, "the signature's own cuBLAS plan is back"
+    kernels.clear_cache()
     with _plans.pinned(kernels.BASELINE, a, b):
-        assert native.try_mm is None, "a pinned plan must run"
-    assert native.try_mm(a, b) is not None
+        assert native.try_mm(a, b) is not None, "a pinned cuBLAS plan runs as dispatch will run it: from C++"
+    assert native.try_mm(a, b) is None, "and goes with the pin"
+    _native.suspend()
+    assert native.try_mm is None
+    _native.resume()
 
 
 def test_a_non_cublas_plan_of_the_signature_is_not_served(native) -> None:
