@@ -122,12 +122,12 @@ def test_gated_matmul_backward_is_three_tuned_matmul_problems(monkeypatch: pytes
         shapes.append((tuple(a.shape), tuple(b.shape)))
         return real(a, b, out=out)
 
-    monkeypatch.setattr(kernels, "matmul", spy)  # the operators look kernels.matmul up per call
     x, w_gate, w_up, dy = _gated_leaves(5, 8, 12, DEVICE, torch.float32, seed=7)
-    # On a GPU, a signature's first call also runs its graph winner once (ops._call, for a later capture),
-    # which the spy would see twice; a forced mode skips that warm-up.
-    with kernels.dispatch_mode("eager"):
-        _gated_grads(x, w_gate, w_up, dy, stacked_as_linear=True)
+    # On a GPU, a signature's first call also runs its graph winner once (ops._call, for a later capture):
+    # a first step warms every signature, the spy watches the second.
+    _gated_grads(x, w_gate, w_up, dy, stacked_as_linear=True)
+    monkeypatch.setattr(kernels, "matmul", spy)  # the operators look kernels.matmul up per call
+    _gated_grads(x, w_gate, w_up, dy, stacked_as_linear=True)
     assert shapes == [((5, 12), (12, 16)),  # [G U] = x @ [Wg Wu], recomputed
                       ((5, 16), (16, 12)),  # dx = [dG dU] @ [Wg Wu]^T
                       ((12, 5), (5, 16))]  # [dWg dWu] = x^T @ [dG dU]
@@ -136,9 +136,10 @@ def test_gated_matmul_backward_is_three_tuned_matmul_problems(monkeypatch: pytes
 def test_gated_matmul_gradient_for_x_alone_skips_the_weights_gemm(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     real = kernels.matmul
-    monkeypatch.setattr(kernels, "matmul", lambda a, b, out=None: calls.append(1) or real(a, b, out=out))
     x, w_gate, w_up, dy = _gated_leaves(5, 8, 16, DEVICE, torch.float32, seed=8)
     x.requires_grad_()
+    torch.autograd.grad(ops.gated_matmul(x, torch.cat([w_gate, w_up]).t()), (x,), dy)  # warms (see above)
+    monkeypatch.setattr(kernels, "matmul", lambda a, b, out=None: calls.append(1) or real(a, b, out=out))
     (grad,) = torch.autograd.grad(ops.gated_matmul(x, torch.cat([w_gate, w_up]).t()), (x,), dy)
     assert len(calls) == 2
     assert _error(grad, _torch_gated_grads(x, w_gate, w_up, dy)[0]) < FP32_TOLERANCE

@@ -166,9 +166,12 @@ def _run_graph_mode_step(monkeypatch: pytest.MonkeyPatch) -> _GraphModeStep:
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(model, fullgraph=True, backend=_capturing_backend(graphs))
-    with kernels.dispatch_mode(kernels.GRAPH):  # what a capture would make dispatch pick
-        out = compiled(x)
-        out.backward(dy)
+    # What a capture would make dispatch pick. Process-wide, as KERNELS_MODE=graph forces it: on a GPU,
+    # autograd runs the backward on its own device thread, where a thread's dispatch_mode does not reach.
+    monkeypatch.setattr(_modes, "ENV_MODE", kernels.GRAPH)
+    out = compiled(x)
+    out.backward(dy)
+    monkeypatch.setattr(_modes, "ENV_MODE", None)
     expected = plain.reference(x)
     expected.backward(dy)
     grads = {name: (p.grad, dict(plain.named_parameters())[name].grad) for name, p in model.named_parameters()}

@@ -38,8 +38,10 @@ def test_epilogue_kernel_matches_its_reference(kernel: str, dtype: str, layout: 
     assert spec.problem_of(*inputs) == problem
     out = spec.run(SMALL, inputs)
     assert out.shape == (20, 40)
-    assert _error(out, spec.reference(inputs)) < TOLERANCE[dtype]
-    assert _error(spec.baseline(inputs), spec.reference(inputs)) < TOLERANCE[dtype]
+    # On a GPU the kernels' fp32 dot runs in TF32 (gemm._dot_precision), as torch's own matmul may.
+    tolerance = 3e-3 if dtype == "fp32" and DEVICE == "cuda" else TOLERANCE[dtype]
+    assert _error(out, spec.reference(inputs)) < tolerance
+    assert _error(spec.baseline(inputs), spec.reference(inputs)) < tolerance
 
 
 def test_dispatched_epilogues_match_torch() -> None:
