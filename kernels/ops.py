@@ -68,6 +68,27 @@ def _check_matmul_shapes(a: torch.Tensor, b: torch.Tensor) -> None:
         raise ValueError(f"triton_tuner::matmul takes [M, K] @ [K, N]; got {tuple(a.shape)} and {tuple(b.shape)}")
 
 
+def _register_autograd(op: Any, backward: Callable[..., Any], setup: Callable[..., None]) -> None:
+    """``op``'s autograd, its backward run under the dispatch mode forced where its forward ran.
+
+    Why: on a GPU, autograd runs a backward pass on its own device thread, where a ``dispatch_mode``
+    entered on the forward's thread does not reach (the forced mode is per thread). Without this, an
+    eager step forced to graph mode ran its backward's GEMMs on the eager winners. (A compiled backward
+    runs its own graph: there ``KERNELS_MODE`` or a real capture decides.)"""
+
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        setup(ctx, inputs, output)
+        ctx.forced_mode = _modes.LOCAL.mode
+
+    def run_backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        if ctx.forced_mode is None:
+            return backward(ctx, *grads)
+        with _kernels.dispatch_mode(ctx.forced_mode):
+            return backward(ctx, *grads)
+
+    op.register_autograd(run_backward, setup_context=setup_context)
+
+
 def _dense_grad(grad: torch.Tensor) -> torch.Tensor:
     """A gradient the kernels can read: autograd may hand over an expanded (stride 0) or otherwise odd view."""
     if grad.stride(-1) == 1 or grad.stride(0) == 1:
@@ -89,7 +110,7 @@ def _matmul_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
     return grad_a, grad_b
 
 
-matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
+_register_autograd(matmul, _matmul_backward, _matmul_setup)
 
 
 # ------------------------------------------------------------------------------------------------ grouped
@@ -195,7 +216,7 @@ def _moe_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, to
     return grad_x, grad_w, None, None
 
 
-moe_matmul.register_autograd(_moe_backward, setup_context=_moe_setup)
+_register_autograd(moe_matmul, _moe_backward, _moe_setup)
 
 
 # ------------------------------------------------------------------------------------------------ epilogues
@@ -235,7 +256,7 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None,
     return grad_x, grad_w, grad_b
 
 
-linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+_register_autograd(linear, _linear_backward, _linear_setup)
 
 
 def _gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -281,7 +302,7 @@ def _gated_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, 
     return grad_a, grad_b
 
 
-gated_matmul.register_autograd(_gated_backward, setup_context=_gated_setup)
+_register_autograd(gated_matmul, _gated_backward, _gated_setup)
 
 
 # ------------------------------------------------------------------------------------------------ capture

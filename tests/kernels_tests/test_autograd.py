@@ -165,3 +165,34 @@ def test_matmul_gradients_match_torch_on_the_gpu(dtype: torch.dtype) -> None:
     theirs = torch.autograd.grad(torch.matmul(a, w.t()), (a, w), dy)
     for mine, ref in zip(ours, theirs):
         assert _error(mine, ref) < FP16_TOLERANCE
+
+
+def test_a_backward_on_another_thread_keeps_the_mode_its_forward_was_forced_to(monkeypatch) -> None:
+    """On a GPU, autograd runs the backward on its own device thread, where the forward thread's
+    ``dispatch_mode`` does not reach. Here the backward runs on a thread of ours, which is the same
+    situation on the CPU; its GEMMs must still get the forced mode's winners."""
+    import threading
+
+    from kernels import _modes
+
+    modes: list[str] = []
+    real = kernels.matmul
+
+    def spy(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        modes.append(_modes.current(a.is_cuda))
+        return real(a, b, out=out)
+
+    a = torch.randn(6, 8, device=DEVICE, requires_grad=True)
+    b = torch.randn(8, 4, device=DEVICE, requires_grad=True)
+    monkeypatch.setattr(kernels, "matmul", spy)
+    with kernels.dispatch_mode(kernels.GRAPH):
+        out = ops.matmul(a, b)
+    backward = threading.Thread(target=lambda: out.sum().backward())
+    backward.start()
+    backward.join()
+    assert modes[0] == kernels.GRAPH and len(modes) >= 3
+    assert set(modes[1:]) == {kernels.GRAPH}, f"the backward's GEMMs ran in {modes[1:]}"
+    torch.testing.assert_close(a.grad, torch.ones(6, 4, device=DEVICE) @ b.detach().t())
+    modes.clear()
+    ops.matmul(a, b).sum().backward()  # nothing forced: the capture check decides, eager here
+    assert set(modes) == {kernels.EAGER}
