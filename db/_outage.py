@@ -96,7 +96,8 @@ def driver_message(exc: BaseException) -> str:
     return one_line(exc)
 
 
-def _masked(url: str) -> str:
+def shown_url(url: str) -> str:
+    """The URL fit for messages: any password masked."""
     try:
         return make_url(url).render_as_string(hide_password=True)
     except SQLAlchemyError:
@@ -110,7 +111,7 @@ class Outage:
     time alone never does, since a try that hangs until a timeout must not look like progress."""
 
     def __init__(self, url: str, window_s: float | None = None) -> None:
-        self.url = _masked(url)
+        self.url = shown_url(url)
         self.window_s = reconnect_window_s() if window_s is None else window_s
         self._started: float | None = None
         self._tries = 0

@@ -34,7 +34,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import _migrate
-from ._outage import Outage, StoreError, StoreUnreachable, one_line, server_unreachable
+from ._outage import Outage, StoreError, StoreUnreachable, one_line, server_unreachable, shown_url as _shown
 from ._record import ImportSummary, Record
 from ._plausible import check_plausible, plausibility_problems
 from .models import TABLE_NAME, RecordModel
@@ -438,12 +438,6 @@ def _sqlite_file(url: str) -> Path | None:
     return Path(database)
 
 
-def _shown(url: str) -> str:
-    """The URL fit for messages: any password masked."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except SQLAlchemyError:
-        return url
 
 
 def _short(text: str, limit: int = 80) -> str:

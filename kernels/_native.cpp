@@ -65,22 +65,22 @@ PyMethodDef try_mm_def = {"try_mm", reinterpret_cast<PyCFunction>(reinterpret_ca
 
 }  // namespace
 
-// Called by kernels/_plans.py with the plan key's fields (b's dtype and device are a's: the first call checked).
-void add(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
+// The signature of a plan key's fields, as kernels/_plans.py passes them (b's dtype and device are a's:
+// the signature's first call checked that).
+Signature signature_of(const std::vector<int64_t>& dims, at::ScalarType dtype, at::Device device) {
   TORCH_CHECK(dims.size() == 8, "a signature has 8 sizes and strides, got ", dims.size());
   const auto type = static_cast<int16_t>(device.type());
   const auto index = static_cast<int16_t>(device.index());
-  Signature s{{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]},
-              {static_cast<int16_t>(dtype), static_cast<int16_t>(dtype), type, type, index, index}};
-  cublas_signatures.insert(s);
+  return Signature{{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]},
+                   {static_cast<int16_t>(dtype), static_cast<int16_t>(dtype), type, type, index, index}};
+}
+
+void add(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
+  cublas_signatures.insert(signature_of(dims, dtype, device));
 }
 
 void discard(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
-  TORCH_CHECK(dims.size() == 8, "a signature has 8 sizes and strides, got ", dims.size());
-  const auto type = static_cast<int16_t>(device.type());
-  const auto index = static_cast<int16_t>(device.index());
-  cublas_signatures.erase(Signature{{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]},
-                                    {static_cast<int16_t>(dtype), static_cast<int16_t>(dtype), type, type, index, index}});
+  cublas_signatures.erase(signature_of(dims, dtype, device));
 }
 
 void clear() { cublas_signatures.clear(); }

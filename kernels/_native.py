@@ -33,7 +33,7 @@ _NAME = "triton_tuner_native"
 class _Native:
     """``try_mm``: the C function while it may serve calls, else None (what kernels.matmul reads)."""
 
-    __slots__ = ("try_mm", "module", "state", "suspended", "pending")
+    __slots__ = ("try_mm", "module", "state", "suspended", "pending", "decided")
 
     def __init__(self) -> None:
         self.try_mm: Callable[[Any, Any], Any] | None = None
@@ -41,6 +41,7 @@ class _Native:
         self.state = "idle"  # idle, building, ready, failed, off
         self.suspended = 0
         self.pending: dict[Hashable, bool] = {}  # plan key -> cuBLAS?, put before the module was ready
+        self.decided = threading.Event()  # set once the state is ready, failed or off
 
 
 NATIVE = _Native()
@@ -60,17 +61,12 @@ def start(block: bool = False) -> str:
         if NATIVE.state == "idle":
             if not wanted():
                 NATIVE.state = "off"
+                NATIVE.decided.set()
                 return NATIVE.state
             NATIVE.state = "building"
-            thread = threading.Thread(target=_build, name="kernels-native-build", daemon=True)
-            thread.start()
-        else:
-            thread = None
+            threading.Thread(target=_build, name="kernels-native-build", daemon=True).start()
     if block:
-        if thread is not None:
-            thread.join()
-        while NATIVE.state == "building":  # another caller's thread builds
-            threading.Event().wait(0.05)
+        NATIVE.decided.wait()
     return NATIVE.state
 
 
@@ -86,6 +82,7 @@ def _build() -> None:
         with _LOCK:
             NATIVE.state = "failed"
             NATIVE.pending.clear()
+            NATIVE.decided.set()
         return
     with _LOCK:
         for key, cublas in NATIVE.pending.items():
@@ -93,6 +90,7 @@ def _build() -> None:
         NATIVE.pending.clear()
         NATIVE.module, NATIVE.state = module, "ready"
         _publish()
+        NATIVE.decided.set()
 
 
 def _apply(module: Any, key: Hashable, cublas: bool) -> None:

@@ -46,6 +46,7 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_native._Native
     with _native._LOCK:
         _native.NATIVE.module, _native.NATIVE.state, _native.NATIVE.try_mm = None, "idle", None
         _native.NATIVE.suspended = 0
+        _native.NATIVE.decided.clear()
 
 
 def _cublas_signature(a: torch.Tensor, b: torch.Tensor) -> None:
