@@ -105,3 +105,33 @@ def test_seeds_are_valid_thin_for_decode_and_respect_the_gated_register_limit(ke
         assert any(c["BLOCK_M"] == 16 for c in seeds), "decode gets thin tiles"
     if kernel == "gated_matmul":  # two accumulators: 128x256 would spill at 8 warps
         assert all(2 * c["BLOCK_M"] * c["BLOCK_N"] // (32 * c.num_warps) <= 256 for c in seeds)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_gating_of_the_cublas_path_matches_torch_on_padded_rows(dtype: torch.dtype) -> None:
+    """``silu_mul`` (the gated baseline's one-pass gating; the interpreter runs its kernel on the CPU) on
+    an [M, 2N] whose rows are padded past 2N and whose N is no block multiple: the up half starts N
+    columns into each row, wherever that row starts."""
+    from kernels import _INTERPRETED
+    from kernels.epilogue import silu_mul
+
+    n = 1500
+    c = torch.randn(7, 2 * n + 24, device=DEVICE, dtype=dtype)[:, :2 * n]
+    out = silu_mul(c)
+    assert out.shape == (7, n) and out.dtype == dtype and out.is_contiguous()
+    expected = torch.nn.functional.silu(c[:, :n].float()) * c[:, n:].float()
+    assert relative_error(out.float(), expected) < (1e-6 if dtype == torch.float32 else 1e-3)
+    from kernels.gemm import LAUNCHES
+    ran_triton = LAUNCHES.get(("silu_mul", 7, n, c.stride(0), dtype, c.device)) is not None
+    assert ran_triton == (_INTERPRETED or DEVICE != "cpu"), "the kernel runs wherever Triton does"
+
+
+def test_the_gated_baseline_is_one_gemm_and_the_one_pass_gating() -> None:
+    """The baseline the tuner's contest times is what dispatch runs for a cuBLAS gated plan."""
+    from kernels.epilogue import _baseline
+
+    a = torch.randn(9, 40, device=DEVICE)
+    b = torch.randn(40, 2 * 24, device=DEVICE)
+    c = a @ b
+    expected = torch.nn.functional.silu(c[:, :24]) * c[:, 24:]
+    torch.testing.assert_close(_baseline((a, b)), expected, rtol=1e-4, atol=1e-4)
