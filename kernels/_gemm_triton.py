@@ -199,3 +199,31 @@ def _pad_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_r, stri
                      mask=inside, other=0.0)
     tl.store(dst_ptr + offs_r[:, None] * dst_cols + offs_c[None, :], values,
              mask=(offs_r[:, None] < dst_rows) & (offs_c[None, :] < dst_cols))
+
+
+@triton.jit
+def _pad_rows(src_ptr, dst_ptr, rows, cols, dst_row0, dst_cols, stride_r, stride_c, tile_r, tile_c,
+              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One (BLOCK_R, BLOCK_C) tile of ``_pad_kernel``, its rows landing from ``dst_row0`` on."""
+    offs_r = (tile_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
+    offs_c = (tile_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
+    rows_in = offs_r[:, None] < rows
+    values = tl.load(src_ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
+                     mask=rows_in & (offs_c[None, :] < cols), other=0.0)
+    tl.store(dst_ptr + (dst_row0 + offs_r[:, None]) * dst_cols + offs_c[None, :], values,
+             mask=rows_in & (offs_c[None, :] < dst_cols))
+
+
+@triton.jit
+def _pad_pair_kernel(a_ptr, w_ptr, dst_ptr, m, n, k, k_padded, stride_am, stride_ak, stride_wn, stride_wk,
+                     a_programs, tiles_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Both of repack's copies in one launch: A [m, k] into dst's first m rows of k_padded, then
+    w = B^T [n, k] into the n rows after them; zeros past k. The first ``a_programs`` programs copy A."""
+    pid = tl.program_id(0)
+    if pid < a_programs:
+        _pad_rows(a_ptr, dst_ptr, m, k, 0, k_padded, stride_am, stride_ak, pid // tiles_c, pid % tiles_c,
+                  BLOCK_R, BLOCK_C)
+    else:
+        pid -= a_programs
+        _pad_rows(w_ptr, dst_ptr, n, k, m, k_padded, stride_wn, stride_wk, pid // tiles_c, pid % tiles_c,
+                  BLOCK_R, BLOCK_C)

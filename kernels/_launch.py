@@ -90,6 +90,29 @@ class DirectLaunch:
         self._launch(gx, gy, gz, _raw_stream(self._device), *self._fixed, *args, *self._constexprs)
         self.direct_calls += 1
 
+    def descriptor_launcher(self) -> tuple[Callable[..., None], list[dict]] | None:
+        """(Triton's C launcher, the metadata of each tensor descriptor) where the adopted launch is
+        triton's tensor-descriptor wrapper around that launcher, else None.
+
+        The wrapper (triton 3.6, ``wrap_handle_tensordesc``) encodes every descriptor argument into a
+        CUtensorMap on every launch, in Python. A caller that passes each descriptor already expanded
+        (``make_tensordesc_arg``'s output, built once per base address) calls the C launcher itself
+        through ``launch_raw``."""
+        code, cells = getattr(self._launch, "__code__", None), getattr(self._launch, "__closure__", None)
+        if code is None or not cells:
+            return None
+        names = {name: cell.cell_contents for name, cell in zip(code.co_freevars, cells)}
+        raw, metas = names.get("launcher"), names.get("tensordesc_meta")
+        if not callable(raw) or not metas or any(not isinstance(m, dict) for m in metas):
+            return None  # no lowering to CUtensorMaps, or another triton's wrapper: keep the wrapper
+        return raw, list(metas)
+
+    def launch_raw(self, raw: Callable[..., None], *args: Any) -> None:
+        """Launch through ``raw`` (from ``descriptor_launcher``), descriptors expanded; after ``ready()``."""
+        gx, gy, gz = self.grid
+        raw(gx, gy, gz, _raw_stream(self._device), *self._fixed, *args, *self._constexprs)
+        self.direct_calls += 1
+
     def __call__(self, *args: Any) -> None:
         launch = self._launch
         if launch is not None and ENABLED and _current_device() == self._device and not _hooks_installed():

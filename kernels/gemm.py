@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._gemm_triton import _pad_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
-from ._launch import DirectLaunch, LruCache
+from ._gemm_triton import _pad_kernel, _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
+from ._launch import DirectLaunch, LruCache, _raw_stream
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, log_distance
 
 KERNEL = "matmul"
@@ -298,23 +298,51 @@ def direct_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Ten
     return launch, lambda: _WORKSPACE.get(device, partial_elems, tiles)
 
 
-class _SplitKWorkspace:
-    """fp32 partial tiles and arrival counters for split-K, kept per device and grown on demand.
+class _Scratch:
+    """Scratch buffers kept per (what, device, stream) and grown on demand, for launches that need room
+    of their own: split-K's partial tiles and arrival counters, repack's padded operands.
 
-    The kernel re-arms each counter to zero after use, so one zeroing at allocation is enough.
-    Launches on one device share it: split-K launches on concurrent streams of one device would race.
+    Per stream, because launches on one stream run in order (one buffer serves them all) while
+    launches on concurrent streams would race on a shared one. A buffer outgrown on a side stream is
+    kept, not freed: CUDA graphs are captured on side streams (never on the legacy default stream), and
+    a captured graph reads and writes its buffer on every replay. Growth at least doubles, so what is
+    kept stays under the live buffer's size.
     """
 
     def __init__(self) -> None:
-        self._by_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._held: dict[tuple, tuple[int, Any]] = {}
+        self._outgrown: list[Any] = []
+
+    def get(self, what: Hashable, device: torch.device, need: int, make: Callable[[int], Any]) -> Any:
+        stream = _raw_stream(device.index) if device.type == "cuda" else 0
+        key = (what, device, stream)
+        held = self._held.get(key)
+        if held is not None and held[0] >= need:
+            return held[1]
+        size = max(need, 2 * held[0]) if held is not None else need
+        buffers = make(size)
+        if held is not None and stream != 0:
+            self._outgrown.append(held[1])
+        self._held[key] = (size, buffers)
+        return buffers
+
+
+_SCRATCH = _Scratch()
+
+
+class _SplitKWorkspace:
+    """fp32 partial tiles and arrival counters for split-K (``_Scratch``, per device and stream).
+
+    The kernel re-arms each counter to zero after use, so one zeroing at allocation is enough.
+    """
 
     def get(self, device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-        partial, arrivals = self._by_device.get(device, (None, None))
-        if partial is None or partial.numel() < partial_elems or arrivals.numel() < tiles:
-            partial = torch.empty(max(partial_elems, 1 << 16), dtype=torch.float32, device=device)
-            arrivals = torch.zeros(max(tiles, 1024), dtype=torch.int32, device=device)
-            self._by_device[device] = (partial, arrivals)
-        return partial, arrivals
+        # One size covers both: partial tiles of `need` fp32 elements, and a counter per 256 of them
+        # (a tile holds at least 16 x 16 elements, so the tiles fit).
+        need = max(partial_elems, tiles * 256, 1 << 16)
+        return _SCRATCH.get("splitk", device, need, lambda size: (
+            torch.empty(size, dtype=torch.float32, device=device),
+            torch.zeros(size // 256, dtype=torch.int32, device=device)))
 
 
 _WORKSPACE = _SplitKWorkspace()
@@ -362,13 +390,28 @@ class _Described:
         self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, "zero"
 
 
+try:  # how triton 3.6 expands a tensor descriptor for its C launcher (a CUtensorMap, then shape and strides)
+    from triton.backends.nvidia.driver import make_tensordesc_arg as _expand_descriptor
+except ImportError:  # another backend or triton: the descriptors go through Triton's own wrapper
+    _expand_descriptor = None
+
+# CUtensorMaps kept per operand, by base address. A map is a pure function of the address once the
+# layout is fixed (as it is per TmaLaunch), so a kept one is never stale; the bound only caps memory
+# where activations come from ever-new addresses.
+_TENSORMAPS_PER_OPERAND = 64
+
+
 class TmaLaunch:
     """The persistent TMA kernel on operands laid out like the first call's, launched directly.
 
-    The first call builds real ``TensorDescriptor``s (Triton specializes on them and checks them);
-    later calls hand the launcher light stand-ins with the same fields: one descriptor build per
-    operand per call is what the TMA hardware needs, the Python checks around it are not. This took
-    the variant's host time per call from 60 us to about a third of that (scripts/host_cost.py).
+    The first call builds real ``TensorDescriptor``s (Triton specializes on them and checks them).
+    Later calls skip the Python that triton wraps around its launcher for descriptors: that wrapper
+    encodes each operand's CUtensorMap on every launch. Here a map is encoded once per operand and base
+    address (a weight's never changes; activations and outputs come back to a few addresses from
+    torch's caching allocator) and handed to the C launcher as the wrapper would. Where triton offers
+    no such launcher, light stand-ins of the descriptors go through the wrapper (``_Described``).
+    Host time per call: 60 us with real descriptors through Triton's path, 17 us with stand-ins through
+    the wrapper (tenth session); with the kept maps, docs/BENCHMARKS.md (eleventh session).
     """
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
@@ -386,16 +429,46 @@ class TmaLaunch:
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=config["GROUP_SIZE_M"], NUM_SM=programs,
             B_KMAJOR=self.b_kmajor, FLATTEN=config["FLATTEN"], EPILOGUE_SUBTILE=config["EPILOGUE_SUBTILE"],
             DOT_PRECISION=_dot_precision(a), num_warps=config.num_warps, num_stages=config.num_stages))
+        self._raw: Callable[..., None] | None = None  # triton's C launcher, once adopted and unwrapped
+        self._metas: list[dict] = []
+        self._looked = False
+        self._maps: tuple[dict[int, tuple], ...] = ({}, {}, {})
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-        a_layout, b_layout, c_layout = self.layouts
-        b_base = b.t() if self.b_kmajor else b
-        if self.launch.ready():
-            self.launch.launch_direct(_Described(a, *a_layout), _Described(b_base, *b_layout),
-                                      _Described(c, *c_layout), *self.sizes)
-        else:  # Triton's path specializes on real descriptors, and checks them
-            self.launch.launch_triton(TensorDescriptor(a, *a_layout), TensorDescriptor(b_base, *b_layout),
-                                      TensorDescriptor(c, *c_layout), *self.sizes)
+        launch = self.launch
+        if launch.ready():
+            if not self._looked:
+                self._look_for_raw_launcher()
+            if self._raw is not None:
+                # b's data pointer is that of w = b.t() when K-major: the map needs nothing else of it.
+                launch.launch_raw(self._raw, *self._map(0, a), *self._map(1, b), *self._map(2, c), *self.sizes)
+                return
+            a_layout, b_layout, c_layout = self.layouts
+            launch.launch_direct(_Described(a, *a_layout), _Described(b.t() if self.b_kmajor else b, *b_layout),
+                                 _Described(c, *c_layout), *self.sizes)
+            return
+        a_layout, b_layout, c_layout = self.layouts  # Triton's path specializes on real descriptors, and checks them
+        launch.launch_triton(TensorDescriptor(a, *a_layout), TensorDescriptor(b.t() if self.b_kmajor else b, *b_layout),
+                             TensorDescriptor(c, *c_layout), *self.sizes)
+
+    def _look_for_raw_launcher(self) -> None:
+        found = self.launch.descriptor_launcher() if _expand_descriptor is not None else None
+        if found is not None and len(found[1]) == len(self.layouts):
+            self._metas = found[1]
+            self._raw = found[0]  # set last: a thread that sees it finds the metadata in place
+        self._looked = True
+
+    def _map(self, operand: int, t: torch.Tensor) -> tuple:
+        """The expanded descriptor of ``t`` (CUtensorMap, shape, strides), encoded once per address."""
+        ptr = t.data_ptr()
+        kept = self._maps[operand]
+        expanded = kept.get(ptr)
+        if expanded is None:
+            if len(kept) >= _TENSORMAPS_PER_OPERAND:
+                kept.clear()
+            expanded = kept[ptr] = tuple(_expand_descriptor(_Described(t, *self.layouts[operand]),
+                                                            self._metas[operand]))
+        return expanded
 
 
 _PAD_BLOCK_R, _PAD_BLOCK_C = 16, 256
@@ -430,21 +503,43 @@ class PadLaunch:
 
 
 class RepackLaunch:
-    """``repack`` on operands laid out like the first call's: both padding copies and the kernel on the
-    padded operands, each launched directly, with nothing looked up per call (a call plan keeps it)."""
+    """``repack`` on operands laid out like the first call's: one launch copies both operands into a
+    padded scratch buffer kept per stream (``_Scratch``), one runs the kernel on it. Before, each call
+    allocated two buffers and launched two copies (docs/BENCHMARKS.md, eleventh session)."""
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
         m, k = a.shape
         n = b.shape[1]
         k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
-        self.pad_a, self.pad_b = PadLaunch(a, m, k_padded), PadLaunch(b.t(), n, k_padded)
-        a_padded, b_padded = self.pad_a(a), self.pad_b(b.t()).t()
+        self.device, self.dtype, self.elems, self.shapes = a.device, a.dtype, (m + n) * k_padded, (m, n, k_padded)
+        tiles_c = _cdiv(k_padded, _PAD_BLOCK_C)
+        a_programs = _cdiv(m, _PAD_BLOCK_R) * tiles_c
+        self.pad = DirectLaunch(_pad_pair_kernel, (a_programs + _cdiv(n, _PAD_BLOCK_R) * tiles_c,),
+                                dict(BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4))
+        # B is copied as w = B^T, rows along K, whatever its own layout (see _launch_repack).
+        self.pad_args = (m, n, k, k_padded, a.stride(0), a.stride(1), b.stride(1), b.stride(0), a_programs, tiles_c)
+        self._views: tuple[Any, torch.Tensor, torch.Tensor] = (None, a, b)
+        a_padded, b_padded = self._padded(a, b)
         self.launch, self.workspace = direct_launch(config, a_padded, b_padded, c)
         self.args = (m, n, k_padded, a_padded.stride(0), a_padded.stride(1), b_padded.stride(0),
                      b_padded.stride(1), c.stride(0), c.stride(1))
 
+    def _padded(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A padded [m, k_padded], B padded [k_padded, n] as a view of w [n, k_padded]) in this stream's
+        scratch; the views are made again only when the stream's buffer is new."""
+        buffer = _SCRATCH.get(("repack", self.dtype), self.device, self.elems,
+                              lambda size: torch.empty(size, dtype=self.dtype, device=self.device))
+        held, a_padded, b_padded = self._views
+        if held is not buffer:
+            m, n, k_padded = self.shapes
+            a_padded = buffer[:m * k_padded].view(m, k_padded)
+            b_padded = buffer[m * k_padded:(m + n) * k_padded].view(n, k_padded).t()
+            self._views = (buffer, a_padded, b_padded)
+        self.pad(a, b, buffer, *self.pad_args)
+        return a_padded, b_padded
+
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-        a_padded, b_padded = self.pad_a(a), self.pad_b(b.t()).t()
+        a_padded, b_padded = self._padded(a, b)
         if self.workspace is None:
             self.launch(a_padded, b_padded, c, *self.args)
         else:

@@ -305,9 +305,6 @@ def _gated_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, 
 _register_autograd(gated_matmul, _gated_backward, _gated_setup)
 
 
-# ------------------------------------------------------------------------------------------------ capture
-
-# Call signatures (operator, operands' shapes and strides, dtype, device) whose graph winner has run here.
 # ------------------------------------------------------------------------------------------ direct calls
 
 def _direct(*tensors: torch.Tensor | None) -> bool:
@@ -347,6 +344,9 @@ def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all
     return _moe_matmul(x, w, offsets, all_rows) if _direct(x, w, offsets) else moe_matmul(x, w, offsets, all_rows)
 
 
+# ------------------------------------------------------------------------------------------------ capture
+
+# Call signatures (operator, operands' shapes and strides, dtype, device) whose graph winner has run here.
 _GRAPH_READY: set[tuple] = set()
 _GRAPH_READY_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
 _CAPTURABLE = ("cuda",)  # devices whose streams capture (a CPU test adds "cpu" and a stand-in capture check)

@@ -69,6 +69,54 @@ def test_first_call_takes_triton_path_then_the_launcher_directly(fake_cuda: dict
     assert compiled.launches[0] == (7, 1, 1, 1000, "function-handle", "metadata", None, None, None, "x1", 5, 64, True)
 
 
+class _DescriptorRun:
+    """Stands in for triton 3.6's CudaLauncher of a kernel with tensor descriptors: its ``launch`` is a
+    Python wrapper (as ``wrap_handle_tensordesc``) closing over the C launcher and each descriptor's
+    metadata. The C launcher is a recording stand-in: no CUDA launcher runs on the CPU."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+    def __init__(self, metas: list) -> None:
+        self.c_calls: list[tuple] = []
+
+        def launcher(*args) -> None:
+            self.c_calls.append(args)
+
+        def wrapper(*args) -> None:  # encodes descriptors, then calls the C launcher (triton's names)
+            return launcher(*args, tuple(tensordesc_meta))
+
+        tensordesc_meta = metas
+        self.launch = wrapper
+        self.c_launcher = launcher
+
+
+def test_a_descriptor_wrapper_is_looked_through_to_its_c_launcher(fake_cuda: dict) -> None:
+    compiled = _Compiled()
+    compiled.run = _DescriptorRun([{"swizzle": 3}, {"swizzle": 1}])
+    launch = DirectLaunch(_Kernel(compiled), (7,), dict(BLOCK=64, FLAG=True))
+    assert launch.descriptor_launcher() is None  # nothing adopted yet
+    launch(torch.zeros(4), 5)
+    raw, metas = launch.descriptor_launcher()
+    assert raw is compiled.run.c_launcher and metas == [{"swizzle": 3}, {"swizzle": 1}]
+    launch.launch_raw(raw, "map", 4, 1, 5)
+    assert compiled.run.c_calls == [(7, 1, 1, 1000, "function-handle", False, False, None, None, "metadata",
+                                     None, None, None, "map", 4, 1, 5, 64, True)]
+    assert launch.direct_calls == 1
+
+
+def test_a_launcher_without_descriptor_metadata_is_not_looked_through(fake_cuda: dict) -> None:
+    """No lowering to CUtensorMaps (metadata None): the wrapper's own expansion must stay."""
+    compiled = _Compiled()
+    compiled.run = _DescriptorRun([None])
+    launch = DirectLaunch(_Kernel(compiled), (7,), dict(BLOCK=64, FLAG=True))
+    launch(torch.zeros(4), 5)
+    assert launch.descriptor_launcher() is None
+    plain = DirectLaunch(_Kernel(_Compiled()), (7,), dict(BLOCK=64, FLAG=True))
+    plain(torch.zeros(4), 5)
+    assert plain.descriptor_launcher() is None
+
+
 def test_another_current_device_or_a_launch_hook_takes_triton_path(fake_cuda: dict,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     compiled = _Compiled()
@@ -217,3 +265,26 @@ def test_a_launch_hook_sees_every_launch() -> None:
         knobs.runtime.launch_enter_hook.remove(hook)
     torch.cuda.synchronize()
     assert len(seen) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_tma_calls_on_ever_new_addresses_keep_their_tensor_maps_right(layout: str) -> None:
+    """TMA launches past triton's descriptor wrapper, with CUtensorMaps kept per address: fresh operands
+    at more addresses than are kept (the cache empties and refills) still compute their own product."""
+    config = kernels.Config.make(VARIANT="tma", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_SIZE_M=8, SPLIT_K=1,
+                                 NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=3)
+    w = torch.randn(256, 512, device="cuda", dtype=torch.float16)
+    b = w.t() if layout == "nt" else torch.randn(512, 256, device="cuda", dtype=torch.float16)
+    keep = []  # live tensors, so that addresses do not repeat
+    for step in range(gemm._TENSORMAPS_PER_OPERAND + 6):
+        a = torch.randn(192, 512, device="cuda", dtype=torch.float16)
+        c = kernels.matmul_with(config, a, b)
+        keep.append((a, c))
+        if step in (0, 1, gemm._TENSORMAPS_PER_OPERAND + 5):
+            torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=5e-2, rtol=2e-2)
+    launch = gemm.LAUNCHES.get(gemm._launch_key(config, a, b, c))
+    assert launch is not None and launch._raw is not None, "triton 3.6 offers its C launcher: it must be used"
+    assert launch.launch.direct_calls == gemm._TENSORMAPS_PER_OPERAND + 5
+    for a, c in keep[-3:]:
+        torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=5e-2, rtol=2e-2)

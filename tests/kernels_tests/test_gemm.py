@@ -231,7 +231,7 @@ def test_splitk_twice_in_a_row_rearms_arrival_counters(variant, torch_device) ->
         a, b = _rand(33, 47, "fp16", torch_device, seed), _rand(47, 70, "fp16", torch_device, seed + 100)
         out = matmul_with(config, a, b, out=_poisoned(33, 70, a))
         _assert_matmul(out, a, b, "fp16")
-        _, arrivals = gemm._WORKSPACE._by_device[a.device]
+        _, arrivals = gemm._WORKSPACE.get(a.device, 0, 0)  # this stream's, as the call used it
         assert int(arrivals.count_nonzero()) == 0
 
 
@@ -240,6 +240,47 @@ def test_splitk_workspace_grows_for_a_larger_problem(torch_device) -> None:
     for m, n, k in ((1, 1, 64), (70, 70, 64), (17, 33, 65)):
         a, b = _rand(m, k, "fp16", torch_device, m), _rand(k, n, "fp16", torch_device, n)
         _assert_matmul(matmul_with(config, a, b), a, b, "fp16")
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_the_repack_launch_pads_both_operands_in_one_kept_buffer(layout: str, torch_device) -> None:
+    """What a repack plan runs (RepackLaunch): both padding copies in one launch into this stream's
+    scratch buffer, then the kernel. A second call with new operands reuses the buffer and is right."""
+    config = VARIANT_CONFIGS["repack"]
+    m, n, k = 33, 20, 47  # K rows of 94 bytes: not 16-byte aligned
+    results = []
+    for seed in (21, 22):
+        a = _rand(m, k, "fp16", torch_device, seed)
+        b = _rand(n, k, "fp16", torch_device, seed + 1).t() if layout == "nt" else _rand(k, n, "fp16", torch_device, seed + 1)
+        if seed == 21:
+            launch = gemm.RepackLaunch(config, a, b, _poisoned(m, n, a))
+        out = _poisoned(m, n, a)
+        launch(a, b, out)
+        _assert_matmul(out, a, b, "fp16")
+        results.append(launch._views[0])
+    assert results[0] is results[1], "the scratch buffer is kept, not allocated per call"
+
+
+def test_scratch_grows_by_doubling_per_stream_and_keeps_what_a_side_stream_outgrew(monkeypatch) -> None:
+    """The stream query is a stand-in here (the CPU has no CUDA streams): it names the current stream."""
+    current = {"stream": 0}
+    monkeypatch.setattr(gemm, "_raw_stream", lambda index: current["stream"])
+    scratch, cuda = gemm._Scratch(), torch.device("cuda", 0)
+    made: list[int] = []
+
+    def make(size: int) -> list[int]:
+        made.append(size)
+        return [size]
+
+    first = scratch.get("x", cuda, 100, make)
+    assert scratch.get("x", cuda, 60, make) is first and made == [100]
+    scratch.get("x", cuda, 150, make)  # outgrown on the default stream: dropped
+    assert made == [100, 200] and scratch._outgrown == []
+    current["stream"] = 7  # a side stream, where graphs are captured: its own buffer, outgrown ones kept
+    side = scratch.get("x", cuda, 10, make)
+    assert side is not first and made[-1] == 10
+    scratch.get("x", cuda, 11, make)
+    assert made[-1] == 20 and scratch._outgrown == [side]
 
 
 @pytest.mark.parametrize("variant", ["tiled", "splitk2", "tma", "repack"])
