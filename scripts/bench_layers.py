@@ -6,6 +6,13 @@ moe_matmul) eager, in a hand-captured CUDA graph, and under torch.compile(fullgr
 latency (ms per layer call), the time to get there (compile/autotune of the first call; for ours the
 tuner's search of every problem the layer poses, with --tune), and the error against torch eager.
 
+Each setting's columns are timed in --rounds rounds, in the given order, then reversed, then in order again:
+under sustained load the GPU's clocks drop, and on an H100 (2026-11-24) the same cuBLAS kernels got 5-8%
+slower from the first column timed in a setting to the last, so one fixed order (torch first, ours last)
+penalized the late columns. A column's latency is the median of its rounds; setup and error are the first
+round's (later rounds hit warm caches). Every round sets the column up afresh (run_column) and tears it
+down, as ours patches the model in place and columns cannot be alive at once.
+
     PYTHONPATH=. python scripts/bench_layers.py --quick --out $OUT            # ~5 min on an H100
     PYTHONPATH=. python scripts/bench_layers.py --tune quick --out $OUT       # untuned problems quick-tuned first
     PYTHONPATH=. python scripts/bench_layers.py --tune 20 --out $OUT          # every problem searched first
@@ -19,6 +26,7 @@ import contextlib
 import json
 import logging
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -207,24 +215,44 @@ def error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).norm() / ref.norm().clamp_min(1e-6))
 
 
+def round_order(columns: tuple[str, ...], round_index: int) -> tuple[str, ...]:
+    """The order of the columns in round ``round_index``: as given in even rounds, reversed in odd ones, so a
+    column timed late (clocks already dropped under load) in one round is timed early in the next."""
+    return columns if round_index % 2 == 0 else columns[::-1]
+
+
 def bench_setting(name: str, model: torch.nn.Module, x: torch.Tensor, columns: tuple, iters: int, smoke: bool,
-                  tune_s: float) -> list[dict]:
-    rows, reference = [], None
-    for column in columns:
-        try:
-            latency, setup, out = run_column(column, model, x, iters, smoke)
-        except Exception as exc:  # a column that cannot run here (e.g. Inductor without a compiler) is reported
-            LOG.warning("%s %s failed: %s", name, column, exc)
-            rows.append({"setting": name, "column": column, "error_msg": repr(exc)[:300]})
-            continue
-        reference = out if column == "torch_eager" else reference
-        err = error(out, reference) if reference is not None else float("nan")
-        rows.append({"setting": name, "column": column, "latency_ms": latency,
-                     "setup_s": setup + (tune_s if column.startswith("ours") else 0.0), "rel_error": err,
-                     # None: not checked (no torch_eager column ran first to check against)
-                     "ok": err < TOLERANCE[x.dtype] if reference is not None else None})
-        LOG.info("%s %-22s %9.3f ms  setup %7.1f s  err %.1e", name, column, latency, rows[-1]["setup_s"], err)
-    return rows
+                  tune_s: float, rounds: int = 1) -> list[dict]:
+    """One row per column, in ``columns``' order: the median latency over ``rounds`` rounds of alternating
+    order, with setup and error from the first round; a column that fails is an error row from then on."""
+    first: dict[str, dict] = {}  # column -> its first round's row fields, or its error row
+    latencies: dict[str, list[float]] = {c: [] for c in columns}
+    reference = None  # torch eager's first-round output: only it is kept, as outputs can be large (prefill)
+    for round_index in range(rounds):
+        for column in round_order(columns, round_index):
+            if "error_msg" in first.get(column, {}):
+                continue  # failed in an earlier round: it would most likely fail again, at the same cost
+            try:
+                latency, setup, out = run_column(column, model, x, iters, smoke)
+            except Exception as exc:  # a column that cannot run here (e.g. Inductor without a compiler) is reported
+                LOG.warning("%s %s failed in round %d: %s", name, column, round_index, exc)
+                first[column] = {"setting": name, "column": column, "error_msg": repr(exc)[:300],
+                                 "round": round_index}
+                continue
+            latencies[column].append(latency)
+            if round_index == 0:
+                reference = out if column == "torch_eager" else reference
+                err = error(out, reference) if reference is not None else float("nan")
+                first[column] = {"setup_s": setup + (tune_s if column.startswith("ours") else 0.0),
+                                 "rel_error": err,
+                                 # None: not checked (no torch_eager column ran first to check against)
+                                 "ok": err < TOLERANCE[x.dtype] if reference is not None else None}
+            # this round's own setup (later rounds' show the warm caches); the error is checked in round 0 only
+            LOG.info("%s round %d %-22s %9.3f ms  setup %7.1f s  err %.1e", name, round_index, column, latency,
+                     setup, first[column]["rel_error"])
+    return [first[c] if "error_msg" in first[c] else
+            {"setting": name, "column": c, "latency_ms": statistics.median(latencies[c]),
+             "latency_rounds_ms": latencies[c], **first[c]} for c in columns]
 
 
 def settings(args: argparse.Namespace) -> list[tuple[str, str, int]]:
@@ -274,8 +302,12 @@ def main(argv: list[str] | None = None) -> int:
                              "--db); a budget (20, 30s): search every problem of each layer with it")
     parser.add_argument("--db", default=None, help="database for --tune (default: a fresh SQLite under --out)")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per column (default 50; 10 prefill)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds per setting, the columns' order reversed every other round (default 2)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_layers_out"))
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: each column needs at least one round; pass --rounds 1 or more")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     smoke = args.cpu_smoke
     device = torch.device("cpu" if smoke else "cuda")
@@ -303,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         LOG.info("%s: %d problems, %d tuned here in %.1f s; dispatch runs:", name, len(problems), tuned, tune_s)
         problem_rows[name] = {"tuned_here": tuned, "tune_s": tune_s, "choices": chosen(problems)}
         iters = args.iters or (3 if smoke else 10 if mode == "prefill" else 50)
-        rows += bench_setting(name, model, x, columns, iters, smoke, tune_s)
+        rows += bench_setting(name, model, x, columns, iters, smoke, tune_s, args.rounds)
         write_results(out_dir, args, columns, rows, problem_rows)  # after every setting: a cut-off run keeps it
     print(table(rows, columns))
     plot(rows, columns, out_dir)
@@ -316,7 +348,7 @@ def write_results(out_dir: Path, args: argparse.Namespace, columns: tuple, rows:
 
     device_name = "cpu" if args.cpu_smoke else torch.cuda.get_device_name()
     meta = {"device": device_name, "torch": torch.__version__, "triton": triton.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "columns": columns, "tuned": args.tune,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"), "columns": columns, "rounds": args.rounds, "tuned": args.tune,
             "command": " ".join(sys.argv)}
     (out_dir / "bench_layers.json").write_text(json.dumps({"meta": meta, "rows": rows, "problems": problems},
                                                           indent=1))
