@@ -295,7 +295,7 @@ def direct_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Ten
     tiles = _cdiv(m, bm) * _cdiv(n, bn)
     device, partial_elems = a.device, tiles * split * bm * bn
     launch = DirectLaunch(_splitk_kernel, (tiles, split), _constexprs(config, a, b, c, SPLIT_K=split))
-    return launch, lambda: _WORKSPACE.get(device, partial_elems, tiles)
+    return launch, _WORKSPACE.getter(device, partial_elems, tiles)
 
 
 class _Scratch:
@@ -313,16 +313,29 @@ class _Scratch:
         self._held: dict[tuple, tuple[int, Any]] = {}
         self._outgrown: list[Any] = []
 
+    def getter(self, what: Hashable, device: torch.device, need: int, make: Callable[[int], Any]) -> Callable[[], Any]:
+        """A function that returns the current stream's buffers of ``what`` (at least ``need`` large):
+        what a launch plan keeps, so that a call pays a stream query and a dict lookup, nothing more."""
+        index = device.index if device.type == "cuda" else None
+        held = self._held
+
+        def get() -> Any:
+            stream = _raw_stream(index) if index is not None else 0
+            entry = held.get((what, index, stream))
+            if entry is not None and entry[0] >= need:
+                return entry[1]
+            return self._grow((what, index, stream), need, make)
+        return get
+
     def get(self, what: Hashable, device: torch.device, need: int, make: Callable[[int], Any]) -> Any:
-        stream = _raw_stream(device.index) if device.type == "cuda" else 0
-        key = (what, device, stream)
-        held = self._held.get(key)
-        if held is not None and held[0] >= need:
-            return held[1]
-        size = max(need, 2 * held[0]) if held is not None else need
+        return self.getter(what, device, need, make)()
+
+    def _grow(self, key: tuple, need: int, make: Callable[[int], Any]) -> Any:
+        entry = self._held.get(key)
+        size = max(need, 2 * entry[0]) if entry is not None else need
         buffers = make(size)
-        if held is not None and stream != 0:
-            self._outgrown.append(held[1])
+        if entry is not None and key[2] != 0:
+            self._outgrown.append(entry[1])
         self._held[key] = (size, buffers)
         return buffers
 
@@ -336,13 +349,17 @@ class _SplitKWorkspace:
     The kernel re-arms each counter to zero after use, so one zeroing at allocation is enough.
     """
 
-    def get(self, device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def getter(self, device: torch.device, partial_elems: int, tiles: int
+               ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         # One size covers both: partial tiles of `need` fp32 elements, and a counter per 256 of them
         # (a tile holds at least 16 x 16 elements, so the tiles fit).
         need = max(partial_elems, tiles * 256, 1 << 16)
-        return _SCRATCH.get("splitk", device, need, lambda size: (
+        return _SCRATCH.getter("splitk", device, need, lambda size: (
             torch.empty(size, dtype=torch.float32, device=device),
             torch.zeros(size // 256, dtype=torch.int32, device=device)))
+
+    def get(self, device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.getter(device, partial_elems, tiles)()
 
 
 _WORKSPACE = _SplitKWorkspace()
@@ -519,6 +536,9 @@ class RepackLaunch:
         # B is copied as w = B^T, rows along K, whatever its own layout (see _launch_repack).
         self.pad_args = (m, n, k, k_padded, a.stride(0), a.stride(1), b.stride(1), b.stride(0), a_programs, tiles_c)
         self._views: tuple[Any, torch.Tensor, torch.Tensor] = (None, a, b)
+        dtype, device = a.dtype, a.device
+        self.scratch = _SCRATCH.getter(("repack", dtype), device, self.elems,
+                                       lambda size: torch.empty(size, dtype=dtype, device=device))
         a_padded, b_padded = self._padded(a, b)
         self.launch, self.workspace = direct_launch(config, a_padded, b_padded, c)
         self.args = (m, n, k_padded, a_padded.stride(0), a_padded.stride(1), b_padded.stride(0),
@@ -527,8 +547,7 @@ class RepackLaunch:
     def _padded(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(A padded [m, k_padded], B padded [k_padded, n] as a view of w [n, k_padded]) in this stream's
         scratch; the views are made again only when the stream's buffer is new."""
-        buffer = _SCRATCH.get(("repack", self.dtype), self.device, self.elems,
-                              lambda size: torch.empty(size, dtype=self.dtype, device=self.device))
+        buffer = self.scratch()
         held, a_padded, b_padded = self._views
         if held is not buffer:
             m, n, k_padded = self.shapes
