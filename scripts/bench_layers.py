@@ -313,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if smoke else "cuda")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if device.type == "cuda":
+        # What a process gets once the C++ path of cuBLAS plans is built (kernels/_native.py): built
+        # first, so that no compile of it runs beside the timed calls (it slowed a column 1.6x, session 10).
+        LOG.info("C++ path of cuBLAS plans: %s", kernels._native.start(block=True))
     columns = args.columns or (("torch_eager", "ours_eager", "ours_compile") if smoke
                                else QUICK_COLUMNS if args.quick else ALL_COLUMNS)
     rows: list[dict] = []
