@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     if device.type == "cuda":
         # What a process gets once the C++ path of cuBLAS plans is built (kernels/_native.py): built
-        # first, so that no compile of it runs beside the timed calls (it slowed a column 1.6x, session 10).
+        # first, so that no compile of it runs beside the timed calls (decoder decode 32, ours eager: 1.317 ms
+        # in session 10, likely timed during the build; 0.817 with it built first, session 11 call 1).
         LOG.info("C++ path of cuBLAS plans: %s", kernels._native.start(block=True))
     columns = args.columns or (("torch_eager", "ours_eager", "ours_compile") if smoke
                                else QUICK_COLUMNS if args.quick else ALL_COLUMNS)
