@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import io
+import pstats
 import os
 import sys
 import time
@@ -39,6 +42,7 @@ def main() -> int:
     parser.add_argument("--columns", default="torch_eager,ours_eager,compile_default,ours_compile")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rows", type=int, default=14)
+    parser.add_argument("--cprofile", action="store_true", help="also cProfile 20 calls of each column (host time)")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
@@ -61,12 +65,25 @@ def main() -> int:
                     for _ in range(5):
                         fn()
                     torch.cuda.synchronize()
+                host = None
+                if args.cprofile:
+                    host = cProfile.Profile()
+                    host.enable()
+                    for _ in range(20):
+                        fn()
+                    torch.cuda.synchronize()
+                    host.disable()
             events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
             total = sum(e.self_device_time_total for e in events) / 5 / 1e3
             print(f"\n## {setting} {column}: {min(ms):.3f} ms per call (of {['%.3f' % v for v in ms]}), "
                   f"GPU kernels {total:.3f} ms per call, first call {setup:.1f} s", flush=True)
             for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.rows]:
                 print(f"  {e.self_device_time_total / 5 / 1e3:8.3f} ms  x{e.count // 5:<3d} {e.key[:110]}")
+            if host is not None:
+                text = io.StringIO()
+                pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(args.rows)
+                print("  host, 20 calls, by own time:\n" + "\n".join("    " + line for line in
+                                                                   text.getvalue().splitlines()[6:] if line.strip()))
     return 0
 
 
