@@ -288,3 +288,30 @@ def test_tma_calls_on_ever_new_addresses_keep_their_tensor_maps_right(layout: st
     assert launch.launch.direct_calls == gemm._TENSORMAPS_PER_OPERAND + 5
     for a, c in keep[-3:]:
         torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=5e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gated", [False, True])
+def test_epilogue_direct_calls_compute_the_new_operands(gated: bool) -> None:
+    from kernels.epilogue import gated_matmul_with, matmul_bias_with
+
+    config = kernels.Config.make(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_SIZE_M=4, num_warps=4, num_stages=3)
+    a = torch.empty(100, 512, device="cuda", dtype=torch.float16)
+    b = torch.empty(512, 2 * 96 if gated else 96, device="cuda", dtype=torch.float16)
+    bias = torch.randn(96, device="cuda", dtype=torch.float16)
+
+    def run() -> torch.Tensor:
+        return gated_matmul_with(config, a, b) if gated else matmul_bias_with(config, a, b, bias)
+
+    def expected() -> torch.Tensor:
+        c = a.float() @ b.float()
+        return torch.nn.functional.silu(c[:, :96]) * c[:, 96:] if gated else c + bias.float()
+
+    _refill(a, b)
+    run()
+    for _ in range(2):
+        _refill(a, b)
+        torch.testing.assert_close(run().float(), expected(), atol=3e-2, rtol=2e-2)
+    launches = [launch for key, launch in gemm.LAUNCHES._entries.items()
+                if key[:3] == ("epilogue", config, gated) and key[6:9] == (100, 96, 512)]
+    assert len(launches) == 1 and launches[0].direct_calls == 2
