@@ -3,6 +3,7 @@
     PYTHONPATH=. python3 scripts/quick_tune.py --corpus tuned --db sqlite:///out.db --json out.json
     PYTHONPATH=. python3 scripts/quick_tune.py --key bf16:nt:8x4096x4096 --db sqlite:///out.db
     PYTHONPATH=. python3 scripts/quick_tune.py --corpus all --skip-table kernels/tables/h100.json --db sqlite:///q.db
+    PYTHONPATH=. python3 scripts/quick_tune.py --corpus tuned --small-m-first --budget-s 520 --db sqlite:///h200.db
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ def main() -> int:
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting problems after this many seconds")
     parser.add_argument("--skip-table", default=None,
                         help="leave out problems this export (a shipped table) has both modes' records of, for this GPU")
+    parser.add_argument("--small-m-first", action="store_true",
+                        help="problems with M <= 128 first, by M (where Triton wins most; a budget-cut run keeps them)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.current_device()
     problems = problems_of(args)
+    if args.small_m_first:
+        problems.sort(key=lambda p: (p.shapes[0][0] > 128, p.shapes[0][0], p.key))
     if args.skip_table:
         from db import load_document
 
