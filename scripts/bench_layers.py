@@ -7,9 +7,9 @@ latency (ms per layer call), the time to get there (compile/autotune of the firs
 tuner's search of every problem the layer poses, with --tune), and the error against torch eager.
 
 Each setting's columns are timed in --rounds rounds, in the given order, then reversed, then in order again:
-under sustained load the GPU's clocks drop, and on an H100 (2026-11-24) the same cuBLAS kernels got 5-8%
-slower from the first column timed in a setting to the last, so one fixed order (torch first, ours last)
-penalized the late columns. A column's latency is the median of its rounds; setup and error are the first
+the GPU's speed drifts within a run (on an H100, 2026-11-24, the same cuBLAS kernels' time ranged 4.32-4.90
+ms between the columns of one process: docs/BENCHMARKS.md, eleventh session), so one fixed order (torch
+first, ours last) would tilt the comparison. A column's latency is the median of its rounds; setup and error are the first
 round's (later rounds hit warm caches). Every round sets the column up afresh (run_column) and tears it
 down, as ours patches the model in place and columns cannot be alive at once.
 
