@@ -191,27 +191,22 @@ def _pad_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_r, stri
     narrow, but a warp's loads still cover contiguous bytes; the destination is row-major with
     aligned rows, so its stores are wide.
     """
-    # 64-bit offsets: a column-major source steps rows * cols apart, past 2**31 on large operands.
-    offs_r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
-    offs_c = (tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-    inside = (offs_r[:, None] < rows) & (offs_c[None, :] < cols)
-    values = tl.load(src_ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
-                     mask=inside, other=0.0)
-    tl.store(dst_ptr + offs_r[:, None] * dst_cols + offs_c[None, :], values,
-             mask=(offs_r[:, None] < dst_rows) & (offs_c[None, :] < dst_cols))
+    _pad_rows(src_ptr, dst_ptr, rows, cols, 0, dst_rows, dst_cols, stride_r, stride_c,
+              tl.program_id(0), tl.program_id(1), BLOCK_R, BLOCK_C)
 
 
 @triton.jit
-def _pad_rows(src_ptr, dst_ptr, rows, cols, dst_row0, dst_cols, stride_r, stride_c, tile_r, tile_c,
+def _pad_rows(src_ptr, dst_ptr, rows, cols, dst_row0, dst_rows, dst_cols, stride_r, stride_c, tile_r, tile_c,
               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """One (BLOCK_R, BLOCK_C) tile of ``_pad_kernel``, its rows landing from ``dst_row0`` on."""
+    """One (BLOCK_R, BLOCK_C) tile of a padding copy: src inside (rows, cols), 0 elsewhere in
+    (dst_rows, dst_cols), the tile's rows landing from ``dst_row0`` on."""
+    # 64-bit offsets: a column-major source steps rows * cols apart, past 2**31 on large operands.
     offs_r = (tile_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     offs_c = (tile_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)
-    rows_in = offs_r[:, None] < rows
     values = tl.load(src_ptr + offs_r[:, None] * stride_r + offs_c[None, :] * stride_c,
-                     mask=rows_in & (offs_c[None, :] < cols), other=0.0)
+                     mask=(offs_r[:, None] < rows) & (offs_c[None, :] < cols), other=0.0)
     tl.store(dst_ptr + (dst_row0 + offs_r[:, None]) * dst_cols + offs_c[None, :], values,
-             mask=rows_in & (offs_c[None, :] < dst_cols))
+             mask=(offs_r[:, None] < dst_rows) & (offs_c[None, :] < dst_cols))
 
 
 @triton.jit
@@ -221,9 +216,9 @@ def _pad_pair_kernel(a_ptr, w_ptr, dst_ptr, m, n, k, k_padded, stride_am, stride
     w = B^T [n, k] into the n rows after them; zeros past k. The first ``a_programs`` programs copy A."""
     pid = tl.program_id(0)
     if pid < a_programs:
-        _pad_rows(a_ptr, dst_ptr, m, k, 0, k_padded, stride_am, stride_ak, pid // tiles_c, pid % tiles_c,
+        _pad_rows(a_ptr, dst_ptr, m, k, 0, m, k_padded, stride_am, stride_ak, pid // tiles_c, pid % tiles_c,
                   BLOCK_R, BLOCK_C)
     else:
         pid -= a_programs
-        _pad_rows(w_ptr, dst_ptr, n, k, m, k_padded, stride_wn, stride_wk, pid // tiles_c, pid % tiles_c,
+        _pad_rows(w_ptr, dst_ptr, n, k, m, n, k_padded, stride_wn, stride_wk, pid // tiles_c, pid % tiles_c,
                   BLOCK_R, BLOCK_C)

@@ -192,7 +192,7 @@ def silu_mul(c: torch.Tensor) -> torch.Tensor:
             return torch.nn.functional.silu(c[:, :n]) * c[:, n:]
     if c.stride(1) != 1 or m == 0 or n == 0:
         return torch.nn.functional.silu(c[:, :n]) * c[:, n:]
-    out = torch.empty((m, n), dtype=c.dtype, device=c.device)
+    out = c.new_empty((m, n))
     key = ("silu_mul", m, n, c.stride(0), c.dtype, c.device, c.data_ptr() % 16)  # all Triton specializes on
     launch = LAUNCHES.get_or_make(key, lambda: DirectLaunch(
         _silu_mul_kernel, (m, triton.cdiv(n, _GATE_BLOCK)), dict(BLOCK=_GATE_BLOCK, num_warps=4)))

@@ -528,7 +528,7 @@ class RepackLaunch:
         m, k = a.shape
         n = b.shape[1]
         k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
-        self.device, self.dtype, self.elems, self.shapes = a.device, a.dtype, (m + n) * k_padded, (m, n, k_padded)
+        self.elems, self.shapes = (m + n) * k_padded, (m, n, k_padded)
         tiles_c = _cdiv(k_padded, _PAD_BLOCK_C)
         a_programs = _cdiv(m, _PAD_BLOCK_R) * tiles_c
         self.pad = DirectLaunch(_pad_pair_kernel, (a_programs + _cdiv(n, _PAD_BLOCK_R) * tiles_c,),
@@ -539,26 +539,24 @@ class RepackLaunch:
         dtype, device = a.dtype, a.device
         self.scratch = _SCRATCH.getter(("repack", dtype), device, self.elems,
                                        lambda size: torch.empty(size, dtype=dtype, device=device))
-        a_padded, b_padded = self._padded(a, b)
+        _, a_padded, b_padded = self._padded_views()  # their layout, for the kernel's launch: nothing copied yet
         self.launch, self.workspace = direct_launch(config, a_padded, b_padded, c)
         self.args = (m, n, k_padded, a_padded.stride(0), a_padded.stride(1), b_padded.stride(0),
                      b_padded.stride(1), c.stride(0), c.stride(1))
 
-    def _padded(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(A padded [m, k_padded], B padded [k_padded, n] as a view of w [n, k_padded]) in this stream's
-        scratch; the views are made again only when the stream's buffer is new."""
+    def _padded_views(self) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """(this stream's scratch buffer, A padded [m, k_padded], B padded [k_padded, n] as a view of
+        w [n, k_padded]); the views are made again only when the stream's buffer is new."""
         buffer = self.scratch()
-        held, a_padded, b_padded = self._views
-        if held is not buffer:
+        if self._views[0] is not buffer:
             m, n, k_padded = self.shapes
-            a_padded = buffer[:m * k_padded].view(m, k_padded)
-            b_padded = buffer[m * k_padded:(m + n) * k_padded].view(n, k_padded).t()
-            self._views = (buffer, a_padded, b_padded)
-        self.pad(a, b, buffer, *self.pad_args)
-        return a_padded, b_padded
+            self._views = (buffer, buffer[:m * k_padded].view(m, k_padded),
+                           buffer[m * k_padded:(m + n) * k_padded].view(n, k_padded).t())
+        return self._views
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-        a_padded, b_padded = self._padded(a, b)
+        buffer, a_padded, b_padded = self._padded_views()
+        self.pad(a, b, buffer, *self.pad_args)
         if self.workspace is None:
             self.launch(a_padded, b_padded, c, *self.args)
         else:
