@@ -13,7 +13,7 @@ best of a few launch shapes, timed the way the benchmark times GEMMs:
 
 cuBLAS and our best swept configs are timed beside it. Prints a table and writes JSON.
 
-    python scripts/floor_probe.py --json floor.json
+    python scripts/probes/floor_probe.py --json floor.json
 """
 
 from __future__ import annotations

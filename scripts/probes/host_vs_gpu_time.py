@@ -10,7 +10,7 @@ Our calls are timed twice: with the direct launch (kernels/_launch.py, the defau
 on Triton's own path (``KERNELS_DIRECT_LAUNCH=0``), for the groups and for one dense problem (fp16, B
 transposed). A last table splits one grouped call's host time.
 
-    PYTHONPATH=. python scripts/host_vs_gpu_time.py --db sqlite:////tmp/h100.db --rounds 3
+    PYTHONPATH=. python scripts/probes/host_vs_gpu_time.py --db sqlite:////tmp/h100.db --rounds 3
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ sample of valid configs per variant, compiled and checked in parallel worker pro
 one by one (median of do_bench, L2 flushed), beside torch.matmul. Prints the best per variant and
 writes every measurement to JSON.
 
-    python scripts/probe_variants.py --dtype fp16 --layout nn --per-variant 16 --out probe.json
+    python scripts/probes/probe_variants.py --dtype fp16 --layout nn --per-variant 16 --out probe.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For 1024x768x512 in fp16/bf16 and both B layouts, prints what dispatch picked, t
 has no host work in it: equal there means the same kernel runs.
 
     python3 -m tuner import kernels/tables/h100.json --db sqlite:////tmp/all.db
-    PYTHONPATH=. python3 scripts/small_dense_dispatch.py --db sqlite:////tmp/all.db
+    PYTHONPATH=. python3 scripts/probes/small_dense_dispatch.py --db sqlite:////tmp/all.db
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ script times those three finalists the way the search does (``Bench.measure``) a
 contest does (``Bench.contest``), in this process and in the isolated timing worker, checks that a
 call does not synchronise, and prints the host-plus-GPU time of one call:
 
-    PYTHONPATH=. python scripts/diag_contest.py
+    PYTHONPATH=. python scripts/probes/diag_contest.py
 
 On the H100 every contest read 6.0-6.8 us (docs/runs/h100-session6/call4-diag-contest.txt): the
 disturbance did not reproduce in isolation.

@@ -4,8 +4,8 @@ What a call costs before the GPU sees it: checking operands, finding the config,
 and the output views. The kernel launch is replaced by a no-op, so this runs anywhere (under
 TRITON_INTERPRET=1 on a CPU too); Triton's own launch cost comes on top and is not measured here.
 
-    TRITON_INTERPRET=1 PYTHONPATH=. python scripts/host_overhead.py        # CPU tensors
-    PYTHONPATH=. python scripts/host_overhead.py --device cuda             # on a GPU
+    TRITON_INTERPRET=1 PYTHONPATH=. python scripts/probes/host_overhead.py        # CPU tensors
+    PYTHONPATH=. python scripts/probes/host_overhead.py --device cuda             # on a GPU
 """
 
 from __future__ import annotations
