@@ -183,23 +183,14 @@ def _tma_kernel(a_desc, b_desc, c_desc, M, N, K,
 
 
 @triton.jit
-def _pad_kernel(src_ptr, dst_ptr, rows, cols, dst_rows, dst_cols, stride_r, stride_c,
-                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dst = src inside (rows, cols), 0 elsewhere in (dst_rows, dst_cols): one pass over both buffers.
-
-    The source rows may start anywhere (4099 fp16 values: odd byte offsets), so its loads are
-    narrow, but a warp's loads still cover contiguous bytes; the destination is row-major with
-    aligned rows, so its stores are wide.
-    """
-    _pad_rows(src_ptr, dst_ptr, rows, cols, 0, dst_rows, dst_cols, stride_r, stride_c,
-              tl.program_id(0), tl.program_id(1), BLOCK_R, BLOCK_C)
-
-
-@triton.jit
 def _pad_rows(src_ptr, dst_ptr, rows, cols, dst_row0, dst_rows, dst_cols, stride_r, stride_c, tile_r, tile_c,
               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """One (BLOCK_R, BLOCK_C) tile of a padding copy: src inside (rows, cols), 0 elsewhere in
-    (dst_rows, dst_cols), the tile's rows landing from ``dst_row0`` on."""
+    (dst_rows, dst_cols), the tile's rows landing from ``dst_row0`` on: one pass over both buffers.
+
+    The source rows may start anywhere (4099 fp16 values: odd byte offsets), so its loads are
+    narrow, but a warp's loads still cover contiguous bytes; the destination is row-major with
+    aligned rows, so its stores are wide."""
     # 64-bit offsets: a column-major source steps rows * cols apart, past 2**31 on large operands.
     offs_r = (tile_r * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)
     offs_c = (tile_c * BLOCK_C + tl.arange(0, BLOCK_C)).to(tl.int64)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -32,7 +33,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._gemm_triton import _pad_kernel, _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
+from ._gemm_triton import _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
 from ._launch import DirectLaunch, LruCache, _raw_stream
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, log_distance
 
@@ -491,34 +492,6 @@ class TmaLaunch:
 _PAD_BLOCK_R, _PAD_BLOCK_C = 16, 256
 
 
-def _padded(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """A row-major (rows, cols) copy of ``x`` with zeros past its own rows and columns, in one launch.
-
-    ``torch.nn.functional.pad`` fills the whole buffer, then copies over it; this kernel reads each
-    source byte once and writes each destination byte once. Launched directly (kernels/_launch.py):
-    a first repack that padded with torch and launched through Triton's path benchmarked at 0.13 ms
-    on 3333x257x4099, where its search had timed 0.075 ms: the host's time, not the GPU's
-    (docs/BENCHMARKS.md, seventh session).
-    """
-    key = ("pad", x.device, x.dtype, *x.shape, *x.stride(), rows, cols, x.data_ptr() % 16)
-    return LAUNCHES.get_or_make(key, lambda: PadLaunch(x, rows, cols))(x)
-
-
-class PadLaunch:
-    """The padding copy of sources laid out like ``x`` into (rows, cols), launched directly."""
-
-    def __init__(self, x: torch.Tensor, rows: int, cols: int) -> None:
-        self.shape = (rows, cols)
-        self.args = (x.shape[0], x.shape[1], rows, cols, x.stride(0), x.stride(1))
-        self.launch = DirectLaunch(_pad_kernel, (_cdiv(rows, _PAD_BLOCK_R), _cdiv(cols, _PAD_BLOCK_C)),
-                                   dict(BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4))
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = x.new_empty(self.shape)
-        self.launch(x, out, *self.args)
-        return out
-
-
 class RepackLaunch:
     """``repack`` on operands laid out like the first call's: one launch copies both operands into a
     padded scratch buffer kept per stream (``_Scratch``), one runs the kernel on it. Before, each call
@@ -555,32 +528,35 @@ class RepackLaunch:
         return self._views
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-        buffer, a_padded, b_padded = self._padded_views()
-        self.pad(a, b, buffer, *self.pad_args)
-        if self.workspace is None:
-            self.launch(a_padded, b_padded, c, *self.args)
-        else:
-            self.launch(a_padded, b_padded, c, *self.workspace(), *self.args)
+        # The copy and the kernel are two launches on one buffer per stream: another thread's copy on
+        # the same stream between them would hand this kernel its operands. The lock keeps each pair
+        # together (Triton's launcher lets go of the GIL); uncontended, it costs well under 1 us.
+        with _REPACK_PAIR:
+            buffer, a_padded, b_padded = self._padded_views()
+            self.pad(a, b, buffer, *self.pad_args)
+            if self.workspace is None:
+                self.launch(a_padded, b_padded, c, *self.args)
+            else:
+                self.launch(a_padded, b_padded, c, *self.workspace(), *self.args)
+
+
+_REPACK_PAIR = threading.Lock()
 
 
 def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
-    """Copy A and B into zero-padded buffers with 16-byte aligned rows, then run the tiled kernel
-    (or split-K, with SPLIT_K > 1) on them.
+    """Copy A and B into a zero-padded buffer with 16-byte aligned rows, then run the tiled kernel
+    (or split-K, with SPLIT_K > 1) on it: ``RepackLaunch``, as a call plan runs it.
 
     Rows that are not a multiple of 16 bytes (K = 4099) defeat every wide load: the tiled kernel falls
-    back to 2-byte loads that cannot be pipelined, and TMA refuses such strides. One padding copy per
-    operand (zeros past K, which add nothing to the sum) costs a pass over A and B; the search
+    back to 2-byte loads that cannot be pipelined, and TMA refuses such strides. One padding copy of
+    both operands (zeros past K, which add nothing to the sum) costs a pass over A and B; the search
     weighs that against the faster kernel, copy included.
 
     B is copied K-major, as ``w.t()`` of an (N, K_padded) weight, whatever its own layout: its
     rows are then aligned whatever N is, and N is not the dimension its loads are wide along, so
     the tiles' wrap at N = 257 costs nothing (wrap_aligned) and C is written in place.
     """
-    m, k = a.shape
-    n = b.shape[1]
-    k_padded = _cdiv(k, config["BLOCK_K"]) * config["BLOCK_K"]
-    launch = _launch_splitk if config["SPLIT_K"] > 1 else _launch_tiled
-    launch(config, _padded(a, m, k_padded), _padded(b.t(), n, k_padded).t(), c)
+    LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: RepackLaunch(config, a, b, c))(a, b, c)
 
 
 _LAUNCHERS = {"tiled": _launch_tiled, "splitk": _launch_splitk, "tma": _launch_tma, "repack": _launch_repack}

@@ -410,8 +410,29 @@ def test_operands_on_different_devices_are_a_value_error() -> None:
 
 @pytest.mark.parametrize("kind", ["row-major", "transposed", "row-slice"])
 def test_padding_copy_keeps_values_and_zero_fills_the_rest(kind, torch_device) -> None:
-    x = _operand(kind, 5, 7, "fp16", torch_device, 9)
-    padded = gemm._padded(x, 6, 16)
-    assert padded.shape == (6, 16) and padded.is_contiguous()
-    assert torch.equal(padded[:5, :7].cpu(), x.cpu())
-    assert not padded[5:].any() and not padded[:, 7:].any()
+    """repack's one copy (_pad_pair_kernel): A into the buffer's first rows, B^T into the rows after
+    them, each zero past K, whatever either operand's layout and alignment."""
+    config = VARIANT_CONFIGS["repack"]
+    m, k, n = 5, 7, 6
+    a, b = _operand(kind, m, k, "fp16", torch_device, 9), _operand(kind, k, n, "fp16", torch_device, 10)
+    launch = gemm.RepackLaunch(config, a, b, _poisoned(m, n, a))
+    launch._views[0].fill_(float("nan"))  # the copy must write every element, zeros included
+    out = _poisoned(m, n, a)
+    launch(a, b, out)
+    _, a_padded, b_padded = launch._views
+    k_padded = config["BLOCK_K"]
+    assert a_padded.shape == (m, k_padded) and b_padded.shape == (k_padded, n)
+    assert torch.equal(a_padded[:, :k].cpu(), a.cpu()) and not a_padded[:, k:].any()
+    assert torch.equal(b_padded[:k].cpu(), b.cpu()) and not b_padded[k:].any()
+    _assert_matmul(out, a, b, "fp16")
+
+
+def test_explicit_repack_calls_run_the_plans_launch(torch_device) -> None:
+    """matmul_with (and out=) runs RepackLaunch as a plan does: one kept per operand layout."""
+    config = VARIANT_CONFIGS["repack"]
+    gemm.LAUNCHES.clear()
+    a, b = _rand(9, 13, "fp16", torch_device, 3), _rand(13, 11, "fp16", torch_device, 4)
+    for _ in range(2):
+        _assert_matmul(matmul_with(config, a, b), a, b, "fp16")
+    launches = [entry for entry in gemm.LAUNCHES._entries.values() if isinstance(entry, gemm.RepackLaunch)]
+    assert len(launches) == 1
