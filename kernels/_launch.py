@@ -139,10 +139,14 @@ class DirectLaunch:
             return
         if compiled.function is None:  # not loaded onto a device: nothing ran
             return
+        launch, fixed = _launcher_of(compiled)
+        # ``_launch`` last: a concurrent call reads it first and takes the shortcut only once it is set,
+        # so everything the shortcut passes must already be in place (free-threaded builds switch anywhere).
         self._constexprs = tuple(self.options[name] for name in tail)
         self._device = torch.cuda.current_device()
         self._compiled = compiled
-        self._launch, self._fixed = _launcher_of(compiled)
+        self._fixed = fixed
+        self._launch = launch
 
 
 def _launcher_of(compiled: Any) -> tuple[Any, tuple]:

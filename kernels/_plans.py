@@ -60,8 +60,9 @@ def put(key: Hashable, plan: ModePlans) -> ModePlans:
             _PLANS.clear()
             _native.forget_all()
         _PLANS[key] = plan
-    # A cuBLAS plan in both modes is served from C++ once the extension is ready (kernels/_native.py).
-    _native.remember(key, plan.both is _CUBLAS, getattr(key[-1], "type", None) == "cuda")
+        # A cuBLAS plan in both modes is served from C++ once the extension is ready (kernels/_native.py).
+        # Under the lock: a ``clear`` between the two would leave C++ serving a signature Python forgot.
+        _native.remember(key, plan.both is _CUBLAS, getattr(key[-1], "type", None) == "cuda")
     return plan
 
 

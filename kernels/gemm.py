@@ -35,6 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
 from ._launch import DirectLaunch, LruCache, _raw_stream
+from ._modes import capturing as _capturing
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, log_distance
 
 KERNEL = "matmul"
@@ -347,7 +348,14 @@ _SCRATCH = _Scratch()
 class _SplitKWorkspace:
     """fp32 partial tiles and arrival counters for split-K (``_Scratch``, per device and stream).
 
-    The kernel re-arms each counter to zero after use, so one zeroing at allocation is enough.
+    The kernel re-arms each counter to zero after use, so counters need zeroing once, when their
+    buffer is allocated, and that zeroing must have run. Outside a capture it runs at once. Inside a
+    capture (a stream's first split-K call may be captured: ``torch.cuda.graph`` captures on a stream
+    of its own, which no eager call has used) it is only a node of that graph, and another graph
+    captured later on the same stream (the same buffer) may be replayed before it: its counters would
+    start from whatever the memory held, and a tile would be summed before all of its slices landed.
+    Such a buffer (``_CapturedCounters``) is zeroed again in every graph that uses it, a small memset
+    node before the kernel, until an eager call on its stream zeroes it for good.
     """
 
     def getter(self, device: torch.device, partial_elems: int, tiles: int
@@ -355,12 +363,52 @@ class _SplitKWorkspace:
         # One size covers both: partial tiles of `need` fp32 elements, and a counter per 256 of them
         # (a tile holds at least 16 x 16 elements, so the tiles fit).
         need = max(partial_elems, tiles * 256, 1 << 16)
-        return _SCRATCH.getter("splitk", device, need, lambda size: (
-            torch.empty(size, dtype=torch.float32, device=device),
-            torch.zeros(size // 256, dtype=torch.int32, device=device)))
+        capturable = device.type == "cuda"
+        get = _SCRATCH.getter("splitk", device, need, lambda size: _splitk_buffers(device, size, capturable))
+
+        def workspace() -> tuple[torch.Tensor, torch.Tensor]:
+            buffers = get()
+            if type(buffers) is tuple:  # zeroed for good: what every call but a few after a capture gets
+                return buffers
+            return buffers.seeded(tiles, _capturing())
+
+        return workspace
 
     def get(self, device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.getter(device, partial_elems, tiles)()
+
+
+def _splitk_buffers(device: torch.device, size: int, capturable: bool) -> Any:
+    partial = torch.empty(size, dtype=torch.float32, device=device)
+    counters = torch.zeros(size // 256, dtype=torch.int32, device=device)
+    if capturable and _capturing():
+        return _CapturedCounters(partial, counters)
+    return partial, counters
+
+
+class _CapturedCounters:
+    """A split-K workspace allocated while its stream was capturing: its counters' zeroing is a node of
+    that one graph, not yet run (``_SplitKWorkspace``)."""
+
+    __slots__ = ("partial", "counters", "ready")
+
+    def __init__(self, partial: torch.Tensor, counters: torch.Tensor) -> None:
+        self.partial, self.counters = partial, counters
+        self.ready: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def seeded(self, tiles: int, capturing: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(partial, counters) with the counters this launch reads at zero when it runs.
+
+        Captured: zero this launch's counters in the graph (each replay does it before the kernel).
+        Eager: zero them all now, once; the kernel keeps them at zero from then on."""
+        if self.ready is not None:
+            return self.ready
+        if capturing:
+            self.counters[:tiles].zero_()
+        else:
+            self.counters.zero_()
+            self.ready = (self.partial, self.counters)
+        return self.partial, self.counters
 
 
 _WORKSPACE = _SplitKWorkspace()

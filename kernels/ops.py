@@ -358,9 +358,11 @@ def _call(name: str, fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.
 
     Why: ``torch.compile(mode="reduce-overhead")`` runs each graph once (warm-up), then captures it, and
     dispatch picks the graph winner while the stream captures: a config that may never have run, whose
-    Triton compile and module load, or split-K workspace growth, would then happen inside the capture
-    (where a compile fails and an allocation lands in the graph's pool). The warm-up's second run leaves
-    the capture nothing but launches, as ``warm_for_capture`` does for a capture by hand. Price: one more
+    Triton compile and module load would then happen inside the capture (where a compile fails). The
+    warm-up's second run leaves the capture nothing but launches and, where the capture stream has
+    none yet, the allocation of its split-K or repack scratch (scratch is kept per stream, and this run
+    is on the eager one; kernels/gemm.py ``_SplitKWorkspace`` says how counters allocated inside a
+    capture are kept right), as ``warm_for_capture`` does for a capture by hand. Price: one more
     GEMM per new signature, result dropped (rewriting ``out`` with the same values). Skipped where a mode
     is forced (the capture then runs the config the eager calls ran). After ``kernels.clear_cache()`` a
     capture looks its config up again (host work; the compiled kernel is still in Triton's cache).

@@ -436,3 +436,54 @@ def test_explicit_repack_calls_run_the_plans_launch(torch_device) -> None:
         _assert_matmul(matmul_with(config, a, b), a, b, "fp16")
     launches = [entry for entry in gemm.LAUNCHES._entries.values() if isinstance(entry, gemm.RepackLaunch)]
     assert len(launches) == 1
+
+
+# ------------------------------------------------------------------------------- split-K counters, captured
+
+def test_split_k_counters_allocated_in_a_capture_are_zeroed_by_each_graph_until_an_eager_call(monkeypatch) -> None:
+    """The capture check is a stand-in here (the CPU has no CUDA streams): it says what a capture would."""
+    monkeypatch.setattr(gemm, "_capturing", lambda: True)
+    buffers = gemm._splitk_buffers(torch.device("cpu"), 1 << 12, capturable=True)
+    assert isinstance(buffers, gemm._CapturedCounters), "allocated while capturing: its zeroing has not run"
+    buffers.counters.fill_(7)  # what a pool block may hold when the graph that zeroes it has not replayed
+    partial, counters = buffers.seeded(tiles=3, capturing=True)
+    assert counters[:3].eq(0).all() and counters[3:].eq(7).all(), "a captured launch zeroes its own counters"
+    assert buffers.ready is None, "a later graph must zero them again"
+    counters.fill_(7)
+    assert buffers.seeded(tiles=3, capturing=False)[1].eq(0).all(), "an eager call zeroes them all"
+    counters.fill_(7)
+    assert buffers.seeded(tiles=3, capturing=True)[1].eq(7).all(), "once zeroed for good, left to the kernel"
+    monkeypatch.setattr(gemm, "_capturing", lambda: False)
+    assert type(gemm._splitk_buffers(torch.device("cpu"), 1 << 12, capturable=True)) is tuple
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (this machine has none)")
+def test_split_k_graphs_captured_on_a_fresh_stream_are_right_in_any_replay_order() -> None:
+    """Two graphs captured one after another on a new stream share its split-K workspace, allocated (and
+    zeroed, as a node) inside the first. Replaying the second first must not read unzeroed counters."""
+    config = VARIANT_CONFIGS["splitk3"]
+    gen = torch.Generator().manual_seed(31)
+    a = torch.randn(64, 1024, generator=gen).half().cuda()
+    b = torch.randn(1024, 256, generator=gen).half().cuda()
+    ref = torch.matmul(a.float(), b.float())
+    matmul_with(config, a, b)  # compiled and loaded outside the captures
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    first, second = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(first, stream=stream):
+        out_first = matmul_with(config, a, b)
+    with torch.cuda.graph(second, stream=stream, pool=first.pool()):
+        out_second = matmul_with(config, a, b)
+    held = gemm._SCRATCH._held[("splitk", a.device.index, stream.cuda_stream)][1]
+    assert isinstance(held, gemm._CapturedCounters)
+    held.counters.fill_(7)  # what the pool may hand out: the first graph's zeroing has never run
+    out_second.zero_()
+    second.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(out_second.float(), ref, rtol=2e-2, atol=2e-1)
+    first.replay()
+    second.replay()
+    torch.cuda.synchronize()
+    assert torch.allclose(out_first.float(), ref, rtol=2e-2, atol=2e-1)
+    assert torch.allclose(out_second.float(), ref, rtol=2e-2, atol=2e-1)
