@@ -66,7 +66,8 @@ def time_calls(fn: Callable[[], object], device: torch.device, iters: int) -> fl
 
 
 def captured(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.Tensor]:
-    """``fn`` captured in a CUDA graph after a warm-up on a side stream: (replay, the graph's output)."""
+    """``fn`` captured in a CUDA graph after a warm-up on the stream that captures (torch's recipe; it
+    leaves the capture nothing to allocate or zero): (replay, the graph's output)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -74,7 +75,7 @@ def captured(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.
             kernels.ops.warm_for_capture(fn)  # our graph winners resolved and compiled before capture
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         out = fn()
     return graph.replay, out
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv with everything the project needs, on a machine with or without a GPU.
+# With a GPU: a venv with --system-site-packages, so the system's CUDA torch is reused.
 # Without a GPU: CPU torch and triton 3.6 (the GPU's version, so the interpreter runs the code the GPU
 # runs) with numpy < 2.4 (triton 3.6's interpreter fails with numpy >= 2.4).
 # The PostgreSQL tests need a server binary, and the C++ path of cuBLAS plans (kernels/_native.cpp) a
@@ -26,11 +27,14 @@ if [ ${#missing[@]} -gt 0 ]; then
              "will be skipped (apt-get install ${missing[*]} as root to run them)" >&2
     fi
 fi
-python3 -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    # With a GPU the venv sees the system's packages, so an installed CUDA torch (and its triton) is reused:
+    # pip finds torch>=2.4 satisfied and installs only what is missing.
+    python3 -m venv --system-site-packages .venv
     "${pip[@]}" -e ".[test,postgres]"
 else
+    python3 -m venv .venv
     "${pip[@]}" "torch==2.13.0" "triton==3.6.0" "numpy<2.4"
     "${pip[@]}" -e ".[test,postgres]"
 fi

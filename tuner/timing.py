@@ -54,8 +54,10 @@ def graph_ms(call: Callable[[], Any], budget: tuple[int, int] = FULL_MS) -> floa
 
 
 def capture(call: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    """``call`` captured in a CUDA graph, after a warm-up in each mode on a side stream (so that
-    compiling, resolving a config and allocating workspaces all happen before the capture)."""
+    """``call`` captured in a CUDA graph, after a warm-up in each mode on the stream that then captures
+    (so that compiling, resolving a config and allocating that stream's workspaces all happen before the
+    capture, as torch.compile's CUDA graphs warm up and capture on one stream: a split-K workspace first
+    allocated inside a capture would add a zeroing node to the graph, kernels/gemm.py ``_SplitKWorkspace``)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -65,7 +67,7 @@ def capture(call: Callable[[], Any]) -> torch.cuda.CUDAGraph:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         call()
     graph.replay()
     torch.cuda.synchronize()
