@@ -151,7 +151,8 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
         key = (device, problem, mode)
         config = DISPATCHER.cached(key) or DISPATCHER.resolve(key, GROUPED_MATMUL, problem, current_device(device), mode)
         launch = None if is_baseline(config) else grouped.prepare(config, pairs, device)
-        grouped.CALLS.put((pairs, mode), launch)
+        if launch is None or not launch.built_in_capture:  # a table filled only by its graph's replay
+            grouped.CALLS.put((pairs, mode), launch)
         if _REC.on:
             _REC.seen((pairs, mode) if pairs is not None else (problem, mode), GROUPED_MATMUL.name, problem,
                       current_device(device))

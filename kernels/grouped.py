@@ -15,14 +15,15 @@ import logging
 import math
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
 import triton.language as tl
 
+from . import _modes
 from ._device import interpreter_enabled
-from ._launch import DirectLaunch, LruCache
+from ._launch import DirectLaunch, LruCache, _raw_stream
 from ._spec import (Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, is_baseline,
                     log_distance)
 
@@ -307,13 +308,55 @@ def _plan(pairs: Signature, block_m: int, block_n: int) -> _Plan:
 
 
 def _to_device(table: array, device: torch.device) -> torch.Tensor:
-    """One host-to-device copy per call; from pinned memory it is asynchronous and ordered on the stream."""
+    """One host-to-device copy per operand signature, done before any stream may read the table."""
     host = torch.frombuffer(table, dtype=torch.int64)
     if device.type != "cuda":
         return host.clone()  # the interpreter reads it in place; the array dies with this frame
     # torch's caching host allocator hands out pinned blocks cheaply and keeps each until its copy is done.
     pinned = torch.empty(len(table), dtype=torch.int64, pin_memory=True).copy_(host)
-    return pinned.to(device, non_blocking=True)
+    on_device = pinned.to(device, non_blocking=True)
+    if _modes.capturing():
+        # The copy is a node of the graph, run before its kernel on every replay, and it reads the pinned
+        # block then: keep that too (recent torch leaks such blocks itself; older ones may hand them out again).
+        _keep_for_good(pinned)
+    else:
+        # A later call may find this launch in TABLES from another stream, which would not wait for a copy
+        # queued on this one. Waiting here costs once per signature and config, when the table is built.
+        torch.cuda.current_stream(device).synchronize()
+    return on_device
+
+
+# Tensors that a captured CUDA graph reads, by id, for the life of the process: a graph bakes in their
+# addresses and may be replayed for ever, while clear_cache (refresh threads, use_database, record mode)
+# or eviction from TABLES and CALLS would free them and let the caching allocator hand the block out
+# again. Nothing says when a graph dies, so they are never let go. Growth is bounded by what is captured:
+# one entry per table captured into a graph (one per signature and config, a handful per model), and
+# again only when a signature is captured anew after its Launch was dropped.
+CAPTURED: dict[int, torch.Tensor] = {}
+
+
+def _keep_for_good(tensor: torch.Tensor) -> None:
+    CAPTURED.setdefault(id(tensor), tensor)  # atomic under the GIL; the id is unique while the entry lives
+
+
+def _keep_if_captured(table: torch.Tensor, capturing: bool) -> bool:
+    """Keep ``table`` for good when the current stream is capturing (a graph now holds its address); whether it did."""
+    if capturing:
+        _keep_for_good(table)
+    return capturing
+
+
+def _record_use(table: torch.Tensor, device: int) -> None:
+    """Make the freeing of ``table`` wait for the work queued so far and later on the current stream."""
+    table.record_stream(torch.cuda.current_stream(device))
+
+
+def _stream_of(device: torch.device) -> tuple[int, int | None]:
+    """(device index, raw handle of its current stream), or (-1, None) where tensors have no streams (the CPU)."""
+    if device.type != "cuda":
+        return -1, None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return index, _raw_stream(index)
 
 
 # Ready launches, keyed by (signature, config): the device table with its launch arguments. A table is
@@ -340,6 +383,13 @@ class Launch:
     plan: _Plan
     table: torch.Tensor
     kernel: DirectLaunch  # the table, a fresh C buffer and the group size specialize alike on every call
+    device: int = -1  # the table's CUDA device; -1 where it has no streams (the CPU)
+    # Raw handles of the streams whose use of the table its freeing waits for: the one that built it (the
+    # allocator's own), then each other one it ran on (record_stream). A set: one lookup per call.
+    streams: set[int] = field(default_factory=set, compare=False, repr=False)
+    # Built while the stream captured: the table's copy is a node of that graph, so the table holds its
+    # values only once that graph has replayed. Such a launch serves that capture alone (never cached).
+    built_in_capture: bool = False
 
     def __call__(self, like: torch.Tensor) -> list[torch.Tensor]:
         """Allocate the outputs and launch; ``like`` gives dtype and device."""
@@ -347,13 +397,38 @@ class Launch:
         c = torch.empty(self.plan.c_elements, dtype=like.dtype, device=like.device)
         outs = self.plan.views(c)
         if self.kernel.grid[0]:  # no tiles: every product is empty, nothing to write
+            if self.device >= 0:
+                self._guard_table()
             self.kernel(self.table, c, len(self.plan.outputs))
         return outs
 
+    def _guard_table(self) -> None:
+        """Keep the table alive for a graph captured now, or make its freeing wait for this stream.
+
+        One capture check (a thread-local read on the default stream) and one stream query per call.
+        """
+        if _keep_if_captured(self.table, _modes.capturing()):
+            return  # never freed now, so no stream needs recording
+        stream = _raw_stream(self.device)
+        if stream not in self.streams:
+            _record_use(self.table, self.device)
+            self.streams.add(stream)  # recorded once: the allocator waits on all later work of the stream too
+
+
+def _building_in_capture(device: torch.device) -> bool:
+    return device.type == "cuda" and _modes.capturing()
+
 
 def prepare(config: Config, pairs: Signature, device: torch.device) -> Launch:
-    """The launch of ``config`` on operands with signature ``pairs``: from TABLES, or built once."""
-    return TABLES.get_or_make((pairs, config), lambda: _build_launch(config, pairs, device))
+    """The launch of ``config`` on operands with signature ``pairs``: from TABLES, or built once (and
+    kept there unless built inside a capture, see ``Launch.built_in_capture``)."""
+    key = (pairs, config)
+    launch = TABLES.get(key)
+    if launch is None:
+        launch = _build_launch(config, pairs, device)
+        if not launch.built_in_capture:
+            TABLES.put(key, launch)
+    return launch
 
 
 def _build_launch(config: Config, pairs: Signature, device: torch.device) -> Launch:
@@ -363,7 +438,11 @@ def _build_launch(config: Config, pairs: Signature, device: torch.device) -> Lau
     grid = (min(int(values["NUM_SM"]), plan.total_tiles),)
     kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
                   num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
-    return Launch(plan, _to_device(plan.table, device), DirectLaunch(_grouped_matmul_kernel, grid, kwargs))
+    in_capture = _building_in_capture(device)
+    table = _to_device(plan.table, device)
+    index, stream = _stream_of(device)
+    return Launch(plan, table, DirectLaunch(_grouped_matmul_kernel, grid, kwargs), index,
+                  set() if stream is None else {stream}, in_capture)
 
 
 def _run_checked(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
