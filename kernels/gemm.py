@@ -463,8 +463,10 @@ except ImportError:  # another backend or triton: the descriptors go through Tri
 
 # CUtensorMaps kept per operand, by base address. A map is a pure function of the address once the
 # layout is fixed (as it is per TmaLaunch), so a kept one is never stale; the bound only caps memory
-# where activations come from ever-new addresses.
-_TENSORMAPS_PER_OPERAND = 64
+# where activations come from ever-new addresses. It is at least the tuner's input rotation
+# (tuner/timing.py MAX_ROTATION): with fewer, every timed eager call re-encoded its maps, a cost a
+# model's calls (fixed weights, a few recycled activation buffers) do not pay.
+_TENSORMAPS_PER_OPERAND = 256
 
 
 class TmaLaunch:

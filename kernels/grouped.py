@@ -362,8 +362,10 @@ def _stream_of(device: torch.device) -> tuple[int, int | None]:
 # Ready launches, keyed by (signature, config): the device table with its launch arguments. A table is
 # a pure function of those, so a call with the same operands (static buffers, CUDA-graph style serving,
 # a benchmark loop) skips the Python pass and the host-to-device copy; a table reads the live tensors,
-# never a snapshot.
-TABLES = LruCache()
+# never a snapshot. The room is the tuner's eager contest's: each side's tables over every rotated input
+# set (tuner/timing.py MAX_ROTATION sets, tuner/search.py FINALISTS + cuBLAS sides); with less, each timed
+# call rebuilt its table, a cost that a model's calls on recycled buffers do not pay.
+TABLES = LruCache(capacity=1024)
 
 # What dispatch resolved for a signature alone: a Launch, or None where cuBLAS won, so that a repeated
 # call of grouped_matmul also skips the operand check and the config lookup.

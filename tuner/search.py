@@ -481,11 +481,20 @@ def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench
     beside it, as dispatch will hold the two (where they differ, each eager call pays the mode check).
     Given ``gpu_limit_ms``, an eager finalist must have run within it on the GPU (EAGER_GPU_MARGIN)."""
     chosen = finalists(study, most=most, mode=mode, gpu_limit_ms=gpu_limit_ms)
-    if not chosen:  # no candidate got an eager time (all early-stopped): take the graph finalists'
-        chosen = finalists(study, most=most, mode=GRAPH)
+    if not chosen:  # no candidate got an eager time within the limit (some early-stopped before theirs)
+        # Graph finalists may stand in, within the same GPU limit: past it, an eager win would be host
+        # time, the win EAGER_GPU_MARGIN refuses.
+        chosen = finalists(study, most=most, mode=GRAPH, gpu_limit_ms=gpu_limit_ms)
     trials = len(measured_trials(study))
     if device.is_cpu:  # interpreter times say nothing about speed: no contest with the baseline
-        return _winner_record(spec, problem, device, chosen[0], bench.baseline_ms(mode), trials, mode)
+        return _winner_record(spec, problem, device, chosen[0] if chosen else finalists(study, 1)[0],
+                              bench.baseline_ms(mode), trials, mode)
+    if not chosen:  # no Triton config ran near cuBLAS on the GPU: cuBLAS wins eager calls, no contest needed
+        return _cublas_record(spec, problem, device, bench, study, trials, mode)
+    if graph_winner is not None:
+        # As dispatch will hold them: both winners in their stored (portable) form, so that where they
+        # launch one kernel the contest, as dispatch, runs one plan for both modes without the mode check.
+        chosen = _portable_finalists(spec, problem, device, chosen)
     ours_cublas_ms = None
     if mode == EAGER and spec.name == "matmul":
         ours_cublas_ms = bench.time(BASELINE, EAGER)
@@ -502,6 +511,33 @@ def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench
                               cublas_won=True)
     return _winner_record(spec, problem, device, (found, found_ms), baseline_ms, trials, mode,
                           cublas_ms=ours_cublas_ms)
+
+
+def _portable_finalists(spec: KernelSpec, problem: Problem, device: DeviceInfo,
+                        chosen: Sequence[tuple[Config, float]]) -> list[tuple[Config, float]]:
+    """``chosen`` with each config in the form its record would store (``SearchSpace.portable``), once each."""
+    preferred = spec.portable_values(device)
+    out: list[tuple[Config, float]] = []
+    for config, ms in chosen:
+        if not kernels.is_baseline(config):
+            config = spec.space.portable(config, problem, device, preferred)
+        if all(config != c for c, _ in out):
+            out.append((config, ms))
+    return out
+
+
+def _cublas_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,
+                   study: optuna.Study, trials: int, mode: str) -> Record:
+    """cuBLAS as ``mode``'s winner without a contest, where no Triton config may contend. The record's
+    best Triton config is the study's fastest in that mode (or on the GPU, if none has a time in it)."""
+    best = finalists(study, most=1, mode=mode) or finalists(study, most=1)
+    ours_cublas_ms = bench.time(BASELINE, EAGER) if mode == EAGER and spec.name == "matmul" else None
+    baseline_ms = bench.baseline_ms(mode)
+    study.set_user_attr(f"{mode}_cublas_ms", baseline_ms)
+    if ours_cublas_ms is not None:
+        study.set_user_attr("eager_cublas_dispatch_ms", ours_cublas_ms)
+    return _winner_record(spec, problem, device, best[0], baseline_ms, trials, mode,
+                          cublas_ms=max(baseline_ms, ours_cublas_ms or 0.0), cublas_won=True)
 
 
 def believed(side_by_side_ms: float, earlier_ms: float) -> bool:

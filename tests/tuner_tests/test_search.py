@@ -622,3 +622,76 @@ def test_verdicts_of_a_study_begun_before_a_fold_are_keyed_by_the_folded_config(
     folded = MATMUL.space.canonical(asked, problem)
     assert folded["GROUP_SIZE_M"] == 1 and list(verdicts) == [str(folded)]
     assert verdicts[str(folded)].time_ms == 0.0213
+
+
+H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232_448)
+THIN = Problem.from_key("matmul", "fp16:nt:16x256x4096")
+
+
+class _GpuBench(_ContestBench):
+    """Stands in for the GPU's timers (no GPU here): torch.matmul at 0.020 ms in both modes, our cuBLAS
+    path at 0.021 ms eager, and every config in a contest at the times given."""
+
+    problem = THIN
+
+    def __init__(self, config_ms: float) -> None:
+        super().__init__()
+        self.config_ms = config_ms
+
+    def contest(self, configs: list[Config], rounds: int | None = None, mode: str = "graph",
+                graph: Config | None = None) -> tuple[list[float], float]:
+        self.contests.append(list(configs))
+        return [self.config_ms] * len(configs), 0.020
+
+    def baseline_ms(self, mode: str = "graph") -> float:
+        return 0.020
+
+    def time(self, config: Config, mode: str = "graph") -> float:
+        return 0.021
+
+
+def _trial_study(*configs: tuple[Config, float, float]) -> optuna.Study:
+    """A study whose trials are (config, GPU ms, eager ms), as the search leaves them."""
+    study = optuna.create_study()
+    distribution = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for config, graph_ms, eager_ms in configs:
+        study.add_trial(optuna.trial.create_trial(
+            params={"x": 0.5}, distributions=distribution, value=graph_ms,
+            user_attrs={"status": "ok", "config": str(config), "eager_ms": eager_ms, "graph_ms": graph_ms}))
+    return study
+
+
+def test_with_no_config_near_cublas_on_the_gpu_cublas_wins_eager_without_a_contest() -> None:
+    """A config 1.5x slower than cuBLAS on the GPU but quicker eager (host time) must not win eager calls,
+    even when it is the only config with an eager time."""
+    host_fast = MATMUL.default_config(THIN, H100)
+    bench = _GpuBench(config_ms=0.030)
+    records = search.decide_modes(MATMUL, THIN, H100, bench, _trial_study((host_fast, 0.030, 0.012)))
+    assert kernels.is_baseline(Config.from_dict(records["graph"].config))
+    assert kernels.is_baseline(Config.from_dict(records["eager"].config))
+    assert len(bench.contests) == 1, "the graph contest only: no Triton config may contend eager"
+    assert records["eager"].time_ms == 0.021, "a cuBLAS winner stores what kernels.matmul's cuBLAS path costs"
+
+
+def test_eager_finalists_enter_the_contest_in_the_form_dispatch_holds() -> None:
+    """Stored winners are portable (GROUP_SIZE_M 8 where one M block makes the group size moot): the
+    eager contest pins them beside the graph winner in that form, so that where the two are one kernel,
+    one plan serves both modes, as in dispatch."""
+    canonical = MATMUL.default_config(THIN, H100).replace(GROUP_SIZE_M=1)
+    portable = canonical.replace(GROUP_SIZE_M=8)
+    assert search._portable_finalists(MATMUL, THIN, H100, [(canonical, 0.010), (portable, 0.011)]) == [(portable, 0.010)]
+    bench = _GpuBench(config_ms=0.015)
+    records = search.decide_modes(MATMUL, THIN, H100, bench, _trial_study((canonical, 0.015, 0.014)))
+    assert Config.from_dict(records["graph"].config) == portable
+    assert bench.contests[1] == [portable, BASELINE]
+    assert Config.from_dict(records["eager"].config) == portable
+
+
+def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:
+    """Eager timing rotates up to MAX_ROTATION input sets; a cache keyed by operand addresses smaller than
+    that misses on every timed call, a cost the user's calls on recycled buffers do not pay."""
+    from kernels import gemm, grouped
+    from tuner import timing
+
+    assert gemm._TENSORMAPS_PER_OPERAND >= timing.MAX_ROTATION
+    assert grouped.TABLES._capacity >= timing.MAX_ROTATION * (search.FINALISTS + 1)
