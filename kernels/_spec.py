@@ -369,6 +369,11 @@ class KernelSpec:
     # Triton config rarely beats; wrong where it is a Python loop of launches (grouped GEMMs), which
     # the default config beats.
     baseline_when_untuned: bool = False
+    # Whether dispatch may run the baseline for a problem as the tuner timed it. False where the timed
+    # baseline needs what a call does not hold on the host: moe_matmul's loop of torch.matmul reads the
+    # end rows, a device-to-host sync per call that no CUDA graph can capture. There the baseline is the
+    # yardstick of every speed-up but never a winner, and dispatch runs a Triton config instead.
+    baseline_dispatchable: Callable[[Problem], bool] = field(default=lambda problem: True)
 
     def execute(self, config: Config, inputs: tuple) -> Any:
         """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""

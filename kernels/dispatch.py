@@ -128,6 +128,15 @@ class Dispatcher:
 
     def choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str = EAGER) -> Choice:
         """The config for ``problem`` in ``mode`` on ``device``, and where it came from."""
+        choice = self._choose(spec, problem, device, mode)
+        if is_baseline(choice.config) and not spec.baseline_dispatchable(problem):
+            # A baseline that would sync on every call (KernelSpec.baseline_dispatchable), reached through a
+            # record of another problem (fp16 taking a bf16 record's cuBLAS) or a record from before that rule.
+            return Choice(spec.default_config(problem, device), f"default: {choice.source} is a baseline that "
+                          f"syncs with the host on every call for {problem.key}", choice.record_mode)
+        return choice
+
+    def _choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str) -> Choice:
         table = self._table(device, spec)
         exact = table.get((problem.key, mode))
         if exact is not None:
@@ -138,11 +147,14 @@ class Dispatcher:
                 return Choice(graph.config, graph.source, GRAPH)
         if spec.baseline_when_untuned and not device.is_cpu:
             return _untuned_choice(spec, problem, device, mode, table)
-        best: tuple[float, str, Config] | None = None
+        # The nearest record, of the mode asked where two are as near (grouped and MoE shapes vary call by
+        # call, so these kernels serve most calls from a neighbour's record).
+        best: tuple[tuple[float, bool], str, Config] | None = None
         for (key, entry_mode), entry in table.items():
             d = spec.transfer_distance(problem, entry.problem)
-            if math.isfinite(d) and (best is None or d < best[0]) and self._fits(spec, entry.config, problem, device):
-                best = (d, key, entry.config)
+            rank = (d, entry_mode != mode)
+            if math.isfinite(d) and (best is None or rank < best[0]) and self._fits(spec, entry.config, problem, device):
+                best = (rank, key, entry.config)
         if best is not None:
             return Choice(best[2], f"nearest:{best[1]}")
         return Choice(spec.default_config(problem, device), "default")

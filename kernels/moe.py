@@ -294,6 +294,11 @@ def reference(inputs: tuple) -> torch.Tensor:
     return out
 
 
+def _grouped_mm_serves(dtype: str, layout: str) -> bool:
+    """Whether ``baseline`` runs ``torch._grouped_mm`` (no host sync) for problems of this dtype and layout."""
+    return dtype == "bf16" and layout[1] == "t" and hasattr(torch, "_grouped_mm")
+
+
 def baseline(inputs: tuple) -> torch.Tensor:
     """What a user has without us: ``torch._grouped_mm`` where torch runs it (bf16 on a GPU, K-major
     weights, int32 offsets), else a loop of torch.matmul over the experts."""
@@ -333,6 +338,7 @@ MOE_MATMUL = KernelSpec(
     distance=distance,
     seeds=seed_configs,
     check_problem=_check_problem,
+    baseline_dispatchable=lambda problem: _grouped_mm_serves(problem.dtype, problem.layout),
 )
 
 __all__ = ["MOE_MATMUL", "balanced_problem", "moe_matmul_with", "problem_of", "weight_layout"]

@@ -489,8 +489,11 @@ def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench
     if device.is_cpu:  # interpreter times say nothing about speed: no contest with the baseline
         return _winner_record(spec, problem, device, chosen[0] if chosen else finalists(study, 1)[0],
                               bench.baseline_ms(mode), trials, mode)
-    if not chosen:  # no Triton config ran near cuBLAS on the GPU: cuBLAS wins eager calls, no contest needed
+    if not chosen and spec.baseline_dispatchable(problem):
+        # No Triton config ran near cuBLAS on the GPU: cuBLAS wins eager calls, no contest needed.
         return _cublas_record(spec, problem, device, bench, study, trials, mode)
+    if not chosen:  # the baseline is no winner here: the fastest Triton configs contend without the limit
+        chosen = finalists(study, most=most, mode=mode) or finalists(study, most=most)
     if graph_winner is not None:
         # As dispatch will hold them: both winners in their stored (portable) form, so that where they
         # launch one kernel the contest, as dispatch, runs one plan for both modes without the mode check.
@@ -820,7 +823,9 @@ def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found
     # cuBLAS as we call it: torch.matmul's time, or our own dispatch path's where it was timed (eager:
     # its lookup costs host time, so a Triton config that beats it wins even if it only ties torch).
     cublas_cost = max(baseline_ms, cublas_ms or 0.0)
-    baseline_wins = cublas_won or (cublas_cost < triton_ms * (1 + WIN_MARGIN) and not device.is_cpu)
+    # A baseline that dispatch cannot run as timed (KernelSpec.baseline_dispatchable) is the yardstick only.
+    baseline_wins = spec.baseline_dispatchable(problem) and (
+        cublas_won or (cublas_cost < triton_ms * (1 + WIN_MARGIN) and not device.is_cpu))
     if baseline_wins:
         config, time_ms = BASELINE, cublas_cost
     else:

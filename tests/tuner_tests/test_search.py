@@ -695,3 +695,20 @@ def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:
 
     assert gemm._TENSORMAPS_PER_OPERAND >= timing.MAX_ROTATION
     assert grouped.TABLES._capacity >= timing.MAX_ROTATION * (search.FINALISTS + 1)
+
+
+def test_a_baseline_dispatch_cannot_run_as_timed_never_wins() -> None:
+    """moe_matmul in fp16: the timed baseline loops over the experts with host-side end rows; dispatch would
+    have to sync to run it. It stays the yardstick (cublas_ms) while the fastest Triton config is stored."""
+    from kernels.moe import MOE_MATMUL
+
+    problem = Problem("moe_matmul", "fp16", "nt", ((40, 64, 64), (24, 64, 64)))
+    assert not MOE_MATMUL.baseline_dispatchable(problem)
+    config = MOE_MATMUL.default_config(problem, H100)
+    slower = search._winner_record(MOE_MATMUL, problem, H100, (config, 0.030), 0.020, 5, "graph")
+    assert Config.from_dict(slower.config) == MOE_MATMUL.space.portable(config, problem, H100,
+                                                                        MOE_MATMUL.portable_values(H100))
+    assert slower.cublas_ms == 0.020 and slower.time_ms == 0.030
+    bf16 = Problem("moe_matmul", "bf16", "nt", problem.shapes)
+    assert kernels.is_baseline(Config.from_dict(
+        search._winner_record(MOE_MATMUL, bf16, H100, (config, 0.030), 0.020, 5, "graph").config))
