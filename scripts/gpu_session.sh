@@ -5,6 +5,8 @@
 #
 # Stages, in the order a session with ~30 minutes of device time should run them:
 #   check      the test suite compiled on the GPU (GPU-only tests included)
+#   verify     after a change to the dispatch path: the kernel and tuner tests on the GPU, then host time
+#              per cached call against torch.matmul (scripts/host_cost.py), in one call
 #   live       the two live dense searches of docs/SEARCH.md, timed end to end (the 30 s target);
 #              fresh databases, no shipped table; SEED=N picks the sampler seed (default 0)
 #   live-moe   live searches of the swept MoE group: two cold, one warm-started by the fp16 winner
@@ -45,6 +47,9 @@ sweep() {
 case "$stage" in
 check)
     $py -m pytest -q tests -p no:cacheprovider 2>&1 | tail -40 | tee -a "$log" ;;
+verify)
+    $py -m pytest -q tests/kernels_tests tests/tuner_tests -p no:cacheprovider -rfs 2>&1 | tail -60 | tee -a "$log"
+    $py scripts/host_cost.py --json "$out/host_cost.json" 2>&1 | tee -a "$log" ;;
 live)
     for shape in ${LIVE_SHAPES:-16x4096x4096 1000x1000x1000}; do
         /usr/bin/time -f "wall %e s" $py -m tuner search --device h100 --dtype fp16 --shape $shape --trials 25 \
