@@ -16,6 +16,7 @@ import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import triton
@@ -307,11 +308,12 @@ def _plan(pairs: Signature, block_m: int, block_n: int) -> _Plan:
     return _Plan(prefix, outputs, offset, flags, stacked_n)
 
 
-def _to_device(table: array, device: torch.device) -> torch.Tensor:
-    """One host-to-device copy per operand signature, done before any stream may read the table."""
+def _to_device(table: array, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """(the table on ``device``, the event its copy completes, or None): one host-to-device copy per
+    operand signature, asynchronous and ordered on the building stream."""
     host = torch.frombuffer(table, dtype=torch.int64)
     if device.type != "cuda":
-        return host.clone()  # the interpreter reads it in place; the array dies with this frame
+        return host.clone(), None  # the interpreter reads it in place; the array dies with this frame
     # torch's caching host allocator hands out pinned blocks cheaply and keeps each until its copy is done.
     pinned = torch.empty(len(table), dtype=torch.int64, pin_memory=True).copy_(host)
     on_device = pinned.to(device, non_blocking=True)
@@ -319,11 +321,13 @@ def _to_device(table: array, device: torch.device) -> torch.Tensor:
         # The copy is a node of the graph, run before its kernel on every replay, and it reads the pinned
         # block then: keep that too (recent torch leaks such blocks itself; older ones may hand them out again).
         _keep_for_good(pinned)
-    else:
-        # A later call may find this launch in TABLES from another stream, which would not wait for a copy
-        # queued on this one. Waiting here costs once per signature and config, when the table is built.
-        torch.cuda.current_stream(device).synchronize()
-    return on_device
+        return on_device, None
+    # A later call may find this launch in TABLES from another stream, which would not wait for a copy
+    # queued on this one: it waits for this event first (Launch._guard_table). No host sync: a caller
+    # whose operands move every call (a new table each time) would stall on every call.
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(device))
+    return on_device, copied
 
 
 # Tensors that a captured CUDA graph reads, by id, for the life of the process: a graph bakes in their
@@ -392,6 +396,9 @@ class Launch:
     # Built while the stream captured: the table's copy is a node of that graph, so the table holds its
     # values only once that graph has replayed. Such a launch serves that capture alone (never cached).
     built_in_capture: bool = False
+    # The event that the table's copy completes on the building stream (None on the CPU and in a capture,
+    # where torch.cuda.graph synchronizes the device before capturing): other streams wait for it.
+    copied: Any = field(default=None, compare=False, repr=False)
 
     def __call__(self, like: torch.Tensor) -> list[torch.Tensor]:
         """Allocate the outputs and launch; ``like`` gives dtype and device."""
@@ -412,7 +419,9 @@ class Launch:
         if _keep_if_captured(self.table, _modes.capturing()):
             return  # never freed now, so no stream needs recording
         stream = _raw_stream(self.device)
-        if stream not in self.streams:
+        if stream not in self.streams:  # the first call on this stream
+            if self.copied is not None:
+                torch.cuda.current_stream(self.device).wait_event(self.copied)  # the table's copy is done first
             _record_use(self.table, self.device)
             self.streams.add(stream)  # recorded once: the allocator waits on all later work of the stream too
 
@@ -441,10 +450,10 @@ def _build_launch(config: Config, pairs: Signature, device: torch.device) -> Lau
     kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
                   num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
     in_capture = _building_in_capture(device)
-    table = _to_device(plan.table, device)
+    table, copied = _to_device(plan.table, device)
     index, stream = _stream_of(device)
     return Launch(plan, table, DirectLaunch(_grouped_matmul_kernel, grid, kwargs), index,
-                  set() if stream is None else {stream}, in_capture)
+                  set() if stream is None else {stream}, in_capture, copied)
 
 
 def _run_checked(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -255,7 +255,7 @@ def test_a_launch_built_on_one_stream_runs_right_on_another_and_its_table_waits_
     torch.cuda.synchronize()
     builder, user = torch.cuda.Stream(), torch.cuda.Stream()
 
-    # The table's copy queues behind a busy builder: only the build's wait makes it ready for `user`.
+    # The table's copy queues behind a busy builder: only `user` waiting for its event makes it ready there.
     with torch.cuda.stream(builder):
         torch.cuda._sleep(_BUSY_CYCLES)
         launch = grouped.prepare(config, grouped.signature(As, Bs), As[0].device)
