@@ -30,7 +30,7 @@ from typing import Hashable
 import triton
 
 from ._modes import EAGER, GRAPH
-from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Problem, is_baseline
+from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Problem, is_baseline, log_distance
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,13 @@ _HOST_HEAVY = ("tma", "repack")
 # 32x5120x27648 at 0.79x. Having looked, the held-out part no longer judges this value.
 UNTUNED_WIN_MARGIN = 0.05
 UNTUNED_NEAR = 0.7
+# ... and its weight's shape (N, K) at most this near. Chosen in the twelfth session by a leave-one-model-out
+# replay over the H200's tuned part (scripts/fallback_eval.py, docs/COSTMODEL.md), whose transfers all
+# change N or K: at 0.7, 7 of 159 problems took a neighbour's winner at 0.95-0.96x in graph mode
+# (DeepSeek's 2048/2816 widths from Phi-3's 3072x3072, 0.59 apart) and 9 lost eager; at 0.5, none and one,
+# at a better graph geomean (1.0076 against 1.0063). The corpus's token counts are 4x apart, so the
+# replay says nothing of transfers along M, which keep the looser limit above.
+UNTUNED_NEAR_WEIGHTS = 0.5
 
 # Eager calls of untuned problems with no graph evidence (``_host_bound_choice``): a near eager
 # winner serves a problem of at most this much more work (bytes and FLOPs). Set on 2026-11-24 after the
@@ -243,7 +250,7 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
     its gated problems on the default config, a 70B decoder layer's prefill ran 1.38x slower than in
     torch (H100, docs/BENCHMARKS.md, eighth session): an untried tile is never the safe guess.
 
-    The evidence is the nearest tuned problem (within UNTUNED_NEAR) whose graph record is a Triton
+    The evidence is the nearest tuned problem (``_untuned_distance``) whose graph record is a Triton
     config that beat torch.matmul there by UNTUNED_WIN_MARGIN: GPU time, which carries over to a
     near shape. Eager calls take it too where its host cost cannot show (``_carries_to_eager``);
     eager winners themselves are not evidence, since an eager win on a host-bound shape is a win
@@ -255,8 +262,8 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
             continue
         if not _won_clearly(entry):
             continue
-        d = spec.transfer_distance(problem, entry.problem)
-        if d <= UNTUNED_NEAR and (best is None or d < best[0]) and \
+        d = _untuned_distance(spec, problem, entry.problem)
+        if math.isfinite(d) and (best is None or d < best[0]) and \
                 spec.space.violation(entry.config, problem, device) is None:
             best = (d, key, entry.config)
     if best is not None:
@@ -287,8 +294,8 @@ def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
         if entry_mode != EAGER or not _won_clearly(eager) or eager.config.get("VARIANT", "tiled") not in _CHEAP_LAUNCH \
                 or eager.cublas_ms > HOST_BOUND_MS:
             continue
-        d = spec.transfer_distance(problem, eager.problem)
-        if d > UNTUNED_NEAR or (best is not None and d >= best[0]):
+        d = _untuned_distance(spec, problem, eager.problem)
+        if not math.isfinite(d) or (best is not None and d >= best[0]):
             continue
         ratio = _work_ratio(problem, eager.problem)
         # Even if its whole time grew with the work, it would still beat torch's time there, which
@@ -297,6 +304,15 @@ def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
                 eager.cublas_ms and spec.space.violation(eager.config, problem, device) is None:
             best = (d, key, eager.config)
     return None if best is None else Choice(best[2], f"eager-near:{best[1]}")
+
+
+def _untuned_distance(spec: KernelSpec, problem: Problem, tuned: Problem) -> float:
+    """How far ``tuned``'s record is from an untuned ``problem`` (``transfer_distance``), or infinite past
+    UNTUNED_NEAR in all, or past UNTUNED_NEAR_WEIGHTS in N and K alone."""
+    d = spec.transfer_distance(problem, tuned)
+    if d > UNTUNED_NEAR or log_distance(problem.shape[1:], tuned.shape[1:]) > UNTUNED_NEAR_WEIGHTS:
+        return math.inf
+    return d
 
 
 def _work_ratio(problem: Problem, tuned: Problem) -> float:
