@@ -19,8 +19,8 @@ copied or patched. ``HOST_BOUND_MS = 0`` turns ``_host_bound_choice`` off: it sk
 flatters it); "always cublas" is 1.0 everywhere.
 
 The database is only read: a SQLite file is opened with ``mode=ro`` (a missing file is an error, not
-a new empty database). SQLite still leaves its ``-wal``/``-shm`` side files beside a WAL database it
-reads; they are not the database and hold no data.
+a new empty database) and ``immutable=1``, so that SQLite leaves no ``-wal``/``-shm`` side files beside
+it either (the file must not change while this runs; it is a finished tuning run's database).
 
     PYTHONPATH=. python scripts/fallback_eval.py [--db sqlite:///.qdb/h200/h200.db] [--modes eager,graph] \\
         [--device h200] [--json out.json]
@@ -140,7 +140,7 @@ def readonly_url(url: str) -> str:
     path = Path(database).absolute()
     if not path.is_file():
         raise ValueError(f"--db {url}: no database at {path}; pass an existing tuner database, e.g. {DEFAULT_DB}")
-    return f"sqlite:///file:{path}?mode=ro&uri=true"
+    return f"sqlite:///file:{path}?mode=ro&immutable=1&uri=true"
 
 
 # The corpus part whose problems are evaluated: "tuned" to choose settings; "held_out" only to check a
