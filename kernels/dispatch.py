@@ -127,6 +127,17 @@ class Dispatcher:
         """The hot path: a config already resolved for this call signature, or None."""
         return self._resolved.get(key)
 
+    def pin(self, key: Hashable, config: Config | None) -> Config | None:
+        """Make ``cached(key)`` answer ``config`` (None: nothing, so the next call resolves again); returns
+        what it answered before. The tuner times a public call with its config forced this way."""
+        with self._lock:
+            before = self._resolved.get(key)
+            if config is None:
+                self._resolved.pop(key, None)
+            else:
+                self._resolved[key] = config
+        return before
+
     def resolve(self, key: Hashable, spec: KernelSpec, problem: Problem, device: DeviceInfo,
                 mode: str = EAGER) -> Config:
         config = self.choose(spec, problem, device, mode).config

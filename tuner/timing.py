@@ -232,19 +232,31 @@ def public_calls(spec: KernelSpec, configs: Sequence[Config], inputs: tuple, gra
         with _plans.pinning(configs, *inputs[:2], graph=graph) as installers:
             call = lambda x: kernels.matmul(*x)  # noqa: E731
             yield [(call, install) for install in installers]
+    elif _epilogue_call(spec) is not None:
+        from kernels import epilogue
+
+        with epilogue.pinning(spec, configs, *inputs[:2]) as installers:
+            call = _epilogue_call(spec)
+            yield [(call, install) for install in installers]
     else:
         yield [((lambda x, c=c: spec.execute(c, x)), None) for c in configs]
+
+
+def _epilogue_call(spec: KernelSpec) -> Callable[[tuple], Any] | None:
+    """The public call of a fused-epilogue kernel (``kernels.matmul_bias``, ``kernels.gated_matmul``), or None."""
+    if kernels.KERNELS.get(spec.name) is not spec:
+        return None  # a test's stand-in spec: its own run
+    public = {"matmul_bias": kernels.matmul_bias, "gated_matmul": kernels.gated_matmul}.get(spec.name)
+    return None if public is None else (lambda x: public(*x))
 
 
 @contextlib.contextmanager
 def public_call(spec: KernelSpec, config: Config, inputs: tuple) -> Iterator[Callable[[tuple], Any]]:
     """The call a user makes for this kernel, with ``config`` forced: ``kernels.matmul(a, b)`` through
-    its call plan (kernels/_plans.py), so its host time is the user's; other kernels' ``*_with``
-    (and a test's stand-in spec, its own ``run``)."""
-    if spec.name == "matmul" and kernels.KERNELS.get(spec.name) is spec:
-        from kernels import _plans
-
-        with _plans.pinned(config, *inputs[:2]):
-            yield lambda x: kernels.matmul(*x)
-    else:
-        yield lambda x: spec.execute(config, x)
+    its call plan (kernels/_plans.py), or ``kernels.matmul_bias`` / ``kernels.gated_matmul`` through their
+    signature lookup, so its host time is the user's; other kernels' ``*_with`` (and a test's stand-in
+    spec, its own ``run``)."""
+    with public_calls(spec, [config], inputs) as ((call, install),):
+        if install is not None:
+            install()
+        yield call

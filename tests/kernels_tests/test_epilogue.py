@@ -135,3 +135,28 @@ def test_the_gated_baseline_is_one_gemm_and_the_one_pass_gating() -> None:
     c = a @ b
     expected = torch.nn.functional.silu(c[:, :24]) * c[:, 24:]
     torch.testing.assert_close(_baseline((a, b)), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", ["matmul_bias", "gated_matmul"])
+def test_pinning_makes_the_public_call_run_each_config_then_restores_dispatch(kernel: str, monkeypatch) -> None:
+    """What the tuner's eager timing runs (tuner/timing.py public_call): the public call, its config forced."""
+    from kernels import BASELINE, epilogue
+
+    spec = kernels.get_kernel(kernel)
+    problem = Problem(kernel, "fp32", "nn", ((16, 32, 64),))
+    inputs = spec.make_inputs(problem, DEVICE, 3)
+    public = kernels.matmul_bias if kernel == "matmul_bias" else kernels.gated_matmul
+    ran: list[Config] = []
+    launch = epilogue._launch
+    monkeypatch.setattr(epilogue, "_launch", lambda config, *args, **kw: (ran.append(config), launch(config, *args, **kw))[1])
+    other = SMALL.replace(num_stages=3)
+    with epilogue.pinning(spec, [SMALL, other, BASELINE], *inputs[:2]) as (small, wider, cublas):
+        small()
+        assert relative_error(public(*inputs), spec.reference(inputs)) <= TOLERANCE["fp32"]
+        wider()
+        public(*inputs)
+        cublas()
+        public(*inputs)  # torch's path: no launch of ours
+    assert ran == [SMALL, other]
+    public(*inputs)  # dispatch decides again once the block is over: no record, the default config
+    assert ran[-1] == spec.default_config(problem, current_device(torch.device(DEVICE)))

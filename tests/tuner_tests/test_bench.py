@@ -190,3 +190,22 @@ def test_baseline_config_is_measured_with_torch() -> None:
     measurement = bench.measure(BASELINE)
     assert measurement.ok and ran == []
     assert bench.baseline_ms() == 1.5
+
+
+def test_the_eager_timing_of_a_fused_epilogue_runs_its_public_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tuner/timing.py public_call: kernels.matmul_bias itself, its config forced, as matmul's plans are."""
+    from kernels import epilogue
+    from tuner import timing
+
+    spec = kernels.get_kernel("matmul_bias")
+    problem = kernels.Problem("matmul_bias", "fp32", "nn", ((16, 32, 64),))
+    inputs = spec.make_inputs(problem, "cpu", 0)
+    config = spec.default_config(problem, kernels.CPU).replace(num_stages=3)
+    public = kernels.matmul_bias
+    called: list[str] = []
+    monkeypatch.setattr(kernels, "matmul_bias", lambda *args: (called.append("public"), public(*args))[1])
+    with timing.public_call(spec, config, inputs) as call:
+        out = call(inputs)
+    assert called == ["public"] and torch.allclose(out, spec.reference(inputs), rtol=1e-4, atol=1e-4)
+    key = epilogue._key(spec, inputs[0], inputs[1], kernels.EAGER)
+    assert epilogue.DISPATCHER.cached(key) != config, "the pin is gone once the timing is over"
