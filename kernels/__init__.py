@@ -181,8 +181,7 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
         moe.check_operands(x, w, offsets)
     if x.device.type == "cpu" and not _INTERPRETED:
         return moe.launch(BASELINE, x, w, offsets, out)
-    key = (x.device, x.dtype, x.shape[0], w.shape[0], w.shape[2], x.shape[1], moe.weight_layout(w),
-           _modes.current(x.is_cuda))
+    key = moe.dispatch_key(x, w, _modes.current(x.is_cuda))
     config = DISPATCHER.cached(key)
     if config is None:
         problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[6], *key[2:6])

@@ -17,7 +17,10 @@ is found at distance 0 whatever its skew.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import triton
@@ -25,6 +28,8 @@ import triton.language as tl
 
 from ._device import interpreter_enabled
 from ._launch import DirectLaunch, LruCache
+from ._modes import MODES
+from .dispatch import DISPATCHER
 from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
 from . import grouped
 from .grouped import _DTYPE_NAMES, _TORCH_DTYPES, _VECTOR, _cdiv, default_config, distance, tile_product
@@ -212,6 +217,30 @@ def _prepare(config: Config, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor
 
 # Ready launches of run_checked, by config and everything Triton specializes on (see there).
 LAUNCHES = LruCache()
+
+
+def dispatch_key(x: torch.Tensor, w: torch.Tensor, mode: str) -> tuple:
+    """What ``kernels.moe_matmul`` resolves a call by: (T, E, N, K), dtype, weight layout, device and mode."""
+    return (x.device, x.dtype, x.shape[0], w.shape[0], w.shape[2], x.shape[1], weight_layout(w), mode)
+
+
+@contextlib.contextmanager
+def pinning(configs: Sequence[Config], x: torch.Tensor, w: torch.Tensor) -> Iterator[list[Callable[[], None]]]:
+    """One installer per config: after ``install()``, ``kernels.moe_matmul`` on operands shaped like ``x``
+    and ``w`` runs that config in every mode, until another installer runs or the block ends. The tuner
+    times the public call this way (as ``kernels._plans.pinning`` for matmul)."""
+    keys = [dispatch_key(x, w, mode) for mode in MODES]
+    before = {key: DISPATCHER.cached(key) for key in keys}
+
+    def install(config: Config) -> None:
+        for key in keys:
+            DISPATCHER.pin(key, config)
+
+    try:
+        yield [functools.partial(install, config) for config in configs]
+    finally:
+        for key, config in before.items():
+            DISPATCHER.pin(key, config)
 
 
 def moe_matmul_with(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,

@@ -232,6 +232,12 @@ def public_calls(spec: KernelSpec, configs: Sequence[Config], inputs: tuple, gra
         with _plans.pinning(configs, *inputs[:2], graph=graph) as installers:
             call = lambda x: kernels.matmul(*x)  # noqa: E731
             yield [(call, install) for install in installers]
+    elif spec.name == "moe_matmul" and kernels.KERNELS.get(spec.name) is spec:
+        from kernels import moe
+
+        with moe.pinning(configs, *inputs[:2]) as installers:
+            call = lambda x: kernels.moe_matmul(*x[:3])  # noqa: E731  (the device offsets, as a user passes them)
+            yield [(call, install) for install in installers]
     elif _epilogue_call(spec) is not None:
         from kernels import epilogue
 
@@ -253,8 +259,9 @@ def _epilogue_call(spec: KernelSpec) -> Callable[[tuple], Any] | None:
 @contextlib.contextmanager
 def public_call(spec: KernelSpec, config: Config, inputs: tuple) -> Iterator[Callable[[tuple], Any]]:
     """The call a user makes for this kernel, with ``config`` forced: ``kernels.matmul(a, b)`` through
-    its call plan (kernels/_plans.py), or ``kernels.matmul_bias`` / ``kernels.gated_matmul`` through their
-    signature lookup, so its host time is the user's; other kernels' ``*_with`` (and a test's stand-in
+    its call plan (kernels/_plans.py), or ``kernels.matmul_bias``, ``kernels.gated_matmul`` and
+    ``kernels.moe_matmul`` through their signature lookup, so its host time is the user's; grouped_matmul's
+    ``grouped_matmul_with`` (its dispatch caches launches by operand address; and a test's stand-in
     spec, its own ``run``)."""
     with public_calls(spec, [config], inputs) as ((call, install),):
         if install is not None:

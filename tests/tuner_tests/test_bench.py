@@ -209,3 +209,26 @@ def test_the_eager_timing_of_a_fused_epilogue_runs_its_public_call(monkeypatch: 
     assert called == ["public"] and torch.allclose(out, spec.reference(inputs), rtol=1e-4, atol=1e-4)
     key = epilogue._key(spec, inputs[0], inputs[1], kernels.EAGER)
     assert epilogue.DISPATCHER.cached(key) != config, "the pin is gone once the timing is over"
+
+
+def test_the_eager_timing_of_moe_matmul_runs_its_public_call_with_each_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tuner/timing.py public_calls: kernels.moe_matmul itself, each side's config pinned in turn."""
+    from kernels import moe
+    from tuner import timing
+
+    spec = kernels.get_kernel("moe_matmul")
+    problem = kernels.Problem("moe_matmul", "fp16", "nt", ((24, 32, 32), (8, 32, 32)))
+    inputs = spec.make_inputs(problem, "cpu", 0)
+    first = spec.default_config(problem, kernels.CPU)
+    second = first.replace(num_stages=first.num_stages + 1)
+    ran: list[Config] = []
+    run_checked = moe.run_checked
+    monkeypatch.setattr(moe, "run_checked", lambda config, *args: (ran.append(config), run_checked(config, *args))[1])
+    with timing.public_calls(spec, [first, second], inputs) as sides:
+        for call, install in sides:
+            install()
+            out = call(inputs)
+            assert torch.allclose(out.float(), spec.reference(inputs), rtol=1e-2, atol=1e-2)
+    assert ran == [first, second]
+    key = moe.dispatch_key(inputs[0], inputs[1], kernels.EAGER)
+    assert moe.DISPATCHER.cached(key) is None, "the pins are gone once the timing is over"
