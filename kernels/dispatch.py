@@ -19,10 +19,13 @@ Each resolved problem is cached, so the hot path of a repeated call is one dict 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import math
 import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Hashable
@@ -137,6 +140,23 @@ class Dispatcher:
             else:
                 self._resolved[key] = config
         return before
+
+    @contextlib.contextmanager
+    def pinning(self, keys: Sequence[Hashable], configs: Sequence[Config]) -> Iterator[list[Callable[[], None]]]:
+        """One installer per config: after ``install()``, ``cached`` answers that config for every key (a
+        call signature's key in each mode), until another installer runs or the block ends, when each
+        key answers what it did before."""
+        before = {key: self.cached(key) for key in keys}
+
+        def install(config: Config) -> None:
+            for key in keys:
+                self.pin(key, config)
+
+        try:
+            yield [functools.partial(install, config) for config in configs]
+        finally:
+            for key, config in before.items():
+                self.pin(key, config)
 
     def resolve(self, key: Hashable, spec: KernelSpec, problem: Problem, device: DeviceInfo,
                 mode: str = EAGER) -> Config:

@@ -12,7 +12,6 @@ Both share the tiled kernel's inner loop (``_gemm_triton._tile_dot``); the probl
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -303,18 +302,8 @@ def pinning(spec: KernelSpec, configs: Sequence[Config], a: torch.Tensor, b: tor
     call) on operands shaped like ``a`` and ``b`` runs that config in every mode, until another installer
     runs or the block ends. The tuner times the public call this way, as ``kernels._plans.pinning`` for
     matmul: its host time is then the user's (the signature lookup, not the explicit call's checks)."""
-    keys = [_key(spec, a, b, mode) for mode in _modes.MODES]
-    before = {key: DISPATCHER.cached(key) for key in keys}
-
-    def install(config: Config) -> None:
-        for key in keys:
-            DISPATCHER.pin(key, config)
-
-    try:
-        yield [functools.partial(install, config) for config in configs]
-    finally:
-        for key, config in before.items():
-            DISPATCHER.pin(key, config)
+    with DISPATCHER.pinning([_key(spec, a, b, mode) for mode in _modes.MODES], configs) as installers:
+        yield installers
 
 
 def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -229,18 +228,8 @@ def pinning(configs: Sequence[Config], x: torch.Tensor, w: torch.Tensor) -> Iter
     """One installer per config: after ``install()``, ``kernels.moe_matmul`` on operands shaped like ``x``
     and ``w`` runs that config in every mode, until another installer runs or the block ends. The tuner
     times the public call this way (as ``kernels._plans.pinning`` for matmul)."""
-    keys = [dispatch_key(x, w, mode) for mode in MODES]
-    before = {key: DISPATCHER.cached(key) for key in keys}
-
-    def install(config: Config) -> None:
-        for key in keys:
-            DISPATCHER.pin(key, config)
-
-    try:
-        yield [functools.partial(install, config) for config in configs]
-    finally:
-        for key, config in before.items():
-            DISPATCHER.pin(key, config)
+    with DISPATCHER.pinning([dispatch_key(x, w, mode) for mode in MODES], configs) as installers:
+        yield installers
 
 
 def moe_matmul_with(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
