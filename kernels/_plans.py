@@ -259,7 +259,7 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
                 _PLANS[key] = before
             FAST.pins -= 1
             FAST.cublas_everywhere = None
-        _native.remember(key, before is not None and before.both is _CUBLAS, on_cuda)
+            _native.remember(key, before is not None and before.both is _CUBLAS, on_cuda)  # as put: under the lock
 
 
 def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:

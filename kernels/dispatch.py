@@ -103,6 +103,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._tables: dict[tuple[str, str], dict[tuple[str, str], _Entry]] = {}
         self._resolved: dict[Hashable, Config] = {}
+        self._generation = 0  # counts clears: a pinning block restores nothing across one
 
     @property
     def url(self) -> str | None:
@@ -115,12 +116,14 @@ class Dispatcher:
             self._use_shipped = use_shipped
             self._tables.clear()
             self._resolved.clear()
+            self._generation += 1
 
     def clear(self) -> None:
         """Forget loaded tables and resolved problems; the next call reloads (after a new tuning run)."""
         with self._lock:
             self._tables.clear()
             self._resolved.clear()
+            self._generation += 1
 
     def has_records(self, device: DeviceInfo, spec: KernelSpec) -> bool:
         """Whether any usable record of ``spec`` exists for ``device`` (shipped or in the database)."""
@@ -146,7 +149,8 @@ class Dispatcher:
         """One installer per config: after ``install()``, ``cached`` answers that config for every key (a
         call signature's key in each mode), until another installer runs or the block ends, when each
         key answers what it did before."""
-        before = {key: self.cached(key) for key in keys}
+        with self._lock:
+            before, generation = {key: self._resolved.get(key) for key in keys}, self._generation
 
         def install(config: Config) -> None:
             for key in keys:
@@ -155,8 +159,14 @@ class Dispatcher:
         try:
             yield [functools.partial(install, config) for config in configs]
         finally:
-            for key, config in before.items():
-                self.pin(key, config)
+            with self._lock:
+                # After a clear (a refresh, another database) the old answers are stale: forget the pins.
+                restore = before if self._generation == generation else dict.fromkeys(keys)
+                for key, config in restore.items():
+                    if config is None:
+                        self._resolved.pop(key, None)
+                    else:
+                        self._resolved[key] = config
 
     def resolve(self, key: Hashable, spec: KernelSpec, problem: Problem, device: DeviceInfo,
                 mode: str = EAGER) -> Config:
@@ -171,7 +181,7 @@ class Dispatcher:
             # A baseline that would sync on every call (KernelSpec.baseline_dispatchable), reached through a
             # record of another problem (fp16 taking a bf16 record's cuBLAS) or a record from before that rule.
             return Choice(spec.default_config(problem, device), f"default: {choice.source} is a baseline that "
-                          f"syncs with the host on every call for {problem.key}", choice.record_mode)
+                          f"syncs with the host on every call for {problem.key}")
         return choice
 
     def _choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str) -> Choice:
@@ -199,7 +209,9 @@ class Dispatcher:
 
     @staticmethod
     def _fits(spec: KernelSpec, config: Config, problem: Problem, device: DeviceInfo) -> bool:
-        return is_baseline(config) or spec.space.violation(config, problem, device) is None
+        if is_baseline(config):  # a neighbour's baseline serves only where dispatch can run it as timed
+            return spec.baseline_dispatchable(problem)
+        return spec.space.violation(config, problem, device) is None
 
     def _table(self, device: DeviceInfo, spec: KernelSpec) -> dict[tuple[str, str], _Entry]:
         table = self._tables.get((device.name, spec.name))

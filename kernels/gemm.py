@@ -590,7 +590,7 @@ class RepackLaunch:
                 self.launch(a_padded, b_padded, c, *self.workspace(), *self.args)
 
 
-_REPACK_PAIR = threading.Lock()
+_REPACK_PAIR = threading.RLock()  # re-entrant: a launch hook that itself runs a repack call must not deadlock
 
 
 def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:

@@ -10,11 +10,12 @@ through the prefix array, never by a fresh search.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,12 +309,12 @@ def _plan(pairs: Signature, block_m: int, block_n: int) -> _Plan:
     return _Plan(prefix, outputs, offset, flags, stacked_n)
 
 
-def _to_device(table: array, device: torch.device) -> tuple[torch.Tensor, Any]:
-    """(the table on ``device``, the event its copy completes, or None): one host-to-device copy per
-    operand signature, asynchronous and ordered on the building stream."""
+def _to_device(table: array, device: torch.device) -> torch.Tensor:
+    """The table on ``device``: one host-to-device copy per operand signature, asynchronous and ordered on
+    the building stream (another stream waits for that stream first, ``Launch._guard_table``)."""
     host = torch.frombuffer(table, dtype=torch.int64)
     if device.type != "cuda":
-        return host.clone(), None  # the interpreter reads it in place; the array dies with this frame
+        return host.clone()  # the interpreter reads it in place; the array dies with this frame
     # torch's caching host allocator hands out pinned blocks cheaply and keeps each until its copy is done.
     pinned = torch.empty(len(table), dtype=torch.int64, pin_memory=True).copy_(host)
     on_device = pinned.to(device, non_blocking=True)
@@ -321,13 +322,7 @@ def _to_device(table: array, device: torch.device) -> tuple[torch.Tensor, Any]:
         # The copy is a node of the graph, run before its kernel on every replay, and it reads the pinned
         # block then: keep that too (recent torch leaks such blocks itself; older ones may hand them out again).
         _keep_for_good(pinned)
-        return on_device, None
-    # A later call may find this launch in TABLES from another stream, which would not wait for a copy
-    # queued on this one: it waits for this event first (Launch._guard_table). No host sync: a caller
-    # whose operands move every call (a new table each time) would stall on every call.
-    copied = torch.cuda.Event()
-    copied.record(torch.cuda.current_stream(device))
-    return on_device, copied
+    return on_device
 
 
 # Tensors that a captured CUDA graph reads, by id, for the life of the process: a graph bakes in their
@@ -337,6 +332,18 @@ def _to_device(table: array, device: torch.device) -> tuple[torch.Tensor, Any]:
 # one entry per table captured into a graph (one per signature and config, a handful per model), and
 # again only when a signature is captured anew after its Launch was dropped.
 CAPTURED: dict[int, torch.Tensor] = {}
+
+
+@contextlib.contextmanager
+def captures_released() -> Iterator[None]:
+    """Tensors kept for graphs captured inside the block are let go at its end: for a caller whose graphs
+    die with the block (the tuner's timings, which would otherwise keep a table per timed config)."""
+    before = set(CAPTURED)
+    try:
+        yield
+    finally:
+        for key in [key for key in CAPTURED if key not in before]:
+            CAPTURED.pop(key, None)
 
 
 def _keep_for_good(tensor: torch.Tensor) -> None:
@@ -355,12 +362,18 @@ def _record_use(table: torch.Tensor, device: int) -> None:
     table.record_stream(torch.cuda.current_stream(device))
 
 
-def _stream_of(device: torch.device) -> tuple[int, int | None]:
-    """(device index, raw handle of its current stream), or (-1, None) where tensors have no streams (the CPU)."""
+def _stream_of(device: torch.device) -> tuple[int, int | None, Any]:
+    """(device index, raw handle of its current stream, that stream), or (-1, None, None) where tensors
+    have no streams (the CPU)."""
     if device.type != "cuda":
-        return -1, None
+        return -1, None, None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return index, _raw_stream(index)
+    return index, _raw_stream(index), torch.cuda.current_stream(index)
+
+
+def _wait_for(builder: Any, device: int) -> None:
+    """Make the current stream wait for what ``builder`` has queued so far (the table's copy among it)."""
+    torch.cuda.current_stream(device).wait_stream(builder)
 
 
 # Ready launches, keyed by (signature, config): the device table with its launch arguments. A table is
@@ -396,9 +409,10 @@ class Launch:
     # Built while the stream captured: the table's copy is a node of that graph, so the table holds its
     # values only once that graph has replayed. Such a launch serves that capture alone (never cached).
     built_in_capture: bool = False
-    # The event that the table's copy completes on the building stream (None on the CPU and in a capture,
-    # where torch.cuda.graph synchronizes the device before capturing): other streams wait for it.
-    copied: Any = field(default=None, compare=False, repr=False)
+    # The stream whose queue holds the table's copy (None on the CPU and in a capture, which
+    # torch.cuda.graph begins by synchronizing the device): another stream waits for it once, on its first
+    # call. No event per build: callers whose operands move every call build a table per call.
+    builder: Any = field(default=None, compare=False, repr=False)
 
     def __call__(self, like: torch.Tensor) -> list[torch.Tensor]:
         """Allocate the outputs and launch; ``like`` gives dtype and device."""
@@ -420,8 +434,8 @@ class Launch:
             return  # never freed now, so no stream needs recording
         stream = _raw_stream(self.device)
         if stream not in self.streams:  # the first call on this stream
-            if self.copied is not None:
-                torch.cuda.current_stream(self.device).wait_event(self.copied)  # the table's copy is done first
+            if self.builder is not None:  # the table's copy first (and whatever else the builder had queued)
+                _wait_for(self.builder, self.device)
             _record_use(self.table, self.device)
             self.streams.add(stream)  # recorded once: the allocator waits on all later work of the stream too
 
@@ -450,10 +464,11 @@ def _build_launch(config: Config, pairs: Signature, device: torch.device) -> Lau
     kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
                   num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
     in_capture = _building_in_capture(device)
-    table, copied = _to_device(plan.table, device)
-    index, stream = _stream_of(device)
+    table = _to_device(plan.table, device)
+    index, stream, current = _stream_of(device)
+    builder = None if in_capture else current
     return Launch(plan, table, DirectLaunch(_grouped_matmul_kernel, grid, kwargs), index,
-                  set() if stream is None else {stream}, in_capture, copied)
+                  set() if stream is None else {stream}, in_capture, builder)
 
 
 def _run_checked(config: Config, As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

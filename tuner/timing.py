@@ -49,8 +49,11 @@ def graph_ms(call: Callable[[], Any], budget: tuple[int, int] = FULL_MS) -> floa
     """Median ms of ``call`` replayed from a CUDA graph, L2 flushed between replays."""
     import triton.testing
 
-    graph = capture(call)
-    return float(triton.testing.do_bench(graph.replay, warmup=budget[0], rep=budget[1], return_mode="median"))
+    with kernels.grouped.captures_released():  # the graph dies here: what it kept alive may go with it
+        graph = capture(call)
+        ms = float(triton.testing.do_bench(graph.replay, warmup=budget[0], rep=budget[1], return_mode="median"))
+        del graph
+    return ms
 
 
 def capture(call: Callable[[], Any]) -> torch.cuda.CUDAGraph:
@@ -108,7 +111,11 @@ FLUSH_BYTES = 256 << 20
 def graph_ms_side_by_side(calls: Sequence[Callable[[], Any]], budget: tuple[int, int] = FULL_MS) -> list[float]:
     """Median ms of each call replayed from its own CUDA graph, the graphs replayed in turn (L2 flushed
     before every replay), so that clock drift during the timing falls on every side alike."""
-    graphs = [capture(call) for call in calls]
+    with kernels.grouped.captures_released():  # the graphs die here: what they kept alive may go with them
+        return _graphs_side_by_side([capture(call) for call in calls], budget)
+
+
+def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, int]) -> list[float]:
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
     estimate = [_replay_ms(graph, flush, 5) for graph in graphs]
     for graph, ms in zip(graphs, estimate):  # warm-up, as do_bench's

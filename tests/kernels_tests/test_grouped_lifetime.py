@@ -1,9 +1,10 @@
 """The grouped kernel's device table outlives every cache that drops it while a CUDA graph may read it,
 and is ready, and freed safely, whichever stream uses it.
 
-On a machine without CUDA there are no streams and nothing is ever captured, so three things are test
+On a machine without CUDA there are no streams and nothing is ever captured, so these are test
 doubles here, each standing in for what CUDA would say: ``kernels._modes.capturing`` (whether the
-current stream is capturing), ``grouped._stream_of`` (the table's device and building stream) and
+current stream is capturing), ``grouped._stream_of`` (the table's device and building stream),
+``grouped._wait_for`` (a spy on the wait for the building stream) and
 ``grouped._raw_stream`` (the current stream's handle); ``grouped._record_use`` (``record_stream``) is a
 spy. The kernels still run for real, under the interpreter. The tests marked ``gpu`` capture and switch
 streams for real.
@@ -49,8 +50,10 @@ class FakeStreams:
         self.capturing = False
         self.stream = BUILT_ON
         self.recorded: list[tuple[int, int]] = []  # (table id, stream) per record_stream
+        self.waits: list[tuple[object, int]] = []  # (the stream waited for, the waiting stream) per wait
         monkeypatch.setattr(_modes, "capturing", lambda: self.capturing)  # stand-in: no CUDA capture here
-        monkeypatch.setattr(grouped, "_stream_of", lambda device: (0, self.stream))
+        monkeypatch.setattr(grouped, "_stream_of", lambda device: (0, self.stream, f"stream {self.stream}"))
+        monkeypatch.setattr(grouped, "_wait_for", lambda builder, device: self.waits.append((builder, self.stream)))
         monkeypatch.setattr(grouped, "_raw_stream", lambda index: self.stream)
         monkeypatch.setattr(grouped, "_record_use",
                             lambda table, device: self.recorded.append((id(table), self.stream)))
@@ -183,9 +186,10 @@ def test_a_table_is_recorded_once_on_each_stream_other_than_its_builder(torch_de
         _assert_right(grouped.grouped_matmul_with(CONFIG, As, Bs), As, Bs)
     table = _table_of(As, Bs)
     assert streams.recorded == [(id(table()), OTHER)], "recorded once: later work on that stream is waited for too"
+    assert streams.waits == [(f"stream {BUILT_ON}", OTHER)], "the other stream waits for the table's copy, once"
     streams.stream = BUILT_ON
     grouped.grouped_matmul_with(CONFIG, As, Bs)
-    assert len(streams.recorded) == 1
+    assert len(streams.recorded) == 1 and len(streams.waits) == 1
 
 
 def test_a_call_while_capturing_keeps_the_table_instead_of_recording_the_capturing_stream(
@@ -297,3 +301,17 @@ def test_a_launch_built_while_capturing_serves_that_capture_alone(torch_device, 
     streams.capturing = False
     _assert_right(kernels.grouped_matmul(As, Bs), As, Bs)
     assert len(grouped.CALLS) == 1, "outside the capture, a launch is built again and kept"
+
+
+def test_tables_kept_inside_a_released_block_go_with_it_and_older_ones_stay(torch_device, streams: FakeStreams) -> None:
+    """The tuner's graph timings capture a table per timed config; their graphs die with the timing."""
+    As, Bs = _operands(torch_device, seed=6)
+    streams.capturing = True
+    grouped.grouped_matmul_with(CONFIG, As, Bs)  # a user's capture: kept for good
+    kept = dict(grouped.CAPTURED)
+    with grouped.captures_released():
+        other_As, other_Bs = _operands(torch_device, seed=7)
+        grouped.grouped_matmul_with(CONFIG, other_As, other_Bs)
+        assert len(grouped.CAPTURED) == len(kept) + 1
+    streams.capturing = False
+    assert grouped.CAPTURED == kept

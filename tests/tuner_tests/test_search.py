@@ -712,3 +712,13 @@ def test_a_baseline_dispatch_cannot_run_as_timed_never_wins() -> None:
     bf16 = Problem("moe_matmul", "bf16", "nt", problem.shapes)
     assert kernels.is_baseline(Config.from_dict(
         search._winner_record(MOE_MATMUL, bf16, H100, (config, 0.030), 0.020, 5, "graph").config))
+
+
+def test_where_the_baseline_is_a_loop_of_launches_the_eager_contest_is_held_anyway() -> None:
+    """grouped_matmul's baseline loops over its GEMMs (KernelSpec.baseline_when_untuned is False): its eager
+    time is mostly host time, which one launch of ours does not pay, so a GPU-slower config still contends."""
+    loop_baseline = dataclasses.replace(MATMUL, baseline_when_untuned=False)
+    bench = _GpuBench(config_ms=0.030)
+    search.decide_modes(loop_baseline, THIN, H100, bench,
+                        _trial_study((MATMUL.default_config(THIN, H100), 0.030, 0.012)))
+    assert len(bench.contests) == 2, "the graph contest and the eager one"
