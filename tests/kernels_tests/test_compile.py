@@ -306,6 +306,43 @@ def test_reduce_overhead_trains_the_gated_mlp_with_captured_backward_gemms(monke
     torch._dynamo.reset()
 
 
+@pytest.mark.gpu
+def test_reduce_overhead_keeps_split_k_scratch_right_across_shapes() -> None:
+    """Split-K's scratch (partial tiles and counters, kernels/gemm.py ``_Scratch``) is first allocated while
+    torch.compile's CUDA-graph trees warm up and record, from their memory pool; the trees may set that pool
+    back to a checkpoint when they record another shape. Every shape's replays must stay right: scratch
+    freed under us and handed to another tensor would corrupt the sums (or that tensor)."""
+    import contextlib
+
+    from kernels import _plans
+    from kernels.gemm import MATMUL
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(2048, 512, bias=False), nn.ReLU(), nn.Linear(512, 2048, bias=False)).cuda().half()
+    plain = copy.deepcopy(model)
+    kernels.patch(model)
+    shapes = (16, 48)
+    with contextlib.ExitStack() as pins:
+        for m in shapes:  # split-K in both modes for every GEMM of the model, whatever the tables say
+            for layer in (model[0], model[2]):
+                a = torch.empty(m, layer.in_features, device="cuda", dtype=torch.float16)
+                b = layer.weight.t()
+                problem = MATMUL.problem_of(a, b)
+                config = MATMUL.default_config(problem, kernels.current_device()).replace(
+                    VARIANT="splitk", SPLIT_K=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, GROUP_SIZE_M=1)
+                assert MATMUL.space.violation(config, problem, kernels.current_device()) is None
+                (install,) = pins.enter_context(_plans.pinning([config], a, b))
+                install()
+        torch._dynamo.reset()
+        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        with torch.no_grad():
+            for step in range(8):  # each shape: warm-up, record, replays, shapes taking turns
+                x = torch.randn(shapes[step % 2], 2048, device="cuda").half()
+                out = compiled(x).clone()
+                assert _error(out, plain(x)) < FP16_TOLERANCE, f"step {step}, {x.shape[0]} rows"
+    torch._dynamo.reset()
+
+
 def test_clear_cache_forgets_the_operators_graph_warm_ups() -> None:
     """After a re-tune, a capture must not trust a warm-up that ran the old graph winner."""
     from kernels import ops
