@@ -330,13 +330,52 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``linear``, without the operator's dispatch where nothing traces the call and no gradient is wanted
-    (``_direct``): what ``kernels.nn.Linear`` runs."""
+    (``_direct``): what ``kernels.nn.Linear`` runs. Under autocast its operands are cast first, as torch's
+    linear casts them; under a torch.func transform or forward-mode AD, or in a dtype the kernels do not
+    take (float64), torch's own linear runs (``_torch_only``)."""
+    if torch._C._is_any_autocast_enabled():
+        x, weight, bias = _autocast(x, weight, bias)
+    if _torch_only(x):
+        return torch.nn.functional.linear(x, weight, bias)
     return _linear(x, weight, bias) if _direct(x, weight, bias) else linear(x, weight, bias)
 
 
 def gated_matmul_call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``gated_matmul``, direct where ``_direct`` allows."""
+    """``gated_matmul``, direct where ``_direct`` allows; cast under autocast and in torch where
+    ``_torch_only`` says, as ``linear_call``."""
+    if torch._C._is_any_autocast_enabled():
+        a, b = _autocast(a, b)
+    if _torch_only(a):
+        gate, up = (a @ b).chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
     return _gated_matmul(a, b) if _direct(a, b) else gated_matmul(a, b)
+
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_forward_ad = torch.autograd.forward_ad
+
+
+def _torch_only(x: torch.Tensor) -> bool:
+    """Whether a call must run in torch, not on our kernels: a dtype they do not take (float64: torch
+    computes it, where we would refuse), or, in eager code, a torch.func transform (vmap, grad, jvp, ...)
+    or forward-mode AD. Our operators have a backward only: under jvp torch would give a zero tangent
+    without a word, and grad or vmap would fail inside the operator."""
+    if x.dtype not in _KERNEL_DTYPES:
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._functorch.peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
+
+
+def _autocast(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``tensors`` as autocast would hand them to torch's linear or matmul: floating tensors cast to its
+    dtype where it is on for their device (a patched model's linear layers then compute and return in
+    float16 or bfloat16 as torch's do, and the next layer gets the dtype it expects)."""
+    device = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != dtype else t for t in tensors)
 
 
 def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:

@@ -121,3 +121,61 @@ def test_patched_layer_captured_in_a_cuda_graph_replays_new_inputs() -> None:
         expected = model(x)
     assert plain[0] is model[0]
     assert _error(y, expected) < FP16_TOLERANCE
+
+
+# ------------------------------------------------------------------------------- autocast, torch.func, float64
+
+def _pair(bias: bool = True, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(11)
+    plain = torch.nn.Linear(32, 16, bias=bias).to(DEVICE, dtype)
+    ours = kernels.patch(torch.nn.Sequential(torch.nn.Linear(32, 16, bias=bias).to(DEVICE, dtype)))
+    ours[0].load_state_dict(plain.state_dict())
+    return plain, ours
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_under_autocast_a_patched_linear_computes_and_returns_autocasts_dtype(bias: bool) -> None:
+    """As torch's linear: operands cast to float16 (autocast's dtype here), the result float16, so the next
+    layer (torch.matmul, autocast too) gets the dtype it expects."""
+    plain, ours = _pair(bias)
+    x = torch.randn(8, 32, device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.float16):
+        want, got = plain(x), ours(x)
+        assert (got @ torch.randn(16, 4, device=DEVICE)).dtype == torch.float16
+    assert got.dtype == want.dtype == torch.float16
+    assert relative_error(got, want) < FP16_TOLERANCE
+
+
+def test_under_autocast_the_compiled_patched_linear_casts_too() -> None:
+    plain, ours = _pair()
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    x = torch.randn(8, 32, device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.float16):
+        got = compiled(x)
+        want = plain(x)
+    assert got.dtype == torch.float16 and relative_error(got, want) < FP16_TOLERANCE
+    torch._dynamo.reset()
+
+
+def test_torch_func_transforms_get_torchs_answers_not_silent_zeros() -> None:
+    """The operators have a backward only: under jvp torch would return a zero tangent without a word."""
+    plain, ours = _pair()
+    x, tangent = torch.randn(8, 32, device=DEVICE), torch.randn(8, 32, device=DEVICE)
+    _, want = torch.func.jvp(plain, (x,), (tangent,))
+    _, got = torch.func.jvp(ours, (x,), (tangent,))
+    assert got.abs().max() > 0 and relative_error(got, want) < FP32_TOLERANCE
+    grad_want = torch.func.grad(lambda v: plain(v).square().sum())(x)
+    grad_got = torch.func.grad(lambda v: ours(v).square().sum())(x)
+    assert relative_error(grad_got, grad_want) < FP32_TOLERANCE
+    with torch.no_grad():
+        assert relative_error(torch.func.vmap(ours)(x[:, None]), torch.func.vmap(plain)(x[:, None])) < FP32_TOLERANCE
+
+
+def test_a_float64_model_runs_as_torchs_does() -> None:
+    """The kernels take float16, bfloat16 and float32; a float64 layer is torch's to compute, as before patch."""
+    plain, ours = _pair(dtype=torch.float64)
+    x = torch.randn(8, 32, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    got = ours(x)
+    assert got.dtype == torch.float64 and torch.allclose(got, plain(x))
+    got.sum().backward()
+    assert x.grad is not None
