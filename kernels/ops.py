@@ -351,7 +351,7 @@ def gated_matmul_call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _gated_matmul(a, b) if _direct(a, b) else gated_matmul(a, b)
 
 
-_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32))
 _forward_ad = torch.autograd.forward_ad
 
 
@@ -362,9 +362,9 @@ def _torch_only(x: torch.Tensor) -> bool:
     without a word, and grad or vmap would fail inside the operator."""
     if x.dtype not in _KERNEL_DTYPES:
         return True
-    if torch.compiler.is_compiling():
-        return False
-    return torch._C._functorch.peek_interpreter_stack() is not None or _forward_ad._current_level >= 0
+    if torch._C._functorch.peek_interpreter_stack() is None and _forward_ad._current_level < 0:
+        return False  # the common case, asked first: two reads
+    return not torch.compiler.is_compiling()
 
 
 def _autocast(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
