@@ -628,7 +628,21 @@ def _checked_out(out: torch.Tensor, a: torch.Tensor, m: int, n: int) -> torch.Te
         raise TypeError(f"out is {out.dtype} but the operands are {a.dtype}; C is written in the operands' dtype")
     if out.device != a.device:
         raise ValueError(f"out is on {out.device} but the operands are on {a.device}")
+    if overlapping(out):
+        raise ValueError(f"out has elements that share memory (strides {out.stride()}, e.g. an expanded tensor): "
+                         "the result would be garbage; pass a tensor whose elements are distinct, e.g. torch.empty")
     return out
+
+
+def overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share memory (a stride 0 from ``expand``, or strides that interleave):
+    torch refuses to write such a tensor, and so do we."""
+    reach = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape) if sz > 1):
+        if stride < reach:
+            return True
+        reach = stride * size
+    return False
 
 
 def _run_checked(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

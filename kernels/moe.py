@@ -31,6 +31,7 @@ from ._modes import MODES
 from .dispatch import DISPATCHER
 from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
 from . import grouped
+from .gemm import overlapping
 from .grouped import _DTYPE_NAMES, _TORCH_DTYPES, _VECTOR, _cdiv, default_config, distance, tile_product
 
 KERNEL = "moe_matmul"
@@ -175,9 +176,9 @@ def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch
     experts, _, n = w.shape
     if out is None:
         out = torch.empty((tokens, n), dtype=x.dtype, device=x.device)
-    elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1:
-        raise ValueError(f"out must be a row-major-rows {tokens}x{n} {x.dtype} tensor; got {tuple(out.shape)} "
-                         f"{out.dtype} with strides {out.stride()}")
+    elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1 or overlapping(out):
+        raise ValueError(f"out must be a row-major-rows {tokens}x{n} {x.dtype} tensor whose elements are distinct; "
+                         f"got {tuple(out.shape)} {out.dtype} with strides {out.stride()}")
     if tokens == 0 or n == 0 or experts == 0:
         return out
     args = (x, w, out, offsets, tokens, experts, n, k, *x.stride(), *w.stride(), out.stride(0))

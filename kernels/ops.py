@@ -99,7 +99,9 @@ def _dense_grad(grad: torch.Tensor) -> torch.Tensor:
 
 def _matmul_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     a, b = inputs
-    ctx.save_for_backward(a, b)
+    # Each operand only where the other's gradient needs it, as torch's mm saves: a frozen weight then
+    # keeps no activation alive until the backward (and an inference-mode tensor is never saved).
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
 
 
 def _matmul_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -243,7 +245,8 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 def _linear_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     x, weight, bias = inputs
-    ctx.save_for_backward(x, weight)
+    # As _matmul_setup: x only for the weight's gradient, the weight only for x's.
+    ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, weight if ctx.needs_input_grad[0] else None)
     ctx.has_bias = bias is not None
 
 

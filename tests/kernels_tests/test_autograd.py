@@ -199,3 +199,18 @@ def test_a_backward_on_another_thread_keeps_the_mode_its_forward_was_forced_to(m
     modes.clear()
     ops.matmul(a, b).sum().backward()
     assert set(modes) == {kernels.EAGER}
+
+
+def test_a_frozen_weight_keeps_no_activation_for_the_backward() -> None:
+    """As torch's linear: the input is saved only for the weight's gradient (LoRA, frozen backbones)."""
+    from kernels import ops
+
+    torch.manual_seed(5)
+    weight = torch.randn(16, 32)  # frozen
+    x = torch.randn(8, 32, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(t), t)[1], lambda t: t):
+        out = ops.linear(x, weight, None)
+    assert all(t is not x for t in saved), "x was saved though no gradient needs it"
+    out.square().sum().backward()
+    assert torch.allclose(x.grad, (2 * (x @ weight.t())) @ weight, rtol=1e-4, atol=1e-4)

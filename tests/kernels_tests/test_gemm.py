@@ -487,3 +487,13 @@ def test_split_k_graphs_captured_on_a_fresh_stream_are_right_in_any_replay_order
     torch.cuda.synchronize()
     assert torch.allclose(out_first.float(), ref, rtol=2e-2, atol=2e-1)
     assert torch.allclose(out_second.float(), ref, rtol=2e-2, atol=2e-1)
+
+
+def test_an_out_whose_elements_share_memory_is_refused(torch_device) -> None:
+    """As torch's: an expanded out would take every row's result in one row (garbage)."""
+    a, b = _rand(4, 32, "fp16", torch_device, 40), _rand(32, 16, "fp16", torch_device, 41)
+    expanded = torch.empty(1, 16, dtype=torch.float16, device=torch_device).expand(4, 16)
+    with pytest.raises(ValueError, match="share memory"):
+        matmul_with(VARIANT_CONFIGS["tiled"], a, b, out=expanded)
+    assert not gemm.overlapping(torch.empty(4, 16)) and not gemm.overlapping(torch.empty(16, 4).t())
+    assert not gemm.overlapping(torch.empty(4, 20)[:, 2:18]) and gemm.overlapping(torch.empty(8).as_strided((4, 4), (1, 1)))
