@@ -72,9 +72,14 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor,
     return perm // top_k, gate.reshape(-1)[perm], offsets, counts
 
 
+_MOE_DTYPES = (torch.float16, torch.bfloat16)
+
+
 class MoE(nn.Module):
     """A Mixtral-style sparse MLP: router, top-k, and per-expert SwiGLU (w1 gate, w3 up, w2 down), the three
-    expert GEMMs each one ``moe_matmul`` launch. Weights are stored as nn.Linear would: [E, out, in]."""
+    expert GEMMs each one ``moe_matmul`` launch. Weights are stored as nn.Linear would: [E, out, in]. In
+    another dtype than float16 or bfloat16 (float32, the default of a fresh module) the block runs its
+    torch reference, expert by expert: right, not fast."""
 
     def __init__(self, hidden: int, ffn: int, experts: int, top_k: int = 2,
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> None:
@@ -89,6 +94,8 @@ class MoE(nn.Module):
             nn.init.normal_(w, std=fan_in ** -0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w1.dtype not in _MOE_DTYPES:  # moe_matmul runs float16 and bfloat16 (float32 is nn's default)
+            return self.reference(x)
         tokens = x.reshape(-1, x.shape[-1])
         order, weights, offsets, _ = route(self.gate(tokens), self.top_k)
         rows = tokens[order]

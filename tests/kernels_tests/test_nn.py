@@ -179,3 +179,11 @@ def test_a_float64_model_runs_as_torchs_does() -> None:
     assert got.dtype == torch.float64 and torch.allclose(got, plain(x))
     got.sum().backward()
     assert x.grad is not None
+
+
+def test_an_moe_block_in_float32_runs_its_torch_reference() -> None:
+    """moe_matmul takes float16 and bfloat16; a fresh module is float32, and must still run."""
+    torch.manual_seed(12)
+    block = kernels.nn.MoE(16, 32, 4).to(DEVICE)
+    x = torch.randn(6, 16, device=DEVICE)
+    assert torch.equal(block(x), block.reference(x))
