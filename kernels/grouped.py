@@ -238,8 +238,9 @@ def signature(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Signatu
     2-core x86_64 CPU, torch 2.13.0+cpu, triton 3.6.0, 2026-11-23).
     """
     try:
+        # Empty lists: None, so that the full check names the problem (a group needs a GEMM).
         return tuple((a.data_ptr(), a.dtype, a.shape, a.stride(), b.data_ptr(), b.dtype, b.shape, b.stride())
-                     for a, b in zip(As, Bs, strict=True))
+                     for a, b in zip(As, Bs, strict=True)) or None
     except (AttributeError, TypeError, ValueError):
         return None
 

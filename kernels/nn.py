@@ -21,6 +21,9 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:  # the common 2-D call: no reshapes (each is host time)
             return ops.linear_call(x, self.weight, self.bias)
+        if x.dim() == 0:
+            raise RuntimeError(f"{type(self).__name__}: the input must have at least one dimension (features "
+                               f"last, {self.in_features} of them); got a 0-D tensor")
         rows = x.reshape(-1, x.shape[-1])
         return ops.linear_call(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
 

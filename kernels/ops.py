@@ -153,6 +153,8 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows
 
 
 def _moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    if w.dim() != 3 or x.dim() != 2:
+        _check_moe_shapes(x, w, offsets)  # the error that names the shapes, before w.shape[2] is read
     out = None if all_rows or x.shape[0] == 0 else x.new_zeros((x.shape[0], w.shape[2]))
     return _call("moe_matmul", _kernels.moe_matmul, x, w, offsets, out=out)
 

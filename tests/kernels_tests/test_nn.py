@@ -187,3 +187,15 @@ def test_an_moe_block_in_float32_runs_its_torch_reference() -> None:
     block = kernels.nn.MoE(16, 32, 4).to(DEVICE)
     x = torch.randn(6, 16, device=DEVICE)
     assert torch.equal(block(x), block.reference(x))
+
+
+def test_malformed_calls_get_errors_that_name_the_problem() -> None:
+    _, ours = _pair()
+    with pytest.raises(RuntimeError, match="at least one dimension"):
+        ours(torch.tensor(1.0, device=DEVICE))
+    with pytest.raises(ValueError, match="non-empty|at least one"):
+        kernels.grouped_matmul([], [])
+    x = torch.randn(4, 8, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"w \[E, K, N\]"):
+        kernels.ops.moe_matmul(x, torch.randn(8, 4, device=DEVICE, dtype=torch.float16),
+                               torch.tensor([4], dtype=torch.int32, device=DEVICE))
