@@ -310,6 +310,34 @@ def _gated_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, 
 _register_autograd(gated_matmul, _gated_backward, _gated_setup)
 
 
+# ------------------------------------------------------------------------------------------------ FLOPs
+
+# What torch.utils.flop_counter.FlopCounterMode counts for each operator (2 per multiply-add, as for
+# aten.mm): without a formula a patched model counted 0 FLOPs for its linear layers. moe_matmul counts
+# every row of x once, as its GEMMs do (rows past offsets[-1] are not computed: an upper bound).
+from torch.utils.flop_counter import register_flop_formula as _flops  # noqa: E402
+
+
+@_flops([torch.ops.triton_tuner.matmul, torch.ops.triton_tuner.matmul_out])
+def _(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
+@_flops(torch.ops.triton_tuner.linear)
+def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * x_shape[0] * x_shape[1] * w_shape[0]
+
+
+@_flops(torch.ops.triton_tuner.gated_matmul)
+def _(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]  # both halves of the stacked weight
+
+
+@_flops([torch.ops.triton_tuner.moe_matmul, torch.ops.triton_tuner.moe_matmul_out])
+def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * x_shape[0] * x_shape[1] * w_shape[2]
+
+
 # ------------------------------------------------------------------------------------------ direct calls
 
 def _direct(*tensors: torch.Tensor | None) -> bool:

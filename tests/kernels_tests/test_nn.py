@@ -199,3 +199,16 @@ def test_malformed_calls_get_errors_that_name_the_problem() -> None:
     with pytest.raises(ValueError, match=r"w \[E, K, N\]"):
         kernels.ops.moe_matmul(x, torch.randn(8, 4, device=DEVICE, dtype=torch.float16),
                                torch.tensor([4], dtype=torch.int32, device=DEVICE))
+
+
+def test_a_flop_counter_counts_a_patched_linear_as_torchs() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    plain, ours = _pair()
+    x = torch.randn(8, 32, device=DEVICE)
+    counts = []
+    for model in (plain, ours):
+        with FlopCounterMode(display=False) as counter:
+            model(x)
+        counts.append(counter.get_total_flops())
+    assert counts[0] == counts[1] == 2 * 8 * 32 * 16
