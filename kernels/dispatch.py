@@ -133,40 +133,27 @@ class Dispatcher:
         """The hot path: a config already resolved for this call signature, or None."""
         return self._resolved.get(key)
 
-    def pin(self, key: Hashable, config: Config | None) -> Config | None:
-        """Make ``cached(key)`` answer ``config`` (None: nothing, so the next call resolves again); returns
-        what it answered before. The tuner times a public call with its config forced this way."""
-        with self._lock:
-            before = self._resolved.get(key)
-            if config is None:
-                self._resolved.pop(key, None)
-            else:
-                self._resolved[key] = config
-        return before
-
     @contextlib.contextmanager
     def pinning(self, keys: Sequence[Hashable], configs: Sequence[Config]) -> Iterator[list[Callable[[], None]]]:
         """One installer per config: after ``install()``, ``cached`` answers that config for every key (a
         call signature's key in each mode), until another installer runs or the block ends, when each
-        key answers what it did before."""
+        key answers what it did before. The tuner times a public call with its config forced this way."""
         with self._lock:
             before, generation = {key: self._resolved.get(key) for key in keys}, self._generation
-
-        def install(config: Config) -> None:
-            for key in keys:
-                self.pin(key, config)
-
         try:
-            yield [functools.partial(install, config) for config in configs]
+            yield [functools.partial(self._answer, dict.fromkeys(keys, config)) for config in configs]
         finally:
-            with self._lock:
-                # After a clear (a refresh, another database) the old answers are stale: forget the pins.
-                restore = before if self._generation == generation else dict.fromkeys(keys)
-                for key, config in restore.items():
-                    if config is None:
-                        self._resolved.pop(key, None)
-                    else:
-                        self._resolved[key] = config
+            # After a clear (a refresh, another database) the old answers are stale: forget the pins.
+            self._answer(before if self._generation == generation else dict.fromkeys(keys))
+
+    def _answer(self, answers: dict[Hashable, Config | None]) -> None:
+        """Make ``cached`` answer each key's config (None: nothing, so the next call resolves again)."""
+        with self._lock:
+            for key, config in answers.items():
+                if config is None:
+                    self._resolved.pop(key, None)
+                else:
+                    self._resolved[key] = config
 
     def resolve(self, key: Hashable, spec: KernelSpec, problem: Problem, device: DeviceInfo,
                 mode: str = EAGER) -> Config:

@@ -310,7 +310,7 @@ def _plan(pairs: Signature, block_m: int, block_n: int) -> _Plan:
     return _Plan(prefix, outputs, offset, flags, stacked_n)
 
 
-def _to_device(table: array, device: torch.device) -> torch.Tensor:
+def _to_device(table: array, device: torch.device, in_capture: bool) -> torch.Tensor:
     """The table on ``device``: one host-to-device copy per operand signature, asynchronous and ordered on
     the building stream (another stream waits for that stream first, ``Launch._guard_table``)."""
     host = torch.frombuffer(table, dtype=torch.int64)
@@ -319,7 +319,7 @@ def _to_device(table: array, device: torch.device) -> torch.Tensor:
     # torch's caching host allocator hands out pinned blocks cheaply and keeps each until its copy is done.
     pinned = torch.empty(len(table), dtype=torch.int64, pin_memory=True).copy_(host)
     on_device = pinned.to(device, non_blocking=True)
-    if _modes.capturing():
+    if in_capture:
         # The copy is a node of the graph, run before its kernel on every replay, and it reads the pinned
         # block then: keep that too (recent torch leaks such blocks itself; older ones may hand them out again).
         _keep_for_good(pinned)
@@ -465,7 +465,7 @@ def _build_launch(config: Config, pairs: Signature, device: torch.device) -> Lau
     kwargs = dict(BLOCK_M=values["BLOCK_M"], BLOCK_N=values["BLOCK_N"], BLOCK_K=values["BLOCK_K"],
                   num_warps=values["num_warps"], num_stages=values["num_stages"], **plan.flags)
     in_capture = _building_in_capture(device)
-    table = _to_device(plan.table, device)
+    table = _to_device(plan.table, device, in_capture)
     index, stream, current = _stream_of(device)
     builder = None if in_capture else current
     return Launch(plan, table, DirectLaunch(_grouped_matmul_kernel, grid, kwargs), index,

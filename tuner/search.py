@@ -505,16 +505,11 @@ def _decide(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench
         # As dispatch will hold them: both winners in their stored (portable) form, so that where they
         # launch one kernel the contest, as dispatch, runs one plan for both modes without the mode check.
         chosen = _portable_finalists(spec, problem, device, chosen)
-    ours_cublas_ms = None
-    if mode == EAGER and spec.name in DISPATCHED_BASELINE:
-        ours_cublas_ms = bench.time(BASELINE, EAGER)
+    ours_cublas_ms = _ours_cublas_ms(spec, bench, mode)
+    if ours_cublas_ms is not None:
         chosen = chosen + [(BASELINE, ours_cublas_ms)]
     ((found, search_ms), found_ms), baseline_ms = head_to_head(bench, chosen, mode, rounds, graph_winner)
-    # What the cost model needs besides the trials (kernels/_costmodel.py): the user's torch.matmul in
-    # this mode and, in eager mode, our own dispatch's cuBLAS path, whose lookup costs host time.
-    study.set_user_attr(f"{mode}_cublas_ms", baseline_ms)
-    if ours_cublas_ms is not None:
-        study.set_user_attr("eager_cublas_dispatch_ms", ours_cublas_ms)
+    _note_cublas(study, mode, baseline_ms, ours_cublas_ms)
     best_triton = next((pair for pair in chosen if not kernels.is_baseline(pair[0])), chosen[0])
     if kernels.is_baseline(found):
         return _winner_record(spec, problem, device, best_triton, baseline_ms, trials, mode, cublas_ms=found_ms,
@@ -541,13 +536,24 @@ def _cublas_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench
     """cuBLAS as ``mode``'s winner without a contest, where no Triton config may contend. The record's
     best Triton config is the study's fastest in that mode (or on the GPU, if none has a time in it)."""
     best = finalists(study, most=1, mode=mode) or finalists(study, most=1)
-    ours_cublas_ms = bench.time(BASELINE, EAGER) if mode == EAGER and spec.name in DISPATCHED_BASELINE else None
+    ours_cublas_ms = _ours_cublas_ms(spec, bench, mode)
     baseline_ms = bench.baseline_ms(mode)
+    _note_cublas(study, mode, baseline_ms, ours_cublas_ms)
+    return _winner_record(spec, problem, device, best[0], baseline_ms, trials, mode,
+                          cublas_ms=max(baseline_ms, ours_cublas_ms or 0.0), cublas_won=True)
+
+
+def _ours_cublas_ms(spec: KernelSpec, bench: Bench | IsolatedBench, mode: str) -> float | None:
+    """Our dispatch's cuBLAS path, timed eager where it costs host time of its own (DISPATCHED_BASELINE)."""
+    return bench.time(BASELINE, EAGER) if mode == EAGER and spec.name in DISPATCHED_BASELINE else None
+
+
+def _note_cublas(study: optuna.Study, mode: str, baseline_ms: float, ours_cublas_ms: float | None) -> None:
+    """What the cost model needs besides the trials (kernels/_costmodel.py): the user's torch.matmul in
+    this mode and, in eager mode, our own dispatch's cuBLAS path, whose lookup costs host time."""
     study.set_user_attr(f"{mode}_cublas_ms", baseline_ms)
     if ours_cublas_ms is not None:
         study.set_user_attr("eager_cublas_dispatch_ms", ours_cublas_ms)
-    return _winner_record(spec, problem, device, best[0], baseline_ms, trials, mode,
-                          cublas_ms=max(baseline_ms, ours_cublas_ms or 0.0), cublas_won=True)
 
 
 def believed(side_by_side_ms: float, earlier_ms: float) -> bool:

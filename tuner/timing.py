@@ -233,34 +233,30 @@ def public_calls(spec: KernelSpec, configs: Sequence[Config], inputs: tuple, gra
     configs share one call signature, so each side's installer makes ``kernels.matmul`` run its config
     until the next installer runs (None: the call forces its config itself). ``graph``: the graph
     winner that dispatch will hold beside each config (``kernels._plans.pinning``)."""
-    if spec.name == "matmul" and kernels.KERNELS.get(spec.name) is spec:
-        from kernels import _plans
-
-        with _plans.pinning(configs, *inputs[:2], graph=graph) as installers:
-            call = lambda x: kernels.matmul(*x)  # noqa: E731
-            yield [(call, install) for install in installers]
-    elif spec.name == "moe_matmul" and kernels.KERNELS.get(spec.name) is spec:
-        from kernels import moe
-
-        with moe.pinning(configs, *inputs[:2]) as installers:
-            call = lambda x: kernels.moe_matmul(*x[:3])  # noqa: E731  (the device offsets, as a user passes them)
-            yield [(call, install) for install in installers]
-    elif _epilogue_call(spec) is not None:
-        from kernels import epilogue
-
-        with epilogue.pinning(spec, configs, *inputs[:2]) as installers:
-            call = _epilogue_call(spec)
-            yield [(call, install) for install in installers]
-    else:
+    public = _public(spec)
+    if public is None:
         yield [((lambda x, c=c: spec.execute(c, x)), None) for c in configs]
+        return
+    pinning, call = public
+    with pinning(configs, inputs, graph) as installers:
+        yield [(call, install) for install in installers]
 
 
-def _epilogue_call(spec: KernelSpec) -> Callable[[tuple], Any] | None:
-    """The public call of a fused-epilogue kernel (``kernels.matmul_bias``, ``kernels.gated_matmul``), or None."""
+def _public(spec: KernelSpec) -> tuple[Callable[..., Any], Callable[[tuple], Any]] | None:
+    """(how to pin configs on these inputs, the public call) of a kernel whose dispatch can be pinned, or
+    None (grouped_matmul, whose dispatch caches launches by operand address; a test's stand-in spec)."""
     if kernels.KERNELS.get(spec.name) is not spec:
-        return None  # a test's stand-in spec: its own run
-    public = {"matmul_bias": kernels.matmul_bias, "gated_matmul": kernels.gated_matmul}.get(spec.name)
-    return None if public is None else (lambda x: public(*x))
+        return None
+    from kernels import _plans, epilogue, moe
+
+    if spec.name == "matmul":
+        return (lambda configs, x, graph: _plans.pinning(configs, *x[:2], graph=graph)), lambda x: kernels.matmul(*x)
+    if spec.name == "moe_matmul":  # the device offsets, as a user passes them (x[3] holds them on the host)
+        return (lambda configs, x, graph: moe.pinning(configs, *x[:2])), lambda x: kernels.moe_matmul(*x[:3])
+    if spec.name in ("matmul_bias", "gated_matmul"):
+        public = getattr(kernels, spec.name)
+        return (lambda configs, x, graph: epilogue.pinning(spec, configs, *x[:2])), lambda x: public(*x)
+    return None
 
 
 @contextlib.contextmanager
