@@ -222,7 +222,6 @@ def clear_cache() -> None:
     grouped.CALLS.clear()
     moe.LAUNCHES.clear()
     gemm.LAUNCHES.clear()
-    ops._GRAPH_READY.clear()  # the operators' graph-winner warm-ups ran the old configs
 
 
 @contextlib.contextmanager
@@ -244,7 +243,6 @@ def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     DISPATCHER.configure(url, use_shipped)
     _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables
-    ops._GRAPH_READY.clear()
 
 
 def refresh_every(ttl_s: float | None) -> None:

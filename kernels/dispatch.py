@@ -104,6 +104,9 @@ class Dispatcher:
         self._tables: dict[tuple[str, str], dict[tuple[str, str], _Entry]] = {}
         self._resolved: dict[Hashable, Config] = {}
         self._generation = 0  # counts clears: a pinning block restores nothing across one
+        # Counts resolutions (a call signature's first call, or its first after a clear): the operators'
+        # sign that a call may have run a config for the first time (kernels/ops.py ``_call``).
+        self.resolutions = 0
 
     @property
     def url(self) -> str | None:
@@ -159,6 +162,7 @@ class Dispatcher:
                 mode: str = EAGER) -> Config:
         config = self.choose(spec, problem, device, mode).config
         self._resolved[key] = config
+        self.resolutions += 1
         return config
 
     def choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str = EAGER) -> Choice:

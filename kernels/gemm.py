@@ -35,6 +35,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
 from ._launch import DirectLaunch, LruCache, _raw_stream
+from ._memory import kept_empty
 from ._modes import capturing as _capturing
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, log_distance
 
@@ -309,13 +310,18 @@ class _Scratch:
     kept, not freed: CUDA graphs are captured on side streams (never on the legacy default stream), and
     a captured graph reads and writes its buffer on every replay. Growth at least doubles, so what is
     kept stays under the live buffer's size.
+
+    Kept buffers are allocated outside any CUDA-graph pool (``kernels._memory``), and never while the
+    stream captures: a capture whose stream has no buffer large enough gets one for that call from the
+    graph's own pool (``make(size, kept=False)``), which the graph then owns like any of its intermediates.
     """
 
     def __init__(self) -> None:
         self._held: dict[tuple, tuple[int, Any]] = {}
         self._outgrown: list[Any] = []
 
-    def getter(self, what: Hashable, device: torch.device, need: int, make: Callable[[int], Any]) -> Callable[[], Any]:
+    def getter(self, what: Hashable, device: torch.device, need: int, make: Callable[[int, bool], Any]
+               ) -> Callable[[], Any]:
         """A function that returns the current stream's buffers of ``what`` (at least ``need`` large):
         what a launch plan keeps, so that a call pays a stream query and a dict lookup, nothing more."""
         index = device.index if device.type == "cuda" else None
@@ -326,16 +332,18 @@ class _Scratch:
             entry = held.get((what, index, stream))
             if entry is not None and entry[0] >= need:
                 return entry[1]
+            if index is not None and _capturing():
+                return make(need, False)
             return self._grow((what, index, stream), need, make)
         return get
 
-    def get(self, what: Hashable, device: torch.device, need: int, make: Callable[[int], Any]) -> Any:
+    def get(self, what: Hashable, device: torch.device, need: int, make: Callable[[int, bool], Any]) -> Any:
         return self.getter(what, device, need, make)()
 
-    def _grow(self, key: tuple, need: int, make: Callable[[int], Any]) -> Any:
+    def _grow(self, key: tuple, need: int, make: Callable[[int, bool], Any]) -> Any:
         entry = self._held.get(key)
         size = max(need, 2 * entry[0]) if entry is not None else need
-        buffers = make(size)
+        buffers = make(size, True)
         if entry is not None and key[2] != 0:
             self._outgrown.append(entry[1])
         self._held[key] = (size, buffers)
@@ -345,17 +353,16 @@ class _Scratch:
 _SCRATCH = _Scratch()
 
 
+def _scratch_tensor(size: int, kept: bool, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return kept_empty(size, dtype, device) if kept else torch.empty(size, dtype=dtype, device=device)
+
+
 class _SplitKWorkspace:
     """fp32 partial tiles and arrival counters for split-K (``_Scratch``, per device and stream).
 
     The kernel re-arms each counter to zero after use, so counters need zeroing once, when their
-    buffer is allocated, and that zeroing must have run. Outside a capture it runs at once. Inside a
-    capture (a stream's first split-K call may be captured: ``torch.cuda.graph`` captures on a stream
-    of its own, which no eager call has used) it is only a node of that graph, and another graph
-    captured later on the same stream (the same buffer) may be replayed before it: its counters would
-    start from whatever the memory held, and a tile would be summed before all of its slices landed.
-    Such a buffer (``_CapturedCounters``) is zeroed again in every graph that uses it, a small memset
-    node before the kernel, until an eager call on its stream zeroes it for good.
+    buffer is allocated. A kept buffer is allocated and zeroed outside any capture. A capture's
+    buffer for one call is zeroed by a node of that graph, before the kernel on every replay.
     """
 
     def getter(self, device: torch.device, partial_elems: int, tiles: int
@@ -363,52 +370,16 @@ class _SplitKWorkspace:
         # One size covers both: partial tiles of `need` fp32 elements, and a counter per 256 of them
         # (a tile holds at least 16 x 16 elements, so the tiles fit).
         need = max(partial_elems, tiles * 256, 1 << 16)
-        capturable = device.type == "cuda"
-        get = _SCRATCH.getter("splitk", device, need, lambda size: _splitk_buffers(device, size, capturable))
-
-        def workspace() -> tuple[torch.Tensor, torch.Tensor]:
-            buffers = get()
-            if type(buffers) is tuple:  # zeroed for good: what every call but a few after a capture gets
-                return buffers
-            return buffers.seeded(tiles, _capturing())
-
-        return workspace
+        return _SCRATCH.getter("splitk", device, need, lambda size, kept: _splitk_buffers(device, size, kept))
 
     def get(self, device: torch.device, partial_elems: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.getter(device, partial_elems, tiles)()
 
 
-def _splitk_buffers(device: torch.device, size: int, capturable: bool) -> Any:
-    partial = torch.empty(size, dtype=torch.float32, device=device)
-    counters = torch.zeros(size // 256, dtype=torch.int32, device=device)
-    if capturable and _capturing():
-        return _CapturedCounters(partial, counters)
+def _splitk_buffers(device: torch.device, size: int, kept: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    partial = _scratch_tensor(size, kept, torch.float32, device)
+    counters = _scratch_tensor(size // 256, kept, torch.int32, device).zero_()
     return partial, counters
-
-
-class _CapturedCounters:
-    """A split-K workspace allocated while its stream was capturing: its counters' zeroing is a node of
-    that one graph, not yet run (``_SplitKWorkspace``)."""
-
-    __slots__ = ("partial", "counters", "ready")
-
-    def __init__(self, partial: torch.Tensor, counters: torch.Tensor) -> None:
-        self.partial, self.counters = partial, counters
-        self.ready: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def seeded(self, tiles: int, capturing: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """(partial, counters) with the counters this launch reads at zero when it runs.
-
-        Captured: zero this launch's counters in the graph (each replay does it before the kernel).
-        Eager: zero them all now, once; the kernel keeps them at zero from then on."""
-        if self.ready is not None:
-            return self.ready
-        if capturing:
-            self.counters[:tiles].zero_()
-        else:
-            self.counters.zero_()
-            self.ready = (self.partial, self.counters)
-        return self.partial, self.counters
 
 
 _WORKSPACE = _SplitKWorkspace()
@@ -558,10 +529,10 @@ class RepackLaunch:
                                 dict(BLOCK_R=_PAD_BLOCK_R, BLOCK_C=_PAD_BLOCK_C, num_warps=4))
         # B is copied as w = B^T, rows along K, whatever its own layout (see _launch_repack).
         self.pad_args = (m, n, k, k_padded, a.stride(0), a.stride(1), b.stride(1), b.stride(0), a_programs, tiles_c)
-        self._views: tuple[Any, torch.Tensor, torch.Tensor] = (None, a, b)
+        self._views: tuple[Any, Any, Any] = (None, None, None)
         dtype, device = a.dtype, a.device
         self.scratch = _SCRATCH.getter(("repack", dtype), device, self.elems,
-                                       lambda size: torch.empty(size, dtype=dtype, device=device))
+                                       lambda size, kept: _scratch_tensor(size, kept, dtype, device))
         _, a_padded, b_padded = self._padded_views()  # their layout, for the kernel's launch: nothing copied yet
         self.launch, self.workspace = direct_launch(config, a_padded, b_padded, c)
         self.args = (m, n, k_padded, a_padded.stride(0), a_padded.stride(1), b_padded.stride(0),
@@ -571,11 +542,14 @@ class RepackLaunch:
         """(this stream's scratch buffer, A padded [m, k_padded], B padded [k_padded, n] as a view of
         w [n, k_padded]); the views are made again only when the stream's buffer is new."""
         buffer = self.scratch()
-        if self._views[0] is not buffer:
-            m, n, k_padded = self.shapes
-            self._views = (buffer, buffer[:m * k_padded].view(m, k_padded),
-                           buffer[m * k_padded:(m + n) * k_padded].view(n, k_padded).t())
-        return self._views
+        if self._views[0] is buffer:
+            return self._views
+        m, n, k_padded = self.shapes
+        views = (buffer, buffer[:m * k_padded].view(m, k_padded),
+                 buffer[m * k_padded:(m + n) * k_padded].view(n, k_padded).t())
+        if not (buffer.is_cuda and _capturing()):  # a capture's own buffer must die with its call
+            self._views = views
+        return views
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
         # The copy and the kernel are two launches on one buffer per stream: another thread's copy on

@@ -26,6 +26,7 @@ import triton.language as tl
 from . import _modes
 from ._device import interpreter_enabled
 from ._launch import DirectLaunch, LruCache, _raw_stream
+from ._memory import kept_empty
 from ._spec import (Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, is_baseline,
                     log_distance)
 
@@ -318,12 +319,15 @@ def _to_device(table: array, device: torch.device, in_capture: bool) -> torch.Te
         return host.clone()  # the interpreter reads it in place; the array dies with this frame
     # torch's caching host allocator hands out pinned blocks cheaply and keeps each until its copy is done.
     pinned = torch.empty(len(table), dtype=torch.int64, pin_memory=True).copy_(host)
-    on_device = pinned.to(device, non_blocking=True)
     if in_capture:
-        # The copy is a node of the graph, run before its kernel on every replay, and it reads the pinned
-        # block then: keep that too (recent torch leaks such blocks itself; older ones may hand them out again).
+        # The graph's own table, from its pool, for this call alone: the copy is a node of the graph, run
+        # before its kernel on every replay, and it reads the pinned block then: keep that for good
+        # (recent torch leaks such blocks itself; older ones may hand them out again).
         _keep_for_good(pinned)
-    return on_device
+        return pinned.to(device, non_blocking=True)
+    # A table the caches keep: outside any CUDA-graph pool (kernels/_memory.py), its use on this (the
+    # building) stream recorded, so that freeing it waits for the copy and the kernels queued here.
+    return kept_empty(len(table), torch.int64, device).copy_(pinned, non_blocking=True)
 
 
 # Tensors that a captured CUDA graph reads, by id, for the life of the process: a graph bakes in their
@@ -404,8 +408,9 @@ class Launch:
     table: torch.Tensor
     kernel: DirectLaunch  # the table, a fresh C buffer and the group size specialize alike on every call
     device: int = -1  # the table's CUDA device; -1 where it has no streams (the CPU)
-    # Raw handles of the streams whose use of the table its freeing waits for: the one that built it (the
-    # allocator's own), then each other one it ran on (record_stream). A set: one lookup per call.
+    # Raw handles of the streams whose use of the table its freeing waits for (record_stream): the one that
+    # built it (recorded at allocation, kernels/_memory.py), then each other one it ran on. A set: one
+    # lookup per call.
     streams: set[int] = field(default_factory=set, compare=False, repr=False)
     # Built while the stream captured: the table's copy is a node of that graph, so the table holds its
     # values only once that graph has replayed. Such a launch serves that capture alone (never cached).
@@ -431,6 +436,8 @@ class Launch:
 
         One capture check (a thread-local read on the default stream) and one stream query per call.
         """
+        if self.built_in_capture:
+            return  # the capture's own table, in its graph's pool: the graph holds it, nothing to keep
         if _keep_if_captured(self.table, _modes.capturing()):
             return  # never freed now, so no stream needs recording
         stream = _raw_stream(self.device)

@@ -18,14 +18,26 @@ __all__ = ["Linear", "MoE", "patch", "route", "unpatch"]
 class Linear(nn.Linear):
     """An ``nn.Linear`` whose forward is the tuned GEMM: y = x @ W^T (+ bias in the epilogue), x flattened to 2-D."""
 
+    _weight_t: torch.Tensor | None = None  # weight.t(), kept (class default: from_linear runs no __init__)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        weight_t = self._weight_t
+        # The kept view serves while it views this weight's current data: a new Parameter, or new data
+        # under the same one (``weight.data = ...``), makes another. Two reads, where t() is a torch call.
+        # Traced code (torch.compile) runs the operator, which transposes itself: no side effect to trace.
+        if torch.compiler.is_compiling():
+            weight_t = None
+        elif weight_t is None or weight_t._base is not weight or weight_t.data_ptr() != weight.data_ptr():
+            with torch.no_grad():  # the direct path's view (no gradient is wanted there)
+                weight_t = self._weight_t = weight.t()
         if x.dim() == 2:  # the common 2-D call: no reshapes (each is host time)
-            return ops.linear_call(x, self.weight, self.bias)
+            return ops.linear_call(x, weight, self.bias, weight_t)
         if x.dim() == 0:
             raise RuntimeError(f"{type(self).__name__}: the input must have at least one dimension (features "
                                f"last, {self.in_features} of them); got a 0-D tensor")
         rows = x.reshape(-1, x.shape[-1])
-        return ops.linear_call(rows, self.weight, self.bias).reshape(*x.shape[:-1], self.out_features)
+        return ops.linear_call(rows, weight, self.bias, weight_t).reshape(*x.shape[:-1], self.out_features)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Linear:

@@ -29,6 +29,7 @@ import torch
 
 import kernels as _kernels  # the package's public functions, looked up per call (the lead may rebind them)
 from kernels import _modes
+from kernels.dispatch import DISPATCHER as _DISPATCHER
 
 NAMESPACE = "triton_tuner"
 
@@ -42,7 +43,7 @@ __all__ = ["NAMESPACE", "gated_matmul", "gated_matmul_call", "grouped_matmul", "
 @torch.library.custom_op(f"{NAMESPACE}::matmul", mutates_args=())
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """C = A @ B through the tuned dispatch."""
-    return _call("matmul", _kernels.matmul, a, b)
+    return _call(_kernels.matmul, a, b)
 
 
 @matmul.register_fake
@@ -54,7 +55,7 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op(f"{NAMESPACE}::matmul_out", mutates_args=("out",))
 def matmul_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """C = A @ B written into ``out``."""
-    _call("matmul_out", _kernels.matmul, a, b, out=out)
+    _call(_kernels.matmul, a, b, out=out)
 
 
 @matmul_out.register_fake
@@ -156,7 +157,7 @@ def _moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_row
     if w.dim() != 3 or x.dim() != 2:
         _check_moe_shapes(x, w, offsets)  # the error that names the shapes, before w.shape[2] is read
     out = None if all_rows or x.shape[0] == 0 else x.new_zeros((x.shape[0], w.shape[2]))
-    return _call("moe_matmul", _kernels.moe_matmul, x, w, offsets, out=out)
+    return _call(_kernels.moe_matmul, x, w, offsets, out=out)
 
 
 @moe_matmul.register_fake
@@ -168,7 +169,7 @@ def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = 
 @torch.library.custom_op(f"{NAMESPACE}::moe_matmul_out", mutates_args=("out",))
 def moe_matmul_out(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
     """``moe_matmul`` written into ``out``; rows at or past ``offsets[-1]`` keep what ``out`` held."""
-    _call("moe_matmul_out", _kernels.moe_matmul, x, w, offsets, out=out)
+    _call(_kernels.moe_matmul, x, w, offsets, out=out)
 
 
 @moe_matmul_out.register_fake
@@ -226,9 +227,13 @@ _register_autograd(moe_matmul, _moe_backward, _moe_setup)
 # ------------------------------------------------------------------------------------------------ epilogues
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return _linear_t(x, weight.t(), bias)
+
+
+def _linear_t(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if bias is None:
-        return _call("matmul", _kernels.matmul, x, weight.t())
-    return _call("matmul_bias", _kernels.matmul_bias, x, weight.t(), bias)
+        return _call(_kernels.matmul, x, weight_t)
+    return _call(_kernels.matmul_bias, x, weight_t, bias)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=())
@@ -265,7 +270,7 @@ _register_autograd(linear, _linear_backward, _linear_setup)
 
 
 def _gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _call("gated_matmul", _kernels.gated_matmul, a, b)
+    return _call(_kernels.gated_matmul, a, b)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_matmul", mutates_args=())
@@ -361,16 +366,21 @@ def _direct(*tensors: torch.Tensor | None) -> bool:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                weight_t: torch.Tensor | None = None) -> torch.Tensor:
     """``linear``, without the operator's dispatch where nothing traces the call and no gradient is wanted
     (``_direct``): what ``kernels.nn.Linear`` runs. Under autocast its operands are cast first, as torch's
     linear casts them; under a torch.func transform or forward-mode AD, or in a dtype the kernels do not
-    take (float64), torch's own linear runs (``_torch_only``)."""
+    take (float64), torch's own linear runs (``_torch_only``). ``weight_t``: ``weight.t()``, if the caller
+    keeps it (a view costs host time on every call), for the direct path."""
     if torch._C._is_any_autocast_enabled():
         x, weight, bias = _autocast(x, weight, bias)
+        weight_t = None  # of the weight before its cast
     if _torch_only(x):
         return torch.nn.functional.linear(x, weight, bias)
-    return _linear(x, weight, bias) if _direct(x, weight, bias) else linear(x, weight, bias)
+    if _direct(x, weight, bias):
+        return _linear_t(x, weight.t() if weight_t is None else weight_t, bias)
+    return linear(x, weight, bias)
 
 
 def gated_matmul_call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -418,36 +428,31 @@ def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all
 
 # ------------------------------------------------------------------------------------------------ capture
 
-# Call signatures (operator, operands' shapes and strides, dtype, device) whose graph winner has run here.
-_GRAPH_READY: set[tuple] = set()
-_GRAPH_READY_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
 _CAPTURABLE = ("cuda",)  # devices whose streams capture (a CPU test adds "cpu" and a stand-in capture check)
 
 
-def _call(name: str, fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, *rest: Any,
-          **kwargs: Any) -> torch.Tensor:
+def _call(fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, *rest: Any, **kwargs: Any) -> torch.Tensor:
     """``fn(a, b, ...)``; on a GPU, a signature's first call outside a capture runs once more in graph mode.
 
     Why: ``torch.compile(mode="reduce-overhead")`` runs each graph once (warm-up), then captures it, and
     dispatch picks the graph winner while the stream captures: a config that may never have run, whose
     Triton compile and module load would then happen inside the capture (where a compile fails). The
-    warm-up's second run leaves the capture nothing but launches and, where the capture stream has
-    none yet, the allocation of its split-K or repack scratch (scratch is kept per stream, and this run
-    is on the eager one; kernels/gemm.py ``_SplitKWorkspace`` says how counters allocated inside a
-    capture are kept right), as ``warm_for_capture`` does for a capture by hand. Price: one more
-    GEMM per new signature, result dropped (rewriting ``out`` with the same values). Skipped where a mode
-    is forced (the capture then runs the config the eager calls ran). After ``kernels.clear_cache()`` a
-    capture looks its config up again (host work; the compiled kernel is still in Triton's cache).
+    warm-up's second run leaves the capture nothing but launches (a capture stream without kept scratch
+    takes split-K or repack scratch for the call from its graph's pool, kernels/gemm.py ``_Scratch``), as
+    ``warm_for_capture`` does for a capture by hand. Price: one more GEMM per new signature, result
+    dropped (rewriting ``out`` with the same values). Skipped where a mode is forced (the capture then runs
+    the config the eager calls ran). A "first call" is one that made dispatch resolve a config
+    (``Dispatcher.resolutions``): a signature first called through ``kernels.matmul`` itself, not through
+    these operators, was resolved then, so its capture needs ``warm_for_capture`` as a capture by hand does.
     """
+    resolutions = _DISPATCHER.resolutions
     out = fn(a, b, *rest, **kwargs)
-    if a.device.type in _CAPTURABLE and _modes.forced() is None:
-        key = (name, a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
-        if key not in _GRAPH_READY and not _modes.capturing():
-            with _kernels.dispatch_mode(_kernels.GRAPH):
-                fn(a, b, *rest, **kwargs)
-            if len(_GRAPH_READY) >= _GRAPH_READY_CAPACITY:
-                _GRAPH_READY.clear()
-            _GRAPH_READY.add(key)
+    # A resolution means a signature's first call (or its first after kernels.clear_cache()): two integer
+    # reads per call, where a set of signatures cost building a key of shapes and strides on every call.
+    if _DISPATCHER.resolutions != resolutions and a.device.type in _CAPTURABLE and _modes.forced() is None \
+            and not _modes.capturing():
+        with _kernels.dispatch_mode(_kernels.GRAPH):
+            fn(a, b, *rest, **kwargs)
     return out
 
 

@@ -6,8 +6,10 @@ each call's GPU time from a CUDA-graph replay shows that the host is the bound. 
 through the public call (``kernels.matmul`` with the config pinned, as the tuner times it: a pinned
 cuBLAS plan runs on the Python path); "cublas plan, C++ path" is a signature resolved to cuBLAS as a
 tuned table leaves it, served by kernels/_native.cpp (built first, or loaded from torch's build cache);
-"cublas, nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). Then a
-cProfile of the tiled call says where the host time goes.
+"cublas, nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). The
+public fused-bias call and a patched model's layer (``kernels.nn.Linear`` against ``torch.nn.Linear``,
+64 -> 64 with a bias, under no_grad) follow, as dispatch picks for them on this GPU. ``--profile`` then
+says where the host time of the tiled call, the Python cuBLAS plan and the patched layer goes.
 
     PYTHONPATH=. python3 scripts/host_cost.py [--calls 300] [--rounds 31] [--profile]
 
@@ -74,6 +76,11 @@ def _put_cublas_plan(a: torch.Tensor, b: torch.Tensor) -> None:
     _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, _plans._CUBLAS))
 
 
+def _no_grad(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return module(x)
+
+
 def operands(shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     m, n, k = shape
     return (torch.randn(m, k, device="cuda", dtype=torch.float16),
@@ -122,7 +129,17 @@ def main() -> None:
     bias = torch.randn(64, device="cuda", dtype=torch.float16)
     for name, call in (("torch.addmm (bias)", lambda: torch.addmm(bias, torch_a, torch_b)),
                        ("bias epilogue (Triton)", lambda: matmul_bias_with(epilogue_config, torch_a, torch_b, bias)),
-                       ("gated epilogue (Triton)", lambda: gated_matmul_with(epilogue_config, torch_a, gated_b))):
+                       ("gated epilogue (Triton)", lambda: gated_matmul_with(epilogue_config, torch_a, gated_b)),
+                       ("kernels.matmul_bias", lambda: kernels.matmul_bias(torch_a, torch_b, bias))):
+        columns.append((name, call, None))
+        samples[name] = []
+        gpu_us[name] = timing.graph_ms(call) * 1e3
+    # A model's layer, as a patched model calls it (no_grad, as inference runs): the module path adds the
+    # autocast, functorch and forward-AD checks of kernels/ops.py to whatever dispatch picks for it.
+    torch_linear = torch.nn.Linear(64, 64, device="cuda", dtype=torch.float16)
+    our_linear = kernels.nn.Linear.from_linear(torch.nn.Linear(64, 64, device="cuda", dtype=torch.float16))
+    for name, module in (("torch nn.Linear", torch_linear), ("kernels nn.Linear", our_linear)):
+        call = (lambda module=module: _no_grad(module, torch_a))
         columns.append((name, call, None))
         samples[name] = []
         gpu_us[name] = timing.graph_ms(call) * 1e3
@@ -165,18 +182,22 @@ def main() -> None:
         figures[name] = dict(host_us=median, host_us_all=values, vs_torch=ratio, gpu_us=gpu_us[name])
         print(f"{name:24} {median:22.2f} {min(values):7.2f} {max(values):7.2f} {ratio:8.3f}x "
               f"{gpu_us[name]:15.2f}")
-    for name in ("tiled", "cublas plan, Python path") if args.profile else ():
-        a, b, config = cases[name]
-        with _plans.pinned(config, a, b):
-            kernels.matmul(a, b)
+    for name in ("tiled", "cublas plan, Python path", "kernels nn.Linear") if args.profile else ():
+        if name in cases:
+            a, b, config = cases[name]
+            pin, call = _plans.pinned(config, a, b), (lambda a=a, b=b: kernels.matmul(a, b))
+        else:
+            pin, call = contextlib.nullcontext(), (lambda: _no_grad(our_linear, torch_a))
+        with pin:
+            call()
             profiler = cProfile.Profile()
             profiler.enable()
             for _ in range(args.calls):
-                kernels.matmul(a, b)
+                call()
             profiler.disable()
         torch.cuda.synchronize()
         text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(8)
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
         print(f"## cProfile of {args.calls} calls, {name}\n" + text.getvalue())
     if args.json:
         with open(args.json, "w") as stream:

@@ -36,7 +36,7 @@ TRIALS = 30  # at ~0.1 s a trial, the search is still running when the server st
 # Restarts under one search (one per 3 trials) and terminated imports: 1 at CI size (TUNER_FAULT_ROUNDS=6),
 # 5 in the long run (30).
 RESTARTS = min(8, max(1, ROUNDS // 6))
-CPU = kernels.resolve_device("cpu")
+CPU = kernels.CPU  # what `--device cpu` resolves to in the workers; this process may run on a GPU
 PROBLEM = kernels.Problem.from_key("matmul", "fp16:nn:16x32x32")
 
 

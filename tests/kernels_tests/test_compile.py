@@ -212,7 +212,6 @@ def cpu_as_capturable(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
     """Let the operators treat the CPU as a device whose stream captures, with a capture check we set."""
     state = {"capturing": False}
     monkeypatch.setattr(ops, "_CAPTURABLE", ("cuda", "cpu"))
-    monkeypatch.setattr(ops, "_GRAPH_READY", set())
     monkeypatch.setattr(_modes, "capturing", lambda: state["capturing"])  # no CUDA here (see kernels/_modes.py)
     return state
 
@@ -250,7 +249,6 @@ def test_no_extra_run_under_a_capture_or_a_forced_mode(cpu_as_capturable,
     with kernels.dispatch_mode(kernels.EAGER):
         ops.gated_matmul(a[:3], b)
     assert modes == [kernels.GRAPH, kernels.EAGER]
-    assert not ops._GRAPH_READY
 
 
 # ------------------------------------------------------------------------------------- GPU: reduce-overhead
@@ -308,10 +306,11 @@ def test_reduce_overhead_trains_the_gated_mlp_with_captured_backward_gemms(monke
 
 @pytest.mark.gpu
 def test_reduce_overhead_keeps_split_k_scratch_right_across_shapes() -> None:
-    """Split-K's scratch (partial tiles and counters, kernels/gemm.py ``_Scratch``) is first allocated while
-    torch.compile's CUDA-graph trees warm up and record, from their memory pool; the trees may set that pool
-    back to a checkpoint when they record another shape. Every shape's replays must stay right: scratch
-    freed under us and handed to another tensor would corrupt the sums (or that tensor)."""
+    """Split-K's scratch (partial tiles and counters, kernels/gemm.py ``_Scratch``) is first needed while
+    torch.compile's CUDA-graph trees warm up and record, with the thread's allocations routed to their
+    pool. Kept from that pool, it made the trees refuse the next shape's warm-up ("tensor(s) in the
+    cudagraph pool not tracked as outputs", H100, 2026-11-24); kept buffers now come from outside any pool
+    (kernels/_memory.py). Every shape's replays must stay right, shapes taking turns."""
     import contextlib
 
     from kernels import _plans
@@ -343,13 +342,16 @@ def test_reduce_overhead_keeps_split_k_scratch_right_across_shapes() -> None:
     torch._dynamo.reset()
 
 
-def test_clear_cache_forgets_the_operators_graph_warm_ups() -> None:
+def test_after_clear_cache_the_first_call_warms_the_graph_winner_again(cpu_as_capturable,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """After a re-tune, a capture must not trust a warm-up that ran the old graph winner."""
-    from kernels import ops
-
-    ops._GRAPH_READY.add(("matmul", "a signature warmed before"))
-    kernels.clear_cache()
-    assert not ops._GRAPH_READY
-    ops._GRAPH_READY.add(("matmul", "a signature warmed before"))
-    kernels.use_database(None)
-    assert not ops._GRAPH_READY
+    modes = _gated_modes(monkeypatch)
+    a, b = torch.randn(4, 8, device=DEVICE), torch.randn(8, 12, device=DEVICE)
+    ops.gated_matmul(a, b)
+    ops.gated_matmul(a, b)
+    assert modes == [kernels.EAGER, kernels.GRAPH, kernels.EAGER]
+    for forget in (kernels.clear_cache, lambda: kernels.use_database(None)):
+        forget()
+        del modes[:]
+        ops.gated_matmul(a, b)
+        assert modes == [kernels.EAGER, kernels.GRAPH]

@@ -265,10 +265,12 @@ def test_scratch_grows_by_doubling_per_stream_and_keeps_what_a_side_stream_outgr
     """The stream query is a stand-in here (the CPU has no CUDA streams): it names the current stream."""
     current = {"stream": 0}
     monkeypatch.setattr(gemm, "_raw_stream", lambda index: current["stream"])
+    monkeypatch.setattr(gemm, "_capturing", lambda: False)  # stand-in: nothing captures here
     scratch, cuda = gemm._Scratch(), torch.device("cuda", 0)
     made: list[int] = []
 
-    def make(size: int) -> list[int]:
+    def make(size: int, kept: bool) -> list[int]:
+        assert kept, "outside a capture every buffer is a kept one"
         made.append(size)
         return [size]
 
@@ -440,28 +442,40 @@ def test_explicit_repack_calls_run_the_plans_launch(torch_device) -> None:
 
 # ------------------------------------------------------------------------------- split-K counters, captured
 
-def test_split_k_counters_allocated_in_a_capture_are_zeroed_by_each_graph_until_an_eager_call(monkeypatch) -> None:
-    """The capture check is a stand-in here (the CPU has no CUDA streams): it says what a capture would."""
-    monkeypatch.setattr(gemm, "_capturing", lambda: True)
-    buffers = gemm._splitk_buffers(torch.device("cpu"), 1 << 12, capturable=True)
-    assert isinstance(buffers, gemm._CapturedCounters), "allocated while capturing: its zeroing has not run"
-    buffers.counters.fill_(7)  # what a pool block may hold when the graph that zeroes it has not replayed
-    partial, counters = buffers.seeded(tiles=3, capturing=True)
-    assert counters[:3].eq(0).all() and counters[3:].eq(7).all(), "a captured launch zeroes its own counters"
-    assert buffers.ready is None, "a later graph must zero them again"
-    counters.fill_(7)
-    assert buffers.seeded(tiles=3, capturing=False)[1].eq(0).all(), "an eager call zeroes them all"
-    counters.fill_(7)
-    assert buffers.seeded(tiles=3, capturing=True)[1].eq(7).all(), "once zeroed for good, left to the kernel"
-    monkeypatch.setattr(gemm, "_capturing", lambda: False)
-    assert type(gemm._splitk_buffers(torch.device("cpu"), 1 << 12, capturable=True)) is tuple
+def test_a_capture_without_a_kept_buffer_gets_one_of_its_own_for_the_call(monkeypatch) -> None:
+    """A buffer allocated while the stream captures belongs to that graph's pool: kept by a cache, it would
+    be a live block torch.compile's CUDA-graph trees refuse (or hand out again). So the capture gets a
+    buffer for its call alone, and nothing is kept; split-K's counters are zeroed in it (a node of the
+    graph, before the kernel on every replay). The stream query and the capture check are stand-ins here
+    (the CPU has no CUDA streams): they say what CUDA would."""
+    state = {"capturing": True}
+    monkeypatch.setattr(gemm, "_raw_stream", lambda index: 5)
+    monkeypatch.setattr(gemm, "_capturing", lambda: state["capturing"])
+    scratch, cuda = gemm._Scratch(), torch.device("cuda", 0)
+    made: list[tuple[int, bool]] = []
+
+    def make(size: int, kept: bool) -> list[int]:
+        made.append((size, kept))
+        return [size]
+
+    assert scratch.get("x", cuda, 100, make) == [100] and made == [(100, False)]
+    assert scratch._held == {}, "a capture's buffer is not kept"
+    state["capturing"] = False
+    kept = scratch.get("x", cuda, 100, make)
+    assert made[-1] == (100, True) and scratch._held
+    state["capturing"] = True
+    assert scratch.get("x", cuda, 60, make) is kept and len(made) == 2, "a kept buffer large enough serves the capture"
+
+    partial, counters = gemm._splitk_buffers(torch.device("cpu"), 1 << 12, kept=False)
+    assert partial.numel() == 1 << 12 and counters.numel() == 16 and counters.eq(0).all()
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (this machine has none)")
 def test_split_k_graphs_captured_on_a_fresh_stream_are_right_in_any_replay_order() -> None:
-    """Two graphs captured one after another on a new stream share its split-K workspace, allocated (and
-    zeroed, as a node) inside the first. Replaying the second first must not read unzeroed counters."""
+    """Two graphs captured one after another on a new stream (sharing a pool), each with a split-K
+    workspace of its own from that pool, zeroed by a node of its graph. Replaying the second first must
+    not read unzeroed counters."""
     config = VARIANT_CONFIGS["splitk3"]
     gen = torch.Generator().manual_seed(31)
     a = torch.randn(64, 1024, generator=gen).half().cuda()
@@ -475,9 +489,8 @@ def test_split_k_graphs_captured_on_a_fresh_stream_are_right_in_any_replay_order
         out_first = matmul_with(config, a, b)
     with torch.cuda.graph(second, stream=stream, pool=first.pool()):
         out_second = matmul_with(config, a, b)
-    held = gemm._SCRATCH._held[("splitk", a.device.index, stream.cuda_stream)][1]
-    assert isinstance(held, gemm._CapturedCounters)
-    held.counters.fill_(7)  # what the pool may hand out: the first graph's zeroing has never run
+    assert ("splitk", a.device.index, stream.cuda_stream) not in gemm._SCRATCH._held, \
+        "a workspace allocated in a capture is its graph's, not kept"
     out_second.zero_()
     second.replay()
     torch.cuda.synchronize()

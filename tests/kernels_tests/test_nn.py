@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 
 import pytest
 import torch
@@ -212,3 +213,32 @@ def test_a_flop_counter_counts_a_patched_linear_as_torchs() -> None:
             model(x)
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1] == 2 * 8 * 32 * 16
+
+
+def test_the_kept_transposed_weight_follows_the_weight_it_was_made_from() -> None:
+    """Linear keeps weight.t() (a torch call per forward otherwise): a new Parameter, new data under the
+    same Parameter, an in-place update and a deep copy must each give the right result."""
+    torch.manual_seed(0)
+    layer = kernels.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+
+    def check() -> None:
+        with torch.no_grad():
+            assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
+
+    check()
+    kept = layer._weight_t
+    check()
+    assert layer._weight_t is kept, "kept between calls"
+    with torch.no_grad():
+        layer.weight.mul_(2)  # in place: the kept view sees it
+    check()
+    layer.weight.data = torch.randn(4, 8)  # new data under the same Parameter
+    check()
+    layer.weight = torch.nn.Parameter(torch.randn(4, 8))  # a new Parameter
+    check()
+    copied = copy.deepcopy(layer)
+    with torch.no_grad():
+        copied.weight.mul_(3)
+        assert torch.allclose(copied(x), torch.nn.functional.linear(x, copied.weight, copied.bias), atol=1e-5)
+    check()

@@ -22,7 +22,7 @@ from tuner.cli import main
 from tuner.search import measured_trials, study_name
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU = kernels.resolve_device("cpu")
+CPU = kernels.CPU  # what `--device cpu` resolves to in the workers; this process may run on a GPU
 SHAPES = ["16x32x32", "32x16x32", "16x16x32"]
 BACKENDS = ["sqlite", "postgresql"]
 
