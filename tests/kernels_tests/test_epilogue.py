@@ -16,7 +16,14 @@ from kernels._spec import Config, Problem
 from kernels.epilogue import gated_matmul_with, matmul_bias_with
 
 TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 2e-2}  # relative L2 error; the interpreter's fp16 ~3e-4
+# On a GPU the kernels' fp32 dot runs in TF32 (gemm._dot_precision), as torch's own matmul may: the
+# H100 measured 6.9e-4 (matmul_bias) and 1.6e-3 (gated_matmul) on the pinning test's 16x32x64.
+TF32_TOLERANCE = 3e-3
 SMALL = Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=4, num_warps=2, num_stages=2)
+
+
+def _tolerance(dtype: str) -> float:
+    return TF32_TOLERANCE if dtype == "fp32" and DEVICE == "cuda" else TOLERANCE[dtype]
 
 
 pytestmark = pytest.mark.usefixtures("own_database")
@@ -38,8 +45,7 @@ def test_epilogue_kernel_matches_its_reference(kernel: str, dtype: str, layout: 
     assert spec.problem_of(*inputs) == problem
     out = spec.run(SMALL, inputs)
     assert out.shape == (20, 40)
-    # On a GPU the kernels' fp32 dot runs in TF32 (gemm._dot_precision), as torch's own matmul may.
-    tolerance = 3e-3 if dtype == "fp32" and DEVICE == "cuda" else TOLERANCE[dtype]
+    tolerance = _tolerance(dtype)
     assert _error(out, spec.reference(inputs)) < tolerance
     assert _error(spec.baseline(inputs), spec.reference(inputs)) < tolerance
 
@@ -152,11 +158,17 @@ def test_pinning_makes_the_public_call_run_each_config_then_restores_dispatch(ke
     other = SMALL.replace(num_stages=3)
     with epilogue.pinning(spec, [SMALL, other, BASELINE], *inputs[:2]) as (small, wider, cublas):
         small()
-        assert relative_error(public(*inputs), spec.reference(inputs)) <= TOLERANCE["fp32"]
+        assert relative_error(public(*inputs), spec.reference(inputs)) <= _tolerance("fp32")
         wider()
         public(*inputs)
         cublas()
         public(*inputs)  # torch's path: no launch of ours
     assert ran == [SMALL, other]
-    public(*inputs)  # dispatch decides again once the block is over: no record, the default config
-    assert ran[-1] == spec.default_config(problem, current_device(torch.device(DEVICE)))
+    assert all(epilogue.DISPATCHER.cached(epilogue._key(spec, *inputs[:2], mode)) is None for mode in kernels.MODES), \
+        "the pins are gone once the block is over"
+    public(*inputs)  # dispatch decides again: no record, so this device's policy for an untuned problem
+    device = current_device(torch.device(DEVICE))
+    if device.is_cpu:  # the default config
+        assert ran[-1] == spec.default_config(problem, device)
+    else:  # cuBLAS (KernelSpec.baseline_when_untuned, dispatch._untuned_choice): no launch of ours
+        assert ran == [SMALL, other]

@@ -1,7 +1,9 @@
-"""scripts/sweep.py under the interpreter: a sweep stopped by its time budget resumes where its file ends.
+"""scripts/sweep.py: a sweep stopped by its time budget resumes where its file ends.
 
-The timings are the interpreter's wall clock (meaningless as speed); what is under test is that the
-file is whole after every chunk and that a second run measures only what the first did not.
+On the device this process computes on: under the interpreter in CI, where the timings are wall clock
+(meaningless as speed), and on the GPU where there is one (in-process --device cpu needs the
+interpreter, which a GPU run has off). What is under test is that the file is whole after every chunk
+and that a second run measures only what the first did not.
 """
 
 from __future__ import annotations
@@ -10,13 +12,26 @@ import json
 
 import pytest
 
+import kernels
 from scripts import sweep  # scripts/ is a plain folder; pytest puts the repository root on the path
 
 PROBLEM = "fp16:nn:16x32x32+8x32x32"
+DEVICE = kernels.current_device()
+# Compile workers, and so the configs of a run's first chunk: fewer than --limit, so that a run stopped
+# by its budget is incomplete. The default (cores - 2, up to 14) would take all six at once on the
+# 16-core GPU box or any CI runner with 8 cores.
+WORKERS = 2
+
+
+@pytest.fixture(autouse=True)
+def _workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner import workers
+
+    monkeypatch.setattr(workers, "default_workers", lambda: WORKERS)
 
 
 def _sweep(out, *extra: str) -> dict:
-    assert sweep.main(["--device", "cpu", "--kernel", "moe_matmul", "--problem", PROBLEM, "--limit", "6",
+    assert sweep.main(["--device", DEVICE.alias, "--kernel", "moe_matmul", "--problem", PROBLEM, "--limit", "6",
                        "--out", str(out), *extra]) == 0
     return json.loads(out.read_text())
 
@@ -44,16 +59,15 @@ def test_file_of_another_sweep_is_refused(tmp_path) -> None:
 def test_shuffled_sweep_covers_a_seeded_sample_and_resumes_in_the_same_order(tmp_path) -> None:
     import random
 
-    import kernels
     from kernels import Problem
 
     spec = kernels.get_kernel("moe_matmul")
-    ordered = [c.as_dict() for c in spec.space.enumerate(Problem.from_key(spec.name, PROBLEM), kernels.CPU)]
+    ordered = [c.as_dict() for c in spec.space.enumerate(Problem.from_key(spec.name, PROBLEM), DEVICE)]
     expected = list(ordered)
     random.Random(0).shuffle(expected)
 
     def shuffled(out, *extra: str) -> dict:
-        assert sweep.main(["--device", "cpu", "--kernel", "moe_matmul", "--problem", PROBLEM, "--shuffle",
+        assert sweep.main(["--device", DEVICE.alias, "--kernel", "moe_matmul", "--problem", PROBLEM, "--shuffle",
                            "--out", str(out), *extra]) == 0
         return json.loads(out.read_text())
 
