@@ -107,6 +107,9 @@ class Dispatcher:
         # Counts resolutions (a call signature's first call, or its first after a clear): the operators'
         # sign that a call may have run a config for the first time (kernels/ops.py ``_call``).
         self.resolutions = 0
+        # Counts every change to what ``cached`` answers for a key already answered (a clear, another
+        # database, a pin): a cache built on those answers (kernels/epilogue.py) holds while it stands.
+        self.changes = 0
 
     @property
     def url(self) -> str | None:
@@ -120,6 +123,7 @@ class Dispatcher:
             self._tables.clear()
             self._resolved.clear()
             self._generation += 1
+            self.changes += 1
 
     def clear(self) -> None:
         """Forget loaded tables and resolved problems; the next call reloads (after a new tuning run)."""
@@ -127,6 +131,7 @@ class Dispatcher:
             self._tables.clear()
             self._resolved.clear()
             self._generation += 1
+            self.changes += 1
 
     def has_records(self, device: DeviceInfo, spec: KernelSpec) -> bool:
         """Whether any usable record of ``spec`` exists for ``device`` (shipped or in the database)."""
@@ -157,6 +162,7 @@ class Dispatcher:
                     self._resolved.pop(key, None)
                 else:
                     self._resolved[key] = config
+            self.changes += 1
 
     def resolve(self, key: Hashable, spec: KernelSpec, problem: Problem, device: DeviceInfo,
                 mode: str = EAGER) -> Config:

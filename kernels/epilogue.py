@@ -271,12 +271,13 @@ GATED_MATMUL = _spec("gated_matmul", lambda config, inputs: gated_matmul_with(co
 
 # ---------------------------------------------------------------------------------------------- dispatch
 
-def _resolve(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor) -> Config:
+def _resolve(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor, mode: str | None = None) -> Config:
     """The config of this call: a repeated call signature is one dict lookup; its first call checks the
     operands (``problem_of``) and resolves. The key holds what the check reads, b's dtype and device
     included, so a cached signature is a checked one (building the Problem per call cost more host time
     than the launch's other Python)."""
-    mode = _modes.current(a.is_cuda)  # the graph winner while the stream captures, else the eager one
+    if mode is None:
+        mode = _modes.current(a.is_cuda)  # the graph winner while the stream captures, else the eager one
     try:
         key = _key(spec, a, b, mode)
     except AttributeError:
@@ -306,10 +307,29 @@ def pinning(spec: KernelSpec, configs: Sequence[Config], a: torch.Tensor, b: tor
         yield installers
 
 
+# Signatures whose matmul_bias is torch.addmm in every mode, each with the DISPATCHER.changes it was
+# learnt under: a repeated call of one (a small untuned layer, the common case on a GPU without records)
+# then costs a short key and a lookup before addmm, where resolving cost about 6 us of host time
+# (docs/PYTORCH.md, "Eager calls"). b's dtype and device are not in the key: addmm refuses a mismatch.
+_ADDMM: dict[tuple, int] = {}
+_ADDMM_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
+
+
 def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """A @ B + bias in one launch, with the config tuned for this problem (or torch.addmm where that won)."""
+    try:
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
+    except AttributeError:
+        key = None  # not tensors: _resolve says so
+    changes = DISPATCHER.changes  # read first: answers that change while we resolve are not kept
+    if _ADDMM.get(key) == changes:
+        return torch.addmm(bias, a, b)
     config = _resolve(MATMUL_BIAS, a, b)  # a and b checked on their signature's first call
     if is_baseline(config):
+        if key is not None and all(is_baseline(_resolve(MATMUL_BIAS, a, b, mode)) for mode in _modes.MODES):
+            if len(_ADDMM) >= _ADDMM_CAPACITY:
+                _ADDMM.clear()
+            _ADDMM[key] = changes
         return _baseline((a, b, bias))
     if bias.shape != (b.shape[1],) or bias.device != a.device or not bias.is_contiguous():
         return matmul_bias_with(config, a, b, bias)  # says what is wrong, or copies the bias

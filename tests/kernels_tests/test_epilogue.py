@@ -172,3 +172,33 @@ def test_pinning_makes_the_public_call_run_each_config_then_restores_dispatch(ke
         assert ran[-1] == spec.default_config(problem, device)
     else:  # cuBLAS (KernelSpec.baseline_when_untuned, dispatch._untuned_choice): no launch of ours
         assert ran == [SMALL, other]
+
+
+def test_a_signature_on_addmm_in_every_mode_skips_dispatch_until_its_answers_change(monkeypatch) -> None:
+    """matmul_bias keeps signatures that dispatch sends to torch.addmm in both modes (epilogue._ADDMM): a
+    repeated call skips resolving. A new answer (a pin, kernels.clear_cache()) must be asked again."""
+    from kernels import BASELINE, epilogue
+
+    spec = kernels.MATMUL_BIAS
+    inputs = spec.make_inputs(Problem("matmul_bias", "fp32", "nn", ((16, 32, 64),)), DEVICE, 5)
+    resolved: list[int] = []
+    real_resolve = epilogue._resolve
+    monkeypatch.setattr(epilogue, "_resolve", lambda *args: (resolved.append(1), real_resolve(*args))[1])
+    ran: list[Config] = []
+    launch = epilogue._launch
+    monkeypatch.setattr(epilogue, "_launch", lambda config, *args, **kw: (ran.append(config), launch(config, *args, **kw))[1])
+    with epilogue.pinning(spec, [BASELINE, SMALL], *inputs[:2]) as (cublas, small):
+        cublas()
+        first = kernels.matmul_bias(*inputs)
+        assert len(resolved) == 3, "the call's mode, then both modes once, to learn the signature"
+        again = kernels.matmul_bias(*inputs)
+        assert len(resolved) == 3 and torch.equal(again, first), "learnt: no resolving"
+        assert relative_error(again, spec.reference(inputs)) <= _tolerance("fp32")
+        small()  # a new answer: asked again, and it runs
+        kernels.matmul_bias(*inputs)
+        assert len(resolved) == 4 and ran == [SMALL]
+        cublas()
+        kernels.matmul_bias(*inputs)
+        kernels.clear_cache()  # forgets the pins too: this device's policy decides again
+        kernels.matmul_bias(*inputs)
+        assert len(resolved) > 7
