@@ -168,7 +168,8 @@ class Dispatcher:
                 mode: str = EAGER) -> Config:
         config = self.choose(spec, problem, device, mode).config
         self._resolved[key] = config
-        self.resolutions += 1
+        with self._lock:  # += is not atomic across threads: a lost count could skip a warm-up
+            self.resolutions += 1
         return config
 
     def choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str = EAGER) -> Choice:

@@ -26,7 +26,6 @@ import triton.language as tl
 from . import _modes
 from ._device import interpreter_enabled
 from ._launch import DirectLaunch, LruCache, _raw_stream
-from ._memory import kept_empty
 from ._spec import (Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, is_baseline,
                     log_distance)
 
@@ -325,9 +324,12 @@ def _to_device(table: array, device: torch.device, in_capture: bool) -> torch.Te
         # (recent torch leaks such blocks itself; older ones may hand them out again).
         _keep_for_good(pinned)
         return pinned.to(device, non_blocking=True)
-    # A table the caches keep: outside any CUDA-graph pool (kernels/_memory.py), its use on this (the
-    # building) stream recorded, so that freeing it waits for the copy and the kernels queued here.
-    return kept_empty(len(table), torch.int64, device).copy_(pinned, non_blocking=True)
+    # A table the caches keep, allocated inline on the building stream (the allocator's own). Not through
+    # kernels/_memory.py: callers whose operands move build a table per call, and a hand-over to another
+    # thread per build would cost more than the build. No CUDA-graph pool can take it: the operator carries
+    # torch.Tag.cudagraph_unsafe, so torch.compile runs it outside its graphs' warm-ups (kernels/ops.py),
+    # and a capture by hand builds its own tables (above).
+    return pinned.to(device, non_blocking=True)
 
 
 # Tensors that a captured CUDA graph reads, by id, for the life of the process: a graph bakes in their
@@ -408,9 +410,8 @@ class Launch:
     table: torch.Tensor
     kernel: DirectLaunch  # the table, a fresh C buffer and the group size specialize alike on every call
     device: int = -1  # the table's CUDA device; -1 where it has no streams (the CPU)
-    # Raw handles of the streams whose use of the table its freeing waits for (record_stream): the one that
-    # built it (recorded at allocation, kernels/_memory.py), then each other one it ran on. A set: one
-    # lookup per call.
+    # Raw handles of the streams whose use of the table its freeing waits for: the one that built it (the
+    # allocator's own), then each other one it ran on (record_stream). A set: one lookup per call.
     streams: set[int] = field(default_factory=set, compare=False, repr=False)
     # Built while the stream captured: the table's copy is a node of that graph, so the table holds its
     # values only once that graph has replayed. Such a launch serves that capture alone (never cached).

@@ -18,19 +18,12 @@ __all__ = ["Linear", "MoE", "patch", "route", "unpatch"]
 class Linear(nn.Linear):
     """An ``nn.Linear`` whose forward is the tuned GEMM: y = x @ W^T (+ bias in the epilogue), x flattened to 2-D."""
 
-    _weight_t: torch.Tensor | None = None  # weight.t(), kept (class default: from_linear runs no __init__)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        weight_t = self._weight_t
-        # The kept view serves while it views this weight's current data: a new Parameter, or new data
-        # under the same one (``weight.data = ...``), makes another. Two reads, where t() is a torch call.
-        # Traced code (torch.compile) runs the operator, which transposes itself: no side effect to trace.
-        if torch.compiler.is_compiling():
-            weight_t = None
-        elif weight_t is None or weight_t._base is not weight or weight_t.data_ptr() != weight.data_ptr():
-            with torch.no_grad():  # the direct path's view (no gradient is wanted there)
-                weight_t = self._weight_t = weight.t()
+        if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+            weight_t = None  # traced or transformed code runs torch or the operator, which transpose themselves
+        else:
+            weight_t = self._transposed(weight)
         if x.dim() == 2:  # the common 2-D call: no reshapes (each is host time)
             return ops.linear_call(x, weight, self.bias, weight_t)
         if x.dim() == 0:
@@ -38,6 +31,31 @@ class Linear(nn.Linear):
                                f"last, {self.in_features} of them); got a 0-D tensor")
         rows = x.reshape(-1, x.shape[-1])
         return ops.linear_call(rows, weight, self.bias, weight_t).reshape(*x.shape[:-1], self.out_features)
+
+    def _transposed(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """``weight.t()``, kept while it views this weight's current data: a new Parameter, or new data under
+        the same one (``weight.data = ...``), makes another. A few reads per call, where t() is a torch call.
+        None for a weight that is not a Parameter (a parametrization's, new on every call): ``ops.linear_call``
+        transposes it where needed."""
+        if type(weight) is not nn.Parameter:
+            return None
+        kept = self.__dict__.get("_kept_t")
+        if kept is not None and kept[0] is weight and kept[1].data_ptr() == weight.data_ptr() \
+                and kept[1].dtype is weight.dtype:
+            return kept[1]
+        with torch.no_grad():  # the direct path's view (no gradient is wanted there)
+            weight_t = weight.t()
+        self.__dict__["_kept_t"] = (weight, weight_t)  # not Module.__setattr__: no parameter bookkeeping
+        return weight_t
+
+    def _apply(self, fn, recurse: bool = True):  # .to(), .half(), .cpu(): the kept view would pin the old data
+        self.__dict__.pop("_kept_t", None)
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:  # pickles (torch.save of the module) carry no kept view
+        state = super().__getstate__()
+        state.pop("_kept_t", None)
+        return state
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> Linear:
@@ -62,6 +80,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again."""
     for module in model.modules():
         if type(module) is Linear:
+            module.__dict__.pop("_kept_t", None)
             module.__class__ = nn.Linear
     return model
 

@@ -449,11 +449,31 @@ def _call(fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, *re
     out = fn(a, b, *rest, **kwargs)
     # A resolution means a signature's first call (or its first after kernels.clear_cache()): two integer
     # reads per call, where a set of signatures cost building a key of shapes and strides on every call.
-    if _DISPATCHER.resolutions != resolutions and a.device.type in _CAPTURABLE and _modes.forced() is None \
-            and not _modes.capturing():
+    if (_DISPATCHER.resolutions != resolutions or _UNWARMED) and a.device.type in _CAPTURABLE:
+        _warm(fn, a, b, rest, kwargs, resolved=_DISPATCHER.resolutions != resolutions)
+    return out
+
+
+# Signatures first called under a mode forced on this thread (``dispatch_mode``, a backward inheriting a
+# forward's), whose warm-up waits for their first call in auto mode. Checked per call only while not empty.
+_UNWARMED: set[tuple] = set()
+_UNWARMED_CAPACITY = 4096
+
+
+def _warm(fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, rest: tuple, kwargs: dict,
+          resolved: bool) -> None:
+    """Run ``fn`` once in graph mode where this call is a signature's first outside a capture (``_call``)."""
+    if _modes.capturing():
+        return
+    key = (fn, a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device) if _UNWARMED or _modes.LOCAL.mode else None
+    if _modes.forced() is not None:
+        if resolved and _modes.LOCAL.mode is not None and len(_UNWARMED) < _UNWARMED_CAPACITY:
+            _UNWARMED.add(key)  # forced for this block only: a later auto call may be captured
+        return  # forced for the process (KERNELS_MODE): captures run the configs eager calls ran
+    if resolved or key in _UNWARMED:
         with _kernels.dispatch_mode(_kernels.GRAPH):
             fn(a, b, *rest, **kwargs)
-    return out
+        _UNWARMED.discard(key)
 
 
 def warm_for_capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -212,6 +212,7 @@ def cpu_as_capturable(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
     """Let the operators treat the CPU as a device whose stream captures, with a capture check we set."""
     state = {"capturing": False}
     monkeypatch.setattr(ops, "_CAPTURABLE", ("cuda", "cpu"))
+    monkeypatch.setattr(ops, "_UNWARMED", set())
     monkeypatch.setattr(_modes, "capturing", lambda: state["capturing"])  # no CUDA here (see kernels/_modes.py)
     return state
 
@@ -340,6 +341,22 @@ def test_reduce_overhead_keeps_split_k_scratch_right_across_shapes() -> None:
                 out = compiled(x).clone()
                 assert _error(out, plain(x)) < FP16_TOLERANCE, f"step {step}, {x.shape[0]} rows"
     torch._dynamo.reset()
+
+
+def test_a_signature_first_called_under_a_forced_mode_is_warmed_at_its_first_auto_call(
+        cpu_as_capturable, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backward inherits its forward's forced mode: its first calls resolve with no warm-up. A later call
+    in auto mode may be captured, so it runs the graph winner once then (and only then)."""
+    modes = _gated_modes(monkeypatch)
+    a, b = torch.randn(5, 8, device=DEVICE), torch.randn(8, 12, device=DEVICE)
+    with kernels.dispatch_mode(kernels.EAGER):
+        ops.gated_matmul(a, b)
+    assert modes == [kernels.EAGER]
+    ops.gated_matmul(a, b)
+    assert modes == [kernels.EAGER, kernels.EAGER, kernels.GRAPH]
+    ops.gated_matmul(a, b)
+    assert modes == [kernels.EAGER, kernels.EAGER, kernels.GRAPH, kernels.EAGER]
+    assert not ops._UNWARMED
 
 
 def test_after_clear_cache_the_first_call_warms_the_graph_winner_again(cpu_as_capturable,

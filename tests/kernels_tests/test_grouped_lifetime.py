@@ -274,8 +274,8 @@ def test_a_launch_built_on_one_stream_runs_right_on_another_and_its_table_waits_
     torch.cuda.synchronize()
     _assert_right(first, As, Bs)
 
-    # Dropped while `user` has yet to read it: its block must not go to the next allocations, neither the
-    # builder's nor the next kept buffers' (the pool a kept table comes from, kernels/_memory.py).
+    # Dropped while `user` has yet to read it: its block must not go to the builder's next allocations
+    # (the table's own stream), nor to kept buffers (kernels/_memory.py).
     with torch.cuda.stream(user):
         torch.cuda._sleep(10 * _BUSY_CYCLES)  # about 1 s: longer than the host's work below
         As[0].mul_(2)

@@ -227,9 +227,9 @@ def test_the_kept_transposed_weight_follows_the_weight_it_was_made_from() -> Non
             assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias), atol=1e-5)
 
     check()
-    kept = layer._weight_t
+    kept = layer._kept_t[1]
     check()
-    assert layer._weight_t is kept, "kept between calls"
+    assert layer._kept_t[1] is kept, "kept between calls"
     with torch.no_grad():
         layer.weight.mul_(2)  # in place: the kept view sees it
     check()
@@ -242,3 +242,25 @@ def test_the_kept_transposed_weight_follows_the_weight_it_was_made_from() -> Non
         copied.weight.mul_(3)
         assert torch.allclose(copied(x), torch.nn.functional.linear(x, copied.weight, copied.bias), atol=1e-5)
     check()
+
+
+def test_the_kept_transposed_weight_goes_with_a_cast_a_pickle_and_unpatch() -> None:
+    """It would pin the old data after .half() or .to(), ride along in torch.save, and outlive unpatch."""
+    import io
+
+    layer = kernels.nn.Linear(8, 4)
+    with torch.no_grad():
+        layer(torch.randn(2, 8))
+    assert "_kept_t" in layer.__dict__
+    layer.double()
+    assert "_kept_t" not in layer.__dict__
+    with torch.no_grad():
+        layer(torch.randn(2, 8, dtype=torch.float64))  # torch's linear (float64): nothing kept
+        layer.float()(torch.randn(2, 8))
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    assert "_kept_t" not in torch.load(buffer, weights_only=False).__dict__
+    model = torch.nn.Sequential(layer)
+    kernels.unpatch(model)
+    assert type(model[0]) is torch.nn.Linear and "_kept_t" not in model[0].__dict__
