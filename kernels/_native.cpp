@@ -31,6 +31,13 @@ struct SignatureHash {
 };
 
 std::unordered_set<Signature, SignatureHash> cublas_signatures;  // every access holds the GIL
+// Signatures whose eager plan is cuBLAS and whose graph plan is not: served where kernels.matmul would
+// run the eager plan (kernels._modes.current() is eager), else left to the Python path.
+std::unordered_set<Signature, SignatureHash> eager_signatures;
+PyObject* modes = nullptr;  // the kernels._modes module, for LOCAL.mode, ENV_MODE and capturing()
+PyObject* local_modes = nullptr;
+PyObject* eager_name = nullptr;
+PyObject* auto_name = nullptr;
 PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter: a subclass whose torch functions are torch's
 
 bool plain(PyObject* obj) {
@@ -44,6 +51,31 @@ Signature make_signature(const at::Tensor& a, const at::Tensor& b) {
                     static_cast<int16_t>(a.device().index()), static_cast<int16_t>(b.device().index())}};
 }
 
+// 1 where kernels.matmul would run the eager plan of a call on a tensor of this device type, 0 where the
+// graph plan, -1 on a Python error: _modes.current(on_cuda), as kernels.matmul inlines it.
+int eager_now(bool on_cuda) {
+  PyObject* mode = PyObject_GetAttrString(local_modes, "mode");  // the thread's forced mode
+  if (mode == nullptr) return -1;
+  if (!PyObject_IsTrue(mode)) {
+    Py_DECREF(mode);
+    mode = PyObject_GetAttrString(modes, "ENV_MODE");
+    if (mode == nullptr) return -1;
+  }
+  int eager;
+  if (mode == Py_None || PyUnicode_Compare(mode, auto_name) == 0) {
+    eager = 1;
+    if (on_cuda) {  // the capture check, the Python one (a test may stand in for it)
+      PyObject* capturing = PyObject_CallMethod(modes, "capturing", nullptr);
+      eager = capturing == nullptr ? -1 : !PyObject_IsTrue(capturing);
+      Py_XDECREF(capturing);
+    }
+  } else {
+    eager = PyUnicode_Compare(mode, eager_name) == 0;
+  }
+  Py_DECREF(mode);
+  return eager;
+}
+
 PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   // A torch function mode would see torch.mm's call on the Python path: leave the call to it.
   if (nargs != 2 || !plain(args[0]) || !plain(args[1]) ||
@@ -52,7 +84,14 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   const at::Tensor& a = THPVariable_Unpack(args[0]);
   const at::Tensor& b = THPVariable_Unpack(args[1]);
-  if (a.dim() != 2 || b.dim() != 2 || !cublas_signatures.count(make_signature(a, b))) Py_RETURN_NONE;
+  if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
+  const Signature signature = make_signature(a, b);
+  if (!cublas_signatures.count(signature)) {
+    if (local_modes == nullptr || !eager_signatures.count(signature)) Py_RETURN_NONE;
+    const int eager = eager_now(a.device().is_cuda());
+    if (eager < 0) PyErr_Clear();
+    if (eager != 1) Py_RETURN_NONE;
+  }
   try {
     return THPVariable_Wrap(at::mm(a, b));
   } catch (const std::exception&) {
@@ -76,20 +115,46 @@ Signature signature_of(const std::vector<int64_t>& dims, at::ScalarType dtype, a
 }
 
 void add(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
-  cublas_signatures.insert(signature_of(dims, dtype, device));
+  const Signature signature = signature_of(dims, dtype, device);
+  eager_signatures.erase(signature);
+  cublas_signatures.insert(signature);
+}
+
+void add_eager(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
+  const Signature signature = signature_of(dims, dtype, device);
+  cublas_signatures.erase(signature);
+  eager_signatures.insert(signature);
 }
 
 void discard(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
-  cublas_signatures.erase(signature_of(dims, dtype, device));
+  const Signature signature = signature_of(dims, dtype, device);
+  cublas_signatures.erase(signature);
+  eager_signatures.erase(signature);
 }
 
-void clear() { cublas_signatures.clear(); }
+void clear() {
+  cublas_signatures.clear();
+  eager_signatures.clear();
+}
 
-size_t size() { return cublas_signatures.size(); }
+size_t size() { return cublas_signatures.size() + eager_signatures.size(); }
+
+// kernels._modes, kept for the process: where a call of an eager-only signature learns its mode.
+void use_modes(py::object module) {
+  py::object local = module.attr("LOCAL");
+  py::object eager = module.attr("EAGER");
+  py::object automatic = module.attr("AUTO");
+  modes = module.release().ptr();
+  eager_name = eager.release().ptr();
+  auto_name = automatic.release().ptr();
+  local_modes = local.release().ptr();  // set last: try_mm serves eager-only signatures once it is
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add", &add);
+  m.def("add_eager", &add_eager);
   m.def("discard", &discard);
+  m.def("use_modes", &use_modes);
   m.def("clear", &clear);
   m.def("size", &size);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));

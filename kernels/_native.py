@@ -6,6 +6,13 @@ argument parsing: 1.08x torch.matmul's host time on the H100 and H200 boxes (scr
 docs/BENCHMARKS.md). The extension keeps the set of those signatures and runs ``at::mm`` on a hit, from
 one C call; on a miss it returns None in about 40 ns and the Python path decides as before.
 
+A signature whose eager plan is cuBLAS and whose graph plan is a Triton config (an eager record that
+cuBLAS won, a graph record that a kernel won) is served too, where the call is an eager one: the C++
+path asks ``kernels._modes`` what ``kernels.matmul`` asks (the thread's forced mode, ``KERNELS_MODE``,
+then the capture check for a CUDA tensor). In Python such a call also paid the mode check: on the H200
+box its cuBLAS eager picks ran at 0.84-0.88x torch.matmul on 13-20 us problems (docs/BENCHMARKS.md,
+"Thirteenth session").
+
 The extension is built the first time a GPU process puts a cuBLAS plan, in a daemon thread, with
 torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
 ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
@@ -28,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _ENV = "KERNELS_NATIVE"
 _NAME = "triton_tuner_native"
+BOTH, EAGER_ONLY = "both", "eager"  # what the C++ path serves of a signature (kernels/_plans.py _served)
 
 
 class _Native:
@@ -40,7 +48,7 @@ class _Native:
         self.module: Any = None
         self.state = "idle"  # idle, building, ready, failed, off
         self.suspended = 0
-        self.pending: dict[Hashable, bool] = {}  # plan key -> cuBLAS?, put before the module was ready
+        self.pending: dict[Hashable, str | None] = {}  # plan key -> what to serve, put before the module was ready
         self.decided = threading.Event()  # set once the state is ready, failed or off
 
 
@@ -84,40 +92,43 @@ def _build() -> None:
             NATIVE.pending.clear()
             NATIVE.decided.set()
         return
+    from . import _modes
+
+    module.use_modes(_modes)
     with _LOCK:
-        for key, cublas in NATIVE.pending.items():
-            _apply(module, key, cublas)
+        for key, served in NATIVE.pending.items():
+            _apply(module, key, served)
         NATIVE.pending.clear()
         NATIVE.module, NATIVE.state = module, "ready"
         _publish()
         NATIVE.decided.set()
 
 
-def _apply(module: Any, key: Hashable, cublas: bool) -> None:
+def _apply(module: Any, key: Hashable, served: str | None) -> None:
     a_shape, b_shape, a_stride, b_stride, dtype, device = key
     fields = [*a_shape, *b_shape, *a_stride, *b_stride]
     if len(fields) != 8:
         return
-    (module.add if cublas else module.discard)(fields, dtype, device)
+    {BOTH: module.add, EAGER_ONLY: module.add_eager}.get(served, module.discard)(fields, dtype, device)
 
 
 def _publish() -> None:
     NATIVE.try_mm = NATIVE.module.try_mm if NATIVE.module is not None and NATIVE.suspended == 0 else None
 
 
-def remember(key: Hashable, cublas: bool, on_cuda: bool) -> None:
-    """A plan was put for ``key`` (kernels/_plans.py): served here from now on if ``cublas``, else not.
-    The first cuBLAS plan of a GPU process starts the build."""
+def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
+    """Plans were put for ``key`` (kernels/_plans.py): served here from now on as ``served`` says (``BOTH``,
+    ``EAGER_ONLY``, or None: not at all). The first cuBLAS plan of a GPU process starts the build."""
     with _LOCK:
         if NATIVE.module is not None:
-            _apply(NATIVE.module, key, cublas)
+            _apply(NATIVE.module, key, served)
             return
         if NATIVE.state in ("failed", "off"):
             return
         if len(NATIVE.pending) >= _PENDING_CAPACITY:
             NATIVE.pending.clear()
-        NATIVE.pending[key] = cublas
-    if cublas and on_cuda and NATIVE.state == "idle":
+        NATIVE.pending[key] = served
+    if served is not None and on_cuda and NATIVE.state == "idle":
         start()
 
 
@@ -150,4 +161,4 @@ def served() -> int:
         return NATIVE.module.size() if NATIVE.module is not None else 0
 
 
-__all__ = ["NATIVE", "forget_all", "remember", "resume", "served", "start", "suspend", "wanted"]
+__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_all", "remember", "resume", "served", "start", "suspend", "wanted"]

@@ -62,7 +62,7 @@ def put(key: Hashable, plan: ModePlans) -> ModePlans:
         _PLANS[key] = plan
         # A cuBLAS plan in both modes is served from C++ once the extension is ready (kernels/_native.py).
         # Under the lock: a ``clear`` between the two would leave C++ serving a signature Python forgot.
-        _native.remember(key, plan.both is _CUBLAS, getattr(key[-1], "type", None) == "cuda")
+        _native.remember(key, _served(plan), getattr(key[-1], "type", None) == "cuda")
     return plan
 
 
@@ -179,6 +179,14 @@ class _Launched(_Fitted):
 _CUBLAS = torch.mm
 
 
+def _served(plans: ModePlans | None) -> str | None:
+    """What the C++ path serves of a signature with these plans (kernels/_native.py): every call where
+    both modes run cuBLAS, the eager calls where only the eager plan does, else nothing."""
+    if plans is None or plans.eager is not _CUBLAS:
+        return None
+    return _native.BOTH if plans.both is _CUBLAS else _native.EAGER_ONLY
+
+
 def with_out(plan: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """A call with ``out=``: through the checked launcher, which checks ``out`` too."""
     gemm.check_operands(a, b)  # b's dtype and device are not in the plan's key
@@ -245,9 +253,9 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
 
     def install(plan: ModePlans) -> None:
         _PLANS[key] = plan
-        # As dispatch will hold it: a cuBLAS plan in both modes is served from C++ (kernels/_native.py),
+        # As dispatch will hold it: a cuBLAS plan is served from C++ where it runs (kernels/_native.py),
         # so the tuner's eager timing of cuBLAS is what the user's call costs.
-        _native.remember(key, plan.both is _CUBLAS, on_cuda)
+        _native.remember(key, _served(plan), on_cuda)
 
     try:
         yield [functools.partial(install, plan) for plan in plans]
@@ -259,7 +267,7 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
                 _PLANS[key] = before
             FAST.pins -= 1
             FAST.cublas_everywhere = None
-            _native.remember(key, before is not None and before.both is _CUBLAS, on_cuda)  # as put: under the lock
+            _native.remember(key, _served(before), on_cuda)  # as put: under the lock
 
 
 def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:

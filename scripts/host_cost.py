@@ -81,6 +81,11 @@ def _no_grad(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         return module(x)
 
 
+def _put_mixed_plans(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Plans of a signature whose eager record is cuBLAS and whose graph record is a tiled kernel."""
+    _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, _plans.build(VARIANTS["tiled"][1], a, b)))
+
+
 def operands(shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     m, n, k = shape
     return (torch.randn(m, k, device="cuda", dtype=torch.float16),
@@ -149,6 +154,15 @@ def main() -> None:
         samples["cublas plan, C++ path"] = []
         _put_cublas_plan(native_a, native_b)
         gpu_us["cublas plan, C++ path"] = timing.graph_ms(lambda: kernels.matmul(native_a, native_b)) * 1e3
+        # An eager record that cuBLAS won beside a graph record that a kernel won: eager calls from C++ too.
+        mixed_a, mixed_b = operands((64, 64, 64))
+        columns.append(("cublas eager/tiled graph", lambda: kernels.matmul(mixed_a, mixed_b), "mixed"))
+        samples["cublas eager/tiled graph"] = []
+        _put_mixed_plans(mixed_a, mixed_b)
+        gpu_us["cublas eager/tiled graph"] = timing.graph_ms(lambda: kernels.matmul(mixed_a, mixed_b)) * 1e3
+        columns.append(("  the same, Python path", lambda: kernels.matmul(mixed_a, mixed_b), "mixed-python"))
+        samples["  the same, Python path"] = []
+        gpu_us["  the same, Python path"] = gpu_us["cublas eager/tiled graph"]
     for round_ in range(args.rounds):  # interleaved, so drift of the host's speed hits every column alike
         order = columns if round_ % 2 == 0 else columns[::-1]
         for name, call, pin in order:
@@ -163,6 +177,16 @@ def main() -> None:
                 _put_cublas_plan(native_a, native_b)
                 assert kernels._NATIVE.try_mm is not None and kernels._FAST.cublas_everywhere is not True
                 samples[name].append(host_us(call, args.calls))
+                continue
+            if pin in ("mixed", "mixed-python"):
+                _put_mixed_plans(mixed_a, mixed_b)
+                if pin == "mixed-python":
+                    _native.suspend()
+                try:
+                    samples[name].append(host_us(call, args.calls))
+                finally:
+                    if pin == "mixed-python":
+                        _native.resume()
                 continue
             with _plans.pinned(*pin):  # one variant pinned at a time: some share a signature
                 python_path = pin[0] == BASELINE

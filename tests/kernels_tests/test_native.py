@@ -110,11 +110,28 @@ def test_clear_cache_record_mode_and_pins_decide_what_is_served(native, tmp_path
     _native.resume()
 
 
-def test_a_non_cublas_plan_of_the_signature_is_not_served(native) -> None:
+def test_a_signature_on_cublas_in_eager_mode_alone_is_served_where_the_call_is_eager(native, monkeypatch) -> None:
+    """Its graph plan is a Triton kernel: the C++ path serves the call only where kernels.matmul would run
+    the eager plan (the thread's forced mode, KERNELS_MODE, then the capture check for CUDA tensors)."""
+    from kernels import _modes
+
     a, b = torch.randn(8, 16), torch.randn(16, 12)
-    _cublas_signature(a, b)
     _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, object()))  # graph mode differs
+    assert _native.served() == 1
+    torch.testing.assert_close(native.try_mm(a, b), a @ b)  # auto, on the CPU: eager
+    with kernels.dispatch_mode(kernels.GRAPH):
+        assert native.try_mm(a, b) is None, "forced graph mode: the Python path runs the graph plan"
+        with kernels.dispatch_mode(kernels.EAGER):
+            assert native.try_mm(a, b) is not None
+        with kernels.dispatch_mode("auto"):
+            assert native.try_mm(a, b) is not None
+    monkeypatch.setattr(_modes, "ENV_MODE", kernels.GRAPH)  # as KERNELS_MODE=graph at import
     assert native.try_mm(a, b) is None
+    with kernels.dispatch_mode(kernels.EAGER):
+        assert native.try_mm(a, b) is not None, "the thread's forced mode wins over the environment"
+    monkeypatch.setattr(_modes, "ENV_MODE", None)
+    _plans.put(_plans.signature(a, b), _plans.ModePlans(object(), _plans._CUBLAS))  # Triton eager plan
+    assert native.try_mm(a, b) is None and _native.served() == 0, "an eager Triton plan must run"
 
 
 def test_kernels_native_0_turns_it_off(monkeypatch) -> None:
@@ -122,3 +139,18 @@ def test_kernels_native_0_turns_it_off(monkeypatch) -> None:
     fresh = _native._Native()
     monkeypatch.setattr(_native, "NATIVE", fresh)
     assert _native.start(block=True) == "off" and fresh.try_mm is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_while_the_stream_captures_an_eager_only_signature_is_left_to_the_python_path(native) -> None:
+    a = torch.randn(8, 16, device="cuda", dtype=torch.float16)
+    b = torch.randn(16, 12, device="cuda", dtype=torch.float16)
+    _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, object()))
+    assert native.try_mm(a, b) is not None, "eager: served"
+    torch.cuda.synchronize()
+    graph, seen = torch.cuda.CUDAGraph(), []
+    with torch.cuda.graph(graph):
+        seen.append(native.try_mm(a, b))
+        a.mul(2)  # something to capture
+    assert seen == [None], "capturing: the graph plan's, in Python"
