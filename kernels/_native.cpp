@@ -73,7 +73,7 @@ int eager_now(bool on_cuda) {
     eager = PyUnicode_Compare(mode, eager_name) == 0;
   }
   Py_DECREF(mode);
-  return eager;
+  return PyErr_Occurred() ? -1 : eager;  // a mode that is not a string: the Python path says what is wrong
 }
 
 PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
