@@ -56,7 +56,12 @@ Signature make_signature(const at::Tensor& a, const at::Tensor& b) {
 int eager_now(bool on_cuda) {
   PyObject* mode = PyObject_GetAttrString(local_modes, "mode");  // the thread's forced mode
   if (mode == nullptr) return -1;
-  if (!PyObject_IsTrue(mode)) {
+  const int forced = PyObject_IsTrue(mode);
+  if (forced < 0) {
+    Py_DECREF(mode);
+    return -1;
+  }
+  if (!forced) {
     Py_DECREF(mode);
     mode = PyObject_GetAttrString(modes, "ENV_MODE");
     if (mode == nullptr) return -1;
@@ -89,7 +94,10 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!cublas_signatures.count(signature)) {
     if (local_modes == nullptr || !eager_signatures.count(signature)) Py_RETURN_NONE;
     const int eager = eager_now(a.device().is_cuda());
-    if (eager < 0) PyErr_Clear();
+    if (eager < 0) {
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // KeyboardInterrupt and the like go on
+      PyErr_Clear();  // the Python path asks again and says what is wrong
+    }
     if (eager != 1) Py_RETURN_NONE;
   }
   try {

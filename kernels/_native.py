@@ -82,8 +82,11 @@ def _build() -> None:
     try:
         from torch.utils.cpp_extension import load
 
+        from . import _modes
+
         with resources.as_file(resources.files("kernels") / "_native.cpp") as source:
             module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], verbose=False)
+        module.use_modes(_modes)
     except Exception as exc:  # no compiler, no ninja, a read-only cache...: the Python path stays
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.info("the C++ path of cuBLAS plans is not available here (%s); Python serves them", first)
@@ -92,9 +95,6 @@ def _build() -> None:
             NATIVE.pending.clear()
             NATIVE.decided.set()
         return
-    from . import _modes
-
-    module.use_modes(_modes)
     with _LOCK:
         for key, served in NATIVE.pending.items():
             _apply(module, key, served)

@@ -12,6 +12,7 @@ Both share the tiled kernel's inner loop (``_gemm_triton._tile_dot``); the probl
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -297,22 +298,34 @@ def _key(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor, mode: str) -> tuple
 
 
 @contextlib.contextmanager
-def pinning(spec: KernelSpec, configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor
-            ) -> Iterator[list[Callable[[], None]]]:
+def pinning(spec: KernelSpec, configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
+            graph: Config | None = None) -> Iterator[list[Callable[[], None]]]:
     """One installer per config: after ``install()``, ``matmul_bias`` or ``gated_matmul`` (``spec``'s public
-    call) on operands shaped like ``a`` and ``b`` runs that config in every mode, until another installer
-    runs or the block ends. The tuner times the public call this way, as ``kernels._plans.pinning`` for
-    matmul: its host time is then the user's (the signature lookup, not the explicit call's checks)."""
-    with DISPATCHER.pinning([_key(spec, a, b, mode) for mode in _modes.MODES], configs) as installers:
-        yield installers
+    call) on operands shaped like ``a`` and ``b`` runs that config in every mode (eager mode alone where
+    ``graph``, the graph winner dispatch will hold beside it, is given), until another installer runs or
+    the block ends. The tuner times the public call this way, as ``kernels._plans.pinning`` for matmul: its
+    host time is then the user's (the signature lookup, not the explicit call's checks)."""
+    keys = [_key(spec, a, b, mode) for mode in _modes.MODES]
+    with DISPATCHER.pinning(keys, configs) as installers:
+        if graph is None:
+            yield installers
+            return
+        graph_key = _key(spec, a, b, _modes.GRAPH)
+
+        def install(put: Callable[[], None]) -> None:
+            put()
+            DISPATCHER._answer({graph_key: graph})  # the block's end restores it with the other keys
+
+        yield [functools.partial(install, put) for put in installers]
 
 
-# Signatures whose matmul_bias is torch.addmm in every mode, each with the DISPATCHER.changes it was
-# learnt under: a repeated call of one (a small untuned layer, the common case on a GPU without records)
-# then costs a short key and a lookup before addmm, where resolving cost about 6 us of host time
-# (docs/PYTORCH.md, "Eager calls"). b's dtype and device are not in the key: addmm refuses a mismatch.
-_ADDMM: dict[tuple, int] = {}
-_ADDMM_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
+# What matmul_bias learnt of each signature: (DISPATCHER.changes then, whether dispatch sends it to
+# torch.addmm in every mode). A repeated call of an addmm one (a small untuned layer, the common case
+# on a GPU without records) then costs a short key and a lookup before addmm, where resolving cost about
+# 6 us of host time (docs/PYTORCH.md, "Eager calls"); any other resolves once, as before. b's dtype and
+# device are not in the key: addmm refuses a mismatch, and the error is then said as the check says it.
+_PATHS: dict[tuple, tuple[int, bool]] = {}
+_PATHS_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
 
 
 def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -322,14 +335,21 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
     except AttributeError:
         key = None  # not tensors: _resolve says so
     changes = DISPATCHER.changes  # read first: answers that change while we resolve are not kept
-    if _ADDMM.get(key) == changes:
-        return torch.addmm(bias, a, b)
+    known = _PATHS.get(key)
+    if known is not None and known[0] == changes:
+        if known[1]:
+            try:
+                return torch.addmm(bias, a, b)
+            except RuntimeError:  # b of another dtype or device: say so as the first call's check does
+                _check("matmul_bias", a, b, 1)
+                raise
     config = _resolve(MATMUL_BIAS, a, b)  # a and b checked on their signature's first call
+    if key is not None and (known is None or known[0] != changes):
+        addmm = is_baseline(config) and all(is_baseline(_resolve(MATMUL_BIAS, a, b, mode)) for mode in _modes.MODES)
+        if len(_PATHS) >= _PATHS_CAPACITY:
+            _PATHS.clear()
+        _PATHS[key] = (changes, addmm)
     if is_baseline(config):
-        if key is not None and all(is_baseline(_resolve(MATMUL_BIAS, a, b, mode)) for mode in _modes.MODES):
-            if len(_ADDMM) >= _ADDMM_CAPACITY:
-                _ADDMM.clear()
-            _ADDMM[key] = changes
         return _baseline((a, b, bias))
     if bias.shape != (b.shape[1],) or bias.device != a.device or not bias.is_contiguous():
         return matmul_bias_with(config, a, b, bias)  # says what is wrong, or copies the bias

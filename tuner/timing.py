@@ -255,7 +255,7 @@ def _public(spec: KernelSpec) -> tuple[Callable[..., Any], Callable[[tuple], Any
         return (lambda configs, x, graph: moe.pinning(configs, *x[:2])), lambda x: kernels.moe_matmul(*x[:3])
     if spec.name in ("matmul_bias", "gated_matmul"):
         public = getattr(kernels, spec.name)
-        return (lambda configs, x, graph: epilogue.pinning(spec, configs, *x[:2])), lambda x: public(*x)
+        return (lambda configs, x, graph: epilogue.pinning(spec, configs, *x[:2], graph=graph)), lambda x: public(*x)
     return None
 
 

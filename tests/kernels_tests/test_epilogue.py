@@ -175,7 +175,7 @@ def test_pinning_makes_the_public_call_run_each_config_then_restores_dispatch(ke
 
 
 def test_a_signature_on_addmm_in_every_mode_skips_dispatch_until_its_answers_change(monkeypatch) -> None:
-    """matmul_bias keeps signatures that dispatch sends to torch.addmm in both modes (epilogue._ADDMM): a
+    """matmul_bias keeps signatures that dispatch sends to torch.addmm in both modes (epilogue._PATHS): a
     repeated call skips resolving. A new answer (a pin, kernels.clear_cache()) must be asked again."""
     from kernels import BASELINE, epilogue
 
@@ -202,3 +202,29 @@ def test_a_signature_on_addmm_in_every_mode_skips_dispatch_until_its_answers_cha
         kernels.clear_cache()  # forgets the pins too: this device's policy decides again
         kernels.matmul_bias(*inputs)
         assert len(resolved) > 7
+
+
+def test_a_signature_on_addmm_in_eager_mode_alone_resolves_once_per_call_and_a_bad_b_is_named(monkeypatch) -> None:
+    """Beside a kernel's graph winner (as the tuner's eager contest pins it, ``graph=``), addmm runs through
+    one resolve per call, as before the shortcut: learnt as such, not asked three times on every call."""
+    from kernels import BASELINE, epilogue
+
+    spec = kernels.MATMUL_BIAS
+    inputs = spec.make_inputs(Problem("matmul_bias", "fp32", "nn", ((16, 32, 64),)), DEVICE, 6)
+    resolved: list[int] = []
+    real_resolve = epilogue._resolve
+    monkeypatch.setattr(epilogue, "_resolve", lambda *args: (resolved.append(1), real_resolve(*args))[1])
+    with epilogue.pinning(spec, [BASELINE], *inputs[:2], graph=SMALL) as (install,):
+        install()
+        for mode in kernels.MODES:
+            assert epilogue.DISPATCHER.cached(epilogue._key(spec, *inputs[:2], mode)) == (
+                BASELINE if mode == kernels.EAGER else SMALL)
+        kernels.matmul_bias(*inputs)
+        kernels.matmul_bias(*inputs)
+        assert len(resolved) == 3 + 1
+    a, b, bias = inputs
+    with epilogue.pinning(spec, [BASELINE], a, b) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)  # learnt: addmm in both modes
+        with pytest.raises(TypeError, match="float64"):  # the first call's check, not torch's addmm error
+            kernels.matmul_bias(a, b.double(), bias)
