@@ -19,18 +19,25 @@ class Linear(nn.Linear):
     """An ``nn.Linear`` whose forward is the tuned GEMM: y = x @ W^T (+ bias in the epilogue), x flattened to 2-D."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = self.weight
+        # The Parameters from their dict: self.weight goes through nn.Module.__getattr__, a Python call that
+        # cost about as much as the rest of this method (timeit on our CPU machine). A parametrized weight
+        # (torch.nn.utils.parametrize) is no longer in the dict: its property computes it.
+        params = self._parameters
+        weight = params.get("weight")
+        if weight is None:
+            weight = self.weight
+        bias = params["bias"] if "bias" in params else self.bias
         if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
             weight_t = None  # traced or transformed code runs torch or the operator, which transpose themselves
         else:
             weight_t = self._transposed(weight)
         if x.dim() == 2:  # the common 2-D call: no reshapes (each is host time)
-            return ops.linear_call(x, weight, self.bias, weight_t)
+            return ops.linear_call(x, weight, bias, weight_t)
         if x.dim() == 0:
             raise RuntimeError(f"{type(self).__name__}: the input must have at least one dimension (features "
                                f"last, {self.in_features} of them); got a 0-D tensor")
         rows = x.reshape(-1, x.shape[-1])
-        return ops.linear_call(rows, weight, self.bias, weight_t).reshape(*x.shape[:-1], self.out_features)
+        return ops.linear_call(rows, weight, bias, weight_t).reshape(*x.shape[:-1], self.out_features)
 
     def _transposed(self, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight.t()``, kept while it views this weight's current data: a new Parameter, or new data under

@@ -264,3 +264,25 @@ def test_the_kept_transposed_weight_goes_with_a_cast_a_pickle_and_unpatch() -> N
     model = torch.nn.Sequential(layer)
     kernels.unpatch(model)
     assert type(model[0]) is torch.nn.Linear and "_kept_t" not in model[0].__dict__
+
+
+def test_a_parametrized_weight_is_computed_on_every_call() -> None:
+    """torch.nn.utils.parametrize moves the weight out of the Parameters' dict behind a property: the patched
+    forward must use what the property computes, and keep no view of it."""
+    from torch.nn.utils import parametrize
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    torch.manual_seed(1)
+    layer = kernels.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    parametrize.register_parametrization(layer, "weight", Doubled())
+    with torch.no_grad():
+        want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        assert torch.allclose(layer(x), want, atol=1e-5)
+        assert "_kept_t" not in layer.__dict__
+    layer.bias = None
+    with torch.no_grad():
+        assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight), atol=1e-5)
