@@ -13,7 +13,7 @@ waits for that stream's work; a cache that hands the buffer to other streams rec
 
 Never call this while the current stream captures: what a graph allocates for one call belongs in the
 graph's own pool (the callers allocate per call there instead). Each call hands over to the allocator
-thread (some 20 us on our CPU machine): for buffers made once per stream and size, not per call. Grouped
+thread (a thread wake-up and a wait): for buffers made once per stream and size, not per call. Grouped
 tables, built per operand signature, are allocated inline (kernels/grouped.py ``_to_device`` says why).
 """
 

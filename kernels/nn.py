@@ -27,23 +27,19 @@ class Linear(nn.Linear):
         if weight is None:
             weight = self.weight
         bias = params["bias"] if "bias" in params else self.bias
-        if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
-            weight_t = None  # traced or transformed code runs torch or the operator, which transpose themselves
-        else:
-            weight_t = self._transposed(weight)
         if x.dim() == 2:  # the common 2-D call: no reshapes (each is host time)
-            return ops.linear_call(x, weight, bias, weight_t)
+            return ops.linear_call(x, weight, bias, self._transposed)
         if x.dim() == 0:
             raise RuntimeError(f"{type(self).__name__}: the input must have at least one dimension (features "
                                f"last, {self.in_features} of them); got a 0-D tensor")
         rows = x.reshape(-1, x.shape[-1])
-        return ops.linear_call(rows, weight, bias, weight_t).reshape(*x.shape[:-1], self.out_features)
+        return ops.linear_call(rows, weight, bias, self._transposed).reshape(*x.shape[:-1], self.out_features)
 
     def _transposed(self, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight.t()``, kept while it views this weight's current data: a new Parameter, or new data under
         the same one (``weight.data = ...``), makes another. A few reads per call, where t() is a torch call.
-        None for a weight that is not a Parameter (a parametrization's, new on every call): ``ops.linear_call``
-        transposes it where needed."""
+        None for a weight that is not a Parameter (a parametrization's, new on every call; autocast's cast):
+        ``ops.linear_call`` transposes it. Asked on its direct path alone (no tracing, no torch.func)."""
         if type(weight) is not nn.Parameter:
             return None
         kept = self.__dict__.get("_kept_t")

@@ -367,18 +367,19 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                weight_t: torch.Tensor | None = None) -> torch.Tensor:
+                transposed: Callable[[torch.Tensor], torch.Tensor | None] | None = None) -> torch.Tensor:
     """``linear``, without the operator's dispatch where nothing traces the call and no gradient is wanted
     (``_direct``): what ``kernels.nn.Linear`` runs. Under autocast its operands are cast first, as torch's
     linear casts them; under a torch.func transform or forward-mode AD, or in a dtype the kernels do not
-    take (float64), torch's own linear runs (``_torch_only``). ``weight_t``: ``weight.t()``, if the caller
-    keeps it (a view costs host time on every call), for the direct path."""
+    take (float64), torch's own linear runs (``_torch_only``). ``transposed(weight)``: ``weight.t()`` as the
+    caller keeps it (a view costs host time on every call), or None; asked on the direct path alone, which
+    these checks have already found untraced and untransformed."""
     if torch._C._is_any_autocast_enabled():
         x, weight, bias = _autocast(x, weight, bias)
-        weight_t = None  # of the weight before its cast
     if _torch_only(x):
         return torch.nn.functional.linear(x, weight, bias)
     if _direct(x, weight, bias):
+        weight_t = transposed(weight) if transposed is not None else None
         return _linear_t(x, weight.t() if weight_t is None else weight_t, bias)
     return linear(x, weight, bias)
 

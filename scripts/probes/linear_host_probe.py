@@ -18,16 +18,7 @@ import triton
 
 import kernels
 from kernels import ops
-
-
-def host_us(call, calls: int = 300) -> float:
-    call()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(calls):
-        call()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e6 / calls
+from scripts.host_cost import host_us
 
 
 def main() -> None:
@@ -59,7 +50,7 @@ def main() -> None:
     items = list(rows.items())
     for round_ in range(args.rounds):
         for name, call in items if round_ % 2 == 0 else items[::-1]:
-            samples[name].append(host_us(call))
+            samples[name].append(host_us(call, 300))
     for name, values in samples.items():
         print(f"{name:28} {statistics.median(values):8.2f} us")
     try:
