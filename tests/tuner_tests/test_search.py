@@ -641,7 +641,7 @@ class _GpuBench(_ContestBench):
     def contest(self, configs: list[Config], rounds: int | None = None, mode: str = "graph",
                 graph: Config | None = None) -> tuple[list[float], float]:
         self.contests.append(list(configs))
-        return [self.config_ms] * len(configs), 0.020
+        return [self.time(c, mode) if kernels.is_baseline(c) else self.config_ms for c in configs], 0.020
 
     def baseline_ms(self, mode: str = "graph") -> float:
         return 0.020
@@ -685,6 +685,47 @@ def test_eager_finalists_enter_the_contest_in_the_form_dispatch_holds() -> None:
     assert Config.from_dict(records["graph"].config) == portable
     assert bench.contests[1] == [portable, BASELINE]
     assert Config.from_dict(records["eager"].config) == portable
+
+
+class _QuickCublasBench(_GpuBench):
+    """As _GpuBench, but our cuBLAS path costs less than torch.matmul eager (0.018 against 0.020 ms): the C++
+    path of a host-bound call (kernels/_native.py) on the GPU's timers, stood in for here."""
+
+    def time(self, config: Config, mode: str = "graph") -> float:
+        return 0.018 if mode == "eager" else 0.020
+
+
+def test_an_eager_cublas_winner_stores_what_our_cublas_path_costs_not_torch_matmuls() -> None:
+    """A fresh process measures a cuBLAS eager pick at our path's time against torch.matmul's: the record
+    must say that speed-up, not 1.00x (before: 129 host-bound picks stored 1.00x, measured 1.03x median)."""
+    config = MATMUL.default_config(THIN, H100)
+    records = search.decide_modes(MATMUL, THIN, H100, _QuickCublasBench(config_ms=0.019),
+                                  _trial_study((config, 0.019, 0.019)))
+    eager = records["eager"]
+    assert kernels.is_baseline(Config.from_dict(eager.config))
+    assert eager.time_ms == 0.018 and eager.cublas_ms == 0.020
+    assert eager.speedup == pytest.approx(0.020 / 0.018)
+
+
+def test_a_triton_config_must_beat_our_cublas_path_where_it_was_timed() -> None:
+    """0.0185 ms beats torch.matmul's 0.020 ms by the margin, but not our own cuBLAS path's 0.018 ms,
+    which dispatch would run instead: cuBLAS wins."""
+    config = MATMUL.default_config(THIN, H100)
+    record = search._winner_record(MATMUL, THIN, H100, (config, 0.0185), 0.020, 5, "eager", cublas_ms=0.018)
+    assert kernels.is_baseline(Config.from_dict(record.config)) and record.time_ms == 0.018
+    # Without a timing of our path (graph mode), torch.matmul's time is the yardstick, as before.
+    graph = search._winner_record(MATMUL, THIN, H100, (config, 0.0185), 0.020, 5, "graph")
+    assert not kernels.is_baseline(Config.from_dict(graph.config)) and graph.time_ms == 0.0185
+
+
+def test_with_no_contest_a_cublas_eager_winner_still_stores_our_paths_time() -> None:
+    """No Triton config ran near cuBLAS on the GPU: cuBLAS wins eager without a contest (_cublas_record),
+    and stores our path's time, here under torch.matmul's."""
+    slow = MATMUL.default_config(THIN, H100)
+    records = search.decide_modes(MATMUL, THIN, H100, _QuickCublasBench(config_ms=0.030),
+                                  _trial_study((slow, 0.030, 0.012)))
+    assert kernels.is_baseline(Config.from_dict(records["eager"].config))
+    assert records["eager"].time_ms == 0.018 and records["eager"].speedup > 1.0
 
 
 def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:
