@@ -6,6 +6,10 @@ newest database last (it wins), as one export document (db.io, schema_version 2)
 
 ``--base`` keeps an earlier table's records (the public suite's) unless a database has the same
 problem and mode; ``--only corpus-part`` keeps only problems of that corpus part from the databases.
+``--same-winners`` (with ``--base``): a problem's database records replace the base's only where every
+mode names the same winner in both, so that a re-decision (scripts/redecide.py) refreshes the stored
+times without flipping winners on a contest's noise (host-bound eager contests moved 10-20% between
+processes on one H100 box, docs/BENCHMARKS.md "Fourteenth session").
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from db import Store, dump_document, load_document
+from db import Record, Store, dump_document, load_document
 from db.io import _write_atomically
 
 
@@ -24,8 +28,12 @@ def main() -> None:
     parser.add_argument("--db", action="append", required=True)
     parser.add_argument("--base", default=None)
     parser.add_argument("--only", default=None, help="tuned, held_out or all: corpus problems only")
+    parser.add_argument("--same-winners", action="store_true",
+                        help="replace a base problem's records only where the databases name the same winners")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args()
+    if args.same_winners and not args.base:
+        parser.error("--same-winners keeps the base's winners: pass --base too")
     records = {}
     if args.base:
         for record in load_document(args.base):
@@ -35,13 +43,22 @@ def main() -> None:
         from tuner import corpus
 
         keep = {p.key for p in corpus.corpus_problems(args.only)}
+    found: dict[tuple, Record] = {}
     for url in args.db:
         with Store(url, create=False) as store:
             for record in store.records(device=args.device):
                 if keep is None or record.problem_key in keep:
-                    records[record.key] = record
+                    found[record.key] = record
+    kept = _other_winners(records, found) if args.same_winners else set()
+    records.update((key, record) for key, record in found.items() if key[:3] not in kept)
     _write_atomically(Path(args.output), json.dumps(dump_document(list(records.values())), indent=1) + "\n")
-    print(f"wrote {len(records)} records to {args.output}")
+    print(f"wrote {len(records)} records to {args.output}"
+          + (f"; kept the base's records of {len(kept)} problems whose winners differ" if args.same_winners else ""))
+
+
+def _other_winners(base: dict[tuple, Record], found: dict[tuple, Record]) -> set[tuple]:
+    """(device, kernel, problem) of every problem in both whose winner differs in some mode."""
+    return {key[:3] for key, record in found.items() if key in base and base[key].config != record.config}
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ Rows, per call of a 64x64x64 fp16 product (the GPU finishes each before the host
 - Python: ``torch.matmul`` and ``torch.mm``; our C++ path's ``try_mm`` where a signature is served;
 - C++ loops: ``at::mm`` (the dispatcher, autograd and torch's addmm checks), ``at::mm_out`` into one
   output, ``at::empty`` alone (the allocator), ``zero_`` of a small tensor (one launch of torch's own
-  kernel), and, where the cuBLAS headers are on this machine, ``at::cuda::blas::gemm`` (torch's wrapper,
-  no dispatcher) and ``cublasGemmEx`` on torch's handle (nothing of torch but the handle).
+  kernel), and, where the cuBLAS headers are on this machine, ``cublasGemmEx`` on torch's handle
+  (nothing of torch but the handle and the allocator);
+- one C call from Python of ``at::mm`` and of that ``cublasGemmEx`` call (what a C entry point costs).
 
 What it answers: how much of a host-bound call the dispatcher and torch's checks cost above cuBLAS's own
 call, that is, how much faster than torch.matmul a C++ path could serve a cuBLAS signature.
@@ -30,7 +31,6 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <chrono>
 #ifdef WITH_CUBLAS
-#include <ATen/cuda/CUDABlas.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <cublas_v2.h>
 #endif
@@ -43,6 +43,7 @@ double per_call_us(int64_t calls, F&& f) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / calls;
 }
 
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) { return at::mm(a, b); }
 double loop_mm(at::Tensor a, at::Tensor b, int64_t calls) {
   return per_call_us(calls, [&] { at::mm(a, b); });
 }
@@ -65,13 +66,6 @@ bool has_cublas() {
 }
 #ifdef WITH_CUBLAS
 // Row-major a [M, K] and b [K, N], both contiguous: column-major c^T = b^T a^T.
-at::Tensor blas_mm(const at::Tensor& a, const at::Tensor& b) {
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  at::Tensor c = at::empty({m, n}, a.options());
-  at::cuda::blas::gemm<at::Half>('n', 'n', n, m, k, 1.0f, b.const_data_ptr<at::Half>(), n,
-                                 a.const_data_ptr<at::Half>(), k, 0.0f, c.mutable_data_ptr<at::Half>(), n);
-  return c;
-}
 at::Tensor gemmex_mm(const at::Tensor& a, const at::Tensor& b) {
   const int m = a.size(0), k = a.size(1), n = b.size(1);
   at::Tensor c = at::empty({m, n}, a.options());
@@ -82,24 +76,20 @@ at::Tensor gemmex_mm(const at::Tensor& a, const at::Tensor& b) {
                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT_TENSOR_OP) == CUBLAS_STATUS_SUCCESS);
   return c;
 }
-double loop_blas(at::Tensor a, at::Tensor b, int64_t calls) {
-  return per_call_us(calls, [&] { blas_mm(a, b); });
-}
 double loop_gemmex(at::Tensor a, at::Tensor b, int64_t calls) {
   return per_call_us(calls, [&] { gemmex_mm(a, b); });
 }
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("mm", &mm);
   m.def("loop_mm", &loop_mm);
   m.def("loop_mm_out", &loop_mm_out);
   m.def("loop_empty", &loop_empty);
   m.def("loop_zero", &loop_zero);
   m.def("has_cublas", &has_cublas);
 #ifdef WITH_CUBLAS
-  m.def("blas_mm", &blas_mm);
   m.def("gemmex_mm", &gemmex_mm);
-  m.def("loop_blas", &loop_blas);
   m.def("loop_gemmex", &loop_gemmex);
 #endif
 }
@@ -171,6 +161,7 @@ def main() -> None:
     rows = {
         "python torch.matmul": lambda: python_us(lambda: torch.matmul(a, b), n),
         "python torch.mm": lambda: python_us(lambda: torch.mm(a, b), n),
+        "python at::mm (one C call)": lambda: python_us(lambda: native.mm(a, b), n),
         "c++ at::mm": lambda: native.loop_mm(a, b, n),
         "c++ at::mm_out": lambda: native.loop_mm_out(a, b, n),
         "c++ at::empty": lambda: native.loop_empty(a, n),
@@ -178,11 +169,9 @@ def main() -> None:
     }
     if native.has_cublas():
         reference = torch.mm(a, b)
-        for name in ("blas_mm", "gemmex_mm"):
-            error = (getattr(native, name)(a, b).float() - reference.float()).abs().max().item()
-            print(f"# {name} max abs error vs torch.mm: {error:.3g}", flush=True)
-        rows["python blas_mm (one C call)"] = lambda: python_us(lambda: native.blas_mm(a, b), n)
-        rows["c++ at::cuda::blas::gemm"] = lambda: native.loop_blas(a, b, n)
+        error = (native.gemmex_mm(a, b).float() - reference.float()).abs().max().item()
+        print(f"# gemmex_mm max abs error vs torch.mm: {error:.3g}", flush=True)
+        rows["python gemmex_mm (one C call)"] = lambda: python_us(lambda: native.gemmex_mm(a, b), n)
         rows["c++ cublasGemmEx"] = lambda: native.loop_gemmex(a, b, n)
     for timed in rows.values():  # warm-up
         timed()

@@ -1,0 +1,54 @@
+"""scripts/ship_table.py merges re-decided records into a shipped table; ``--same-winners`` refreshes the
+stored times of problems whose winners stay and keeps the base's records where a winner flipped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from db import Store, dump_document, load_document
+
+from .conftest import TILED, make_record
+
+ROOT = Path(__file__).resolve().parents[2]
+CUBLAS = {"VARIANT": "cublas", "num_warps": 4, "num_stages": 3}
+
+
+def _ship(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "ship_table.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_same_winners_refreshes_times_and_keeps_flipped_problems(tmp_path: Path) -> None:
+    base = [make_record(1, 2048, 2048, mode=mode, config=CUBLAS, time_ms=0.020, cublas_ms=0.020) for mode in ("eager", "graph")]
+    base += [make_record(8, 2048, 2048, mode=mode, config=CUBLAS, time_ms=0.020, cublas_ms=0.020) for mode in ("eager", "graph")]
+    (tmp_path / "base.json").write_text(json.dumps(dump_document(base)))
+    url = f"sqlite:///{tmp_path / 're.db'}"
+    with Store(url) as store:
+        store.put_many([  # problem 1: the same winners, our cuBLAS path now timed under torch's
+            make_record(1, 2048, 2048, mode="eager", config=CUBLAS, time_ms=0.019, cublas_ms=0.020),
+            make_record(1, 2048, 2048, mode="graph", config=CUBLAS, time_ms=0.020, cublas_ms=0.020),
+            # problem 2: the eager winner flipped to a Triton config
+            make_record(8, 2048, 2048, mode="eager", config=TILED, time_ms=0.018, cublas_ms=0.020),
+            make_record(8, 2048, 2048, mode="graph", config=CUBLAS, time_ms=0.021, cublas_ms=0.021)])
+    out = tmp_path / "table.json"
+    done = _ship("--device", "NVIDIA H100 80GB HBM3", "--db", url, "--base", str(tmp_path / "base.json"),
+                 "--same-winners", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "kept the base's records of 1 problems" in done.stdout
+    shipped = {(r.problem_key, r.mode): r for r in load_document(out)}
+    assert shipped[("fp16:nt:1x2048x2048", "eager")].time_ms == 0.019  # refreshed
+    assert shipped[("fp16:nt:8x2048x2048", "eager")].config == CUBLAS  # kept: both modes of it
+    assert shipped[("fp16:nt:8x2048x2048", "graph")].time_ms == 0.020
+    # Without the flag the database wins outright.
+    assert _ship("--device", "NVIDIA H100 80GB HBM3", "--db", url, "--base", str(tmp_path / "base.json"),
+                 "-o", str(out)).returncode == 0
+    assert {(r.problem_key, r.mode): r for r in load_document(out)}[("fp16:nt:8x2048x2048", "eager")].config == TILED
+
+
+def test_same_winners_without_a_base_is_refused_with_the_fix(tmp_path: Path) -> None:
+    done = _ship("--device", "h100", "--db", "sqlite:///nowhere.db", "--same-winners", "-o", str(tmp_path / "t.json"))
+    assert done.returncode == 2 and "pass --base" in done.stderr
+    assert not (ROOT / "nowhere.db").exists() and not (tmp_path / "t.json").exists()
