@@ -1,4 +1,5 @@
-// The cuBLAS call of kernels.matmul for signatures whose tuned plan is cuBLAS in every mode, in C++.
+// The cuBLAS call of kernels.matmul for signatures whose tuned plan is cuBLAS in every mode, in C++; and
+// torch.addmm for kernels.matmul_bias signatures that dispatch sends there in every mode.
 //
 // Python builds a plan key per call (shapes, strides, dtype, device of two tensors), about 1.1 us of host
 // time on the H100 box, 8% of a host-bound 13 us call (scripts/host_cost.py). Here the same key is read
@@ -34,6 +35,14 @@ std::unordered_set<Signature, SignatureHash> cublas_signatures;  // every access
 // Signatures whose eager plan is cuBLAS and whose graph plan is not: served where kernels.matmul would
 // run the eager plan (kernels._modes.current() is eager), else left to the Python path.
 std::unordered_set<Signature, SignatureHash> eager_signatures;
+// matmul_bias signatures that dispatch sends to torch.addmm in every mode (kernels/epilogue.py _PATHS),
+// valid while the dispatcher's ``changes`` counter reads ``addmm_changes``: a clear, another database or a
+// pin bumps it, and the set is then stale until matmul_bias's Python path puts signatures again.
+std::unordered_set<Signature, SignatureHash> addmm_signatures;
+int64_t addmm_changes = -1;
+constexpr size_t kAddmmCapacity = 4096;  // as _PATHS: ever-new shapes must not grow memory for ever
+PyObject* dispatcher = nullptr;  // kernels.dispatch.DISPATCHER
+PyObject* changes_name = nullptr;
 PyObject* modes = nullptr;  // the kernels._modes module, for LOCAL.mode, ENV_MODE and capturing()
 PyObject* local_modes = nullptr;
 PyObject* eager_name = nullptr;
@@ -107,6 +116,42 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
 }
 
+// 1 where the dispatcher's ``changes`` counter still reads what the addmm set was put under, 0 where not,
+// -1 on a Python error.
+int addmm_current() {
+  PyObject* changes = PyObject_GetAttr(dispatcher, changes_name);
+  if (changes == nullptr) return -1;
+  const long long now = PyLong_AsLongLong(changes);
+  Py_DECREF(changes);
+  if (now == -1 && PyErr_Occurred()) return -1;
+  return now == addmm_changes;
+}
+
+PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || dispatcher == nullptr || addmm_signatures.empty() || !plain(args[0]) || !plain(args[1]) || !plain(args[2]) ||
+      at::impl::torch_function_mode_enabled()) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor& a = THPVariable_Unpack(args[0]);
+  const at::Tensor& b = THPVariable_Unpack(args[1]);
+  if (a.dim() != 2 || b.dim() != 2 || !addmm_signatures.count(make_signature(a, b))) Py_RETURN_NONE;
+  const int current = addmm_current();
+  if (current < 0) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // KeyboardInterrupt and the like go on
+    PyErr_Clear();
+  }
+  if (current != 1) Py_RETURN_NONE;
+  try {
+    return THPVariable_Wrap(at::addmm(THPVariable_Unpack(args[2]), a, b));
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;  // the Python path runs the call again and raises torch's own error
+  }
+}
+
+PyMethodDef try_addmm_def = {
+    "try_addmm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_addmm)), METH_FASTCALL,
+    "torch.addmm(bias, a, b) if (a, b) has a matmul_bias signature dispatch sends to addmm, else None"};
+
 PyMethodDef try_mm_def = {"try_mm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_mm)),
                           METH_FASTCALL, "a @ b by at::mm if (a, b) has a cuBLAS signature, else None"};
 
@@ -140,12 +185,31 @@ void discard(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device)
   eager_signatures.erase(signature);
 }
 
+// A matmul_bias signature that dispatch sends to torch.addmm in every mode, as the dispatcher's ``changes``
+// counter read ``changes``: a newer count drops the set's older signatures, an older one is ignored.
+void add_addmm(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, int64_t changes) {
+  if (changes < addmm_changes) return;
+  if (changes > addmm_changes || addmm_signatures.size() >= kAddmmCapacity) {
+    addmm_signatures.clear();
+    addmm_changes = changes;
+  }
+  addmm_signatures.insert(signature_of(dims, dtype, device));
+}
+
+// kernels.dispatch.DISPATCHER, kept for the process: whose ``changes`` counter try_addmm reads.
+void use_dispatcher(py::object object) {
+  changes_name = PyUnicode_InternFromString("changes");
+  dispatcher = object.release().ptr();
+}
+
 void clear() {
   cublas_signatures.clear();
   eager_signatures.clear();
 }
 
 size_t size() { return cublas_signatures.size() + eager_signatures.size(); }
+
+size_t addmm_size() { return addmm_signatures.size(); }
 
 // kernels._modes, kept for the process: where a call of an eager-only signature learns its mode.
 void use_modes(py::object module) {
@@ -165,7 +229,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("use_modes", &use_modes);
   m.def("clear", &clear);
   m.def("size", &size);
+  m.def("add_addmm", &add_addmm);
+  m.def("use_dispatcher", &use_dispatcher);
+  m.def("addmm_size", &addmm_size);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));
+  m.attr("try_addmm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_addmm_def, nullptr));
   py::object parameter = py::module_::import("torch.nn.parameter").attr("Parameter");
   parameter_type = reinterpret_cast<PyTypeObject*>(parameter.release().ptr());  // kept for the process
 }

@@ -17,7 +17,9 @@ The extension is built the first time a GPU process puts a cuBLAS plan, in a dae
 torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
 ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
 cannot be built, the Python path serves every call: nothing but host time depends on it.
-``KERNELS_NATIVE=0`` turns it off. Record mode suspends it (it counts every call in Python). A plan the
+``kernels.matmul_bias`` signatures that dispatch sends to ``torch.addmm`` in every mode (an untuned or
+cuBLAS-won layer with a bias: most of a patched model's layers) are served the same way, by ``try_addmm``,
+while ``DISPATCHER.changes`` stands. ``KERNELS_NATIVE=0`` turns it off. Record mode suspends it (it counts every call in Python). A plan the
 tuner pins (kernels/_plans.py ``pinning``) is mirrored like any other, so that the tuner times cuBLAS as
 the user's call will run it.
 """
@@ -41,10 +43,12 @@ BOTH, EAGER_ONLY = "both", "eager"  # what the C++ path serves of a signature (k
 class _Native:
     """``try_mm``: the C function while it may serve calls, else None (what kernels.matmul reads)."""
 
-    __slots__ = ("try_mm", "module", "state", "suspended", "pending", "decided")
+    __slots__ = ("try_mm", "try_addmm", "module", "state", "suspended", "pending", "pending_addmm", "decided")
 
     def __init__(self) -> None:
         self.try_mm: Callable[[Any, Any], Any] | None = None
+        self.try_addmm: Callable[[Any, Any, Any], Any] | None = None  # kernels.matmul_bias's, as try_mm
+        self.pending_addmm: dict[Hashable, int] = {}  # matmul_bias key -> DISPATCHER.changes, before ready
         self.module: Any = None
         self.state = "idle"  # idle, building, ready, failed, off
         self.suspended = 0
@@ -87,18 +91,25 @@ def _build() -> None:
         with resources.as_file(resources.files("kernels") / "_native.cpp") as source:
             module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], verbose=False)
         module.use_modes(_modes)
+        from .dispatch import DISPATCHER
+
+        module.use_dispatcher(DISPATCHER)
     except Exception as exc:  # no compiler, no ninja, a read-only cache...: the Python path stays
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.info("the C++ path of cuBLAS plans is not available here (%s); Python serves them", first)
         with _LOCK:
             NATIVE.state = "failed"
             NATIVE.pending.clear()
+            NATIVE.pending_addmm.clear()
             NATIVE.decided.set()
         return
     with _LOCK:
         for key, served in NATIVE.pending.items():
             _apply(module, key, served)
         NATIVE.pending.clear()
+        for key, changes in NATIVE.pending_addmm.items():
+            _apply_addmm(module, key, changes)
+        NATIVE.pending_addmm.clear()
         NATIVE.module, NATIVE.state = module, "ready"
         _publish()
         NATIVE.decided.set()
@@ -112,8 +123,17 @@ def _apply(module: Any, key: Hashable, served: str | None) -> None:
     {BOTH: module.add, EAGER_ONLY: module.add_eager}.get(served, module.discard)(fields, dtype, device)
 
 
+def _apply_addmm(module: Any, key: Hashable, changes: int) -> None:
+    a_shape, b_shape, a_stride, b_stride, dtype, device = key
+    fields = [*a_shape, *b_shape, *a_stride, *b_stride]
+    if len(fields) == 8:
+        module.add_addmm(fields, dtype, device, changes)
+
+
 def _publish() -> None:
-    NATIVE.try_mm = NATIVE.module.try_mm if NATIVE.module is not None and NATIVE.suspended == 0 else None
+    serving = NATIVE.module is not None and NATIVE.suspended == 0
+    NATIVE.try_mm = NATIVE.module.try_mm if serving else None
+    NATIVE.try_addmm = NATIVE.module.try_addmm if serving else None
 
 
 def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
@@ -132,6 +152,23 @@ def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
         start()
 
 
+def remember_addmm(key: Hashable, changes: int, on_cuda: bool) -> None:
+    """``kernels.matmul_bias`` found that dispatch sends the signature ``key`` to torch.addmm in every mode,
+    as ``DISPATCHER.changes`` read ``changes``: served from C++ while that count stands (a clear, another
+    database or a pin bumps it, and the C++ path then leaves the call to Python, which puts it again)."""
+    with _LOCK:
+        if NATIVE.module is not None:
+            _apply_addmm(NATIVE.module, key, changes)
+            return
+        if NATIVE.state in ("failed", "off"):
+            return
+        if len(NATIVE.pending_addmm) >= _PENDING_CAPACITY:
+            NATIVE.pending_addmm.clear()
+        NATIVE.pending_addmm[key] = changes
+    if on_cuda and NATIVE.state == "idle":
+        start()
+
+
 def forget_all() -> None:
     """Every plan is gone (``kernels.clear_cache``, another database): serve nothing until put again."""
     with _LOCK:
@@ -145,7 +182,7 @@ def suspend() -> None:
     Python path)."""
     with _LOCK:
         NATIVE.suspended += 1
-        NATIVE.try_mm = None
+        NATIVE.try_mm = NATIVE.try_addmm = None
 
 
 def resume() -> None:
@@ -161,4 +198,5 @@ def served() -> int:
         return NATIVE.module.size() if NATIVE.module is not None else 0
 
 
-__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_all", "remember", "resume", "served", "start", "suspend", "wanted"]
+__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_all", "remember", "remember_addmm", "resume", "served", "start",
+           "suspend", "wanted"]

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ._gemm_triton import _grouped_tile, _tile_dot, _tile_offsets
 from ._launch import DirectLaunch
-from . import _modes
+from . import _modes, _native
 from ._device import current_device
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 from .dispatch import DISPATCHER
@@ -325,11 +325,17 @@ def pinning(spec: KernelSpec, configs: Sequence[Config], a: torch.Tensor, b: tor
 # 6 us of host time (docs/PYTORCH.md, "Eager calls"); any other resolves once, as before. b's dtype and
 # device are not in the key: addmm refuses a mismatch, and the error is then said as the check says it.
 _PATHS: dict[tuple, tuple[int, bool]] = {}
+_NATIVE = _native.NATIVE
 _PATHS_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
 
 
 def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """A @ B + bias in one launch, with the config tuned for this problem (or torch.addmm where that won)."""
+    native = _NATIVE.try_addmm
+    if native is not None:  # an addmm signature, served from C++ (kernels/_native.py)
+        c = native(a, b, bias)
+        if c is not None:
+            return c
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
     except AttributeError:
@@ -349,6 +355,8 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
         if len(_PATHS) >= _PATHS_CAPACITY:
             _PATHS.clear()
         _PATHS[key] = (changes, addmm)
+        if addmm:
+            _native.remember_addmm(key, changes, a.device.type == "cuda")
     if is_baseline(config):
         return _baseline((a, b, bias))
     if bias.shape != (b.shape[1],) or bias.device != a.device or not bias.is_contiguous():

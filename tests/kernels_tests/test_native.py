@@ -45,6 +45,8 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_native._Native
     kernels.clear_cache()
     with _native._LOCK:
         _native.NATIVE.module, _native.NATIVE.state, _native.NATIVE.try_mm = None, "idle", None
+        _native.NATIVE.try_addmm = None
+        _native.NATIVE.pending_addmm.clear()
         _native.NATIVE.suspended = 0
         _native.NATIVE.decided.clear()
 
@@ -154,3 +156,55 @@ def test_while_the_stream_captures_an_eager_only_signature_is_left_to_the_python
         seen.append(native.try_mm(a, b))
         a.mul(2)  # something to capture
     assert seen == [None], "capturing: the graph plan's, in Python"
+
+
+def test_a_matmul_bias_signature_on_addmm_is_served_by_at_addmm_while_the_dispatcher_stands(native) -> None:
+    """kernels.matmul_bias's signatures that dispatch sends to torch.addmm in both modes are served from
+    C++, until the dispatcher's answers change (a pin, a clear): then Python decides and puts them again."""
+    from kernels import BASELINE, epilogue
+
+    a, b, bias = torch.randn(8, 16), torch.randn(12, 16).t(), torch.randn(12)
+    assert native.try_addmm(a, b, bias) is None, "nothing is served before matmul_bias learns a signature"
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
+        install()
+        first = kernels.matmul_bias(a, b, bias)  # learnt: addmm in both modes, put in C++
+        assert native.module.addmm_size() == 1
+        served = native.try_addmm(a, b, bias)
+        torch.testing.assert_close(served, torch.addmm(bias, a, b))
+        torch.testing.assert_close(first, served)
+        assert native.try_addmm(a, b.double(), bias) is None, "b of another dtype is not the signature"
+        assert native.try_addmm(torch.randn(8, 16), torch.randn(16, 12), bias) is None, "other strides"
+        with torch.overrides.TorchFunctionMode():
+            assert native.try_addmm(a, b, bias) is None, "a torch function mode sees addmm on the Python path"
+        with pytest.raises(RuntimeError):  # a bias addmm refuses: the Python path raises torch's error
+            kernels.matmul_bias(a, b, torch.randn(5))
+        install()  # a new answer (the same config again) bumps the dispatcher's count
+        assert native.try_addmm(a, b, bias) is None, "stale until matmul_bias's Python path puts it again"
+        kernels.matmul_bias(a, b, bias)
+        assert native.try_addmm(a, b, bias) is not None
+    assert native.try_addmm(a, b, bias) is None, "the pins are gone: dispatch decides again"
+    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(12, 16, requires_grad=True)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], x, w.t()) as (install,):
+        install()
+        kernels.matmul_bias(x, w.t(), bias)
+        out = native.try_addmm(x, w.t(), bias)
+        out.sum().backward()  # at::addmm, as torch.addmm: autograd records it
+        torch.testing.assert_close(x.grad, torch.ones(8, 12) @ w.detach())
+
+
+def test_addmm_signatures_learnt_before_the_build_are_served_once_it_is_ready(native) -> None:
+    """A process's first layers run before the extension is built (a daemon thread): what matmul_bias
+    learnt meanwhile waits, and is put when the build is done. The real build runs here (from the cache)."""
+    from kernels import BASELINE, epilogue
+
+    with _native._LOCK:
+        _native.NATIVE.module, _native.NATIVE.state, _native.NATIVE.try_addmm = None, "building", None
+        _native.NATIVE.decided.clear()
+    a, b, bias = torch.randn(8, 16), torch.randn(12, 16).t(), torch.randn(12)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)
+        assert len(_native.NATIVE.pending_addmm) == 1
+        _native._build()
+        assert _native.NATIVE.state == "ready" and not _native.NATIVE.pending_addmm
+        torch.testing.assert_close(_native.NATIVE.try_addmm(a, b, bias), torch.addmm(bias, a, b))
