@@ -7,6 +7,10 @@ cuBLAS again, per mode (tuner.quick.redecide), and the new records go into --db 
 already there are skipped). Merge them into the table with scripts/ship_table.py.
 
     PYTHONPATH=. python3 scripts/redecide.py --table kernels/tables/h100.json --db sqlite:///re.db --every 5
+
+``--fast-host-only`` runs no contest of Triton configs: each eager record whose winner is a Triton config is
+checked against cuBLAS back to back on the GPU (tuner.search.holds_on_a_fast_host, the rule since
+2026-11-25), and where it fails, a cuBLAS eager record goes into --db (tuner.quick.recheck_eager).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import kernels
 from db import Store, dump_document, load_document
 from kernels import MATMUL, MODES, Config, Problem
 from tuner.bench import Bench, SideBySide
-from tuner.quick import QUICK_CONTEST_EAGER_MS, QUICK_GRAPH_MS, redecide
+from tuner.quick import QUICK_CONTEST_EAGER_MS, QUICK_GRAPH_MS, recheck_eager, redecide
 
 
 def candidates_by_problem(table: str, device_name: str) -> dict[str, list[Config]]:
@@ -47,7 +51,12 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop after this many seconds")
     parser.add_argument("--key", action="append", help="only these problems (repeatable)")
     parser.add_argument("-o", "--output", help="also export the new records to this JSON file")
+    parser.add_argument("--fast-host-only", action="store_true",
+                        help="only check eager Triton winners back to back on the GPU (no contests)")
     args = parser.parse_args()
+    if args.fast_host_only:
+        recheck_table(args)
+        return
     logging.basicConfig(level=logging.INFO, format="  %(message)s")
     device = kernels.current_device()
     problems = sorted(candidates_by_problem(args.table, device.name).items())[:: args.every]
@@ -74,6 +83,35 @@ def main() -> None:
             Path(args.output).write_text(json.dumps(dump_document(store.records(device=device.name, kernel="matmul")), indent=1))
     kernels.clear_cache()
     print(f"# {time.monotonic() - started:.0f} s")
+
+
+def recheck_table(args: argparse.Namespace) -> None:
+    device = kernels.current_device()
+    stored = {(r.problem_key, r.mode): r for r in load_document(Path(args.table))
+              if r.device_name == device.name and r.kernel == "matmul"}
+    keys = sorted(key for key, mode in stored if mode == kernels.EAGER
+                  and not kernels.is_baseline(Config.from_dict(stored[key, mode].config)))
+    keys = [key for key in keys if not args.key or key in args.key][:: args.every]
+    print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
+          f"{len(keys)} eager Triton winners of {args.table}, checked back to back", flush=True)
+    started, replaced = time.monotonic(), 0
+    with Store(args.db) as store:
+        for index, key in enumerate(keys, 1):
+            if time.monotonic() - started > args.budget_s:
+                print(f"# budget spent after {index - 1} problems", flush=True)
+                break
+            problem = Problem.from_key("matmul", key)
+            graph = stored.get((key, kernels.GRAPH))
+            record = recheck_eager(MATMUL, problem, device, stored[key, kernels.EAGER],
+                                   Config.from_dict(graph.config) if graph is not None else None)
+            if record is not None:
+                store.put_many([record], on_conflict="replace")
+                replaced += 1
+            print(f"[{index}/{len(keys)}] {key:28} " + (
+                f"cuBLAS now: {record.speedup:.3f}x (was {stored[key, kernels.EAGER].speedup:.3f}x)"
+                if record is not None else "holds"), flush=True)
+    kernels.clear_cache()
+    print(f"# {replaced} of {len(keys)} replaced by cuBLAS; {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":

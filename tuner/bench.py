@@ -268,6 +268,13 @@ class Bench:
                 times.append(self.baseline_time(mode, inputs) if config is None else self.time(config, mode, inputs))
         return [statistics.median(times) for times in ours], statistics.median(theirs)
 
+    def back_to_back(self, config: Config) -> tuple[float, float]:
+        """(``config``'s ms, the baseline's ms) per call back to back on the GPU, no host in the way
+        (``timing.stream_ms_side_by_side``, the eager rotation's inputs): an eager loop on a fast host."""
+        ours, theirs = timing.stream_ms_side_by_side(
+            [lambda x: self.spec.execute(config, x), self.spec.baseline], self.rotation())
+        return ours, theirs
+
     def _side_by_side(self, configs: Sequence[Config], mode: str, how: SideBySide,
                       graph: Config | None = None) -> list[float]:
         """ms of each config, then of the baseline, timed together (tuner/timing.py)."""

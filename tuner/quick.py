@@ -152,7 +152,7 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
     speed-up becomes what the user's call gets (scripts/redecide.py). As in ``search.decide_modes``:
     graph first; then eager, beside the graph winner, among the configs that ran within
     EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path."""
-    from .search import EAGER_GPU_MARGIN, _winner_record
+    from .search import EAGER_GPU_MARGIN, _winner_record, holds_on_a_fast_host
 
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
@@ -188,7 +188,33 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
             continue
         best = min(timed, key=timed.__getitem__)
         cublas_won = ours_cublas_ms is not None and ours_cublas_ms < timed[best]
+        if mode == kernels.EAGER and not cublas_won and not holds_on_a_fast_host(spec, bench, best):
+            cublas_won = True
         records[mode] = _winner_record(spec, problem, device, (best, timed[best]), baseline_ms, trials, mode,
                                        cublas_ms=ours_cublas_ms, cublas_won=cublas_won)
     bench.release()
     return records
+
+
+def recheck_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, eager: Record,
+                  graph: Config | None = None, bench: Bench | None = None) -> Record | None:
+    """A stored eager record whose Triton winner fails ``search.holds_on_a_fast_host`` (slower than cuBLAS
+    back to back on the GPU), replaced by cuBLAS as our path runs it, timed side by side with torch.matmul;
+    None where the winner holds (or is cuBLAS already). ``graph``: the stored graph winner, held beside
+    cuBLAS as dispatch will hold it. For tables decided before that rule (scripts/redecide.py
+    --fast-host-only): no contest of the Triton configs is run again."""
+    from .search import _winner_record, holds_on_a_fast_host
+
+    config = Config.from_dict(eager.config)
+    if kernels.is_baseline(config) or device.is_cpu:
+        return None
+    bench = bench or Bench(spec, problem, device, side_by_side=SideBySide(QUICK_GRAPH_MS, QUICK_CONTEST_EAGER_MS))
+    try:
+        if holds_on_a_fast_host(spec, bench, config):
+            return None
+        (ours_cublas_ms,), baseline_ms = bench.contest([kernels.BASELINE], mode=kernels.EAGER, graph=graph)
+    finally:
+        bench.release()
+    triton_ms = eager.triton_ms if eager.triton_ms else eager.time_ms
+    return _winner_record(spec, problem, device, (config, triton_ms), baseline_ms, eager.trials, kernels.EAGER,
+                          cublas_ms=ours_cublas_ms, cublas_won=True)

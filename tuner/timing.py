@@ -115,9 +115,12 @@ def graph_ms_side_by_side(calls: Sequence[Callable[[], Any]], budget: tuple[int,
         return _graphs_side_by_side([capture(call) for call in calls], budget)
 
 
-def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, int]) -> list[float]:
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    estimate = [_replay_ms(graph, flush, 5) for graph in graphs]
+def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, int], flush: bool = True
+                         ) -> list[float]:
+    """Median ms per replay of each graph, replayed in turn, after ``budget[0]`` ms of warm-up, for about
+    ``budget[1]`` ms; the L2 flushed before every replay where ``flush``."""
+    buffer = torch.empty(FLUSH_BYTES if flush else 1, dtype=torch.int8, device="cuda")  # 1 byte: a token flush
+    estimate = [_replay_ms(graph, buffer, 5) for graph in graphs]
     for graph, ms in zip(graphs, estimate):  # warm-up, as do_bench's
         for _ in range(max(1, int(budget[0] / len(graphs) / max(ms, 1e-3)))):
             graph.replay()
@@ -126,13 +129,43 @@ def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, 
               for _ in graphs]
     for turn in range(turns):
         for side in _order(len(graphs), turn):
-            flush.zero_()
+            buffer.zero_()
             begin, end = events[side][turn]
             begin.record()
             graphs[side].replay()
             end.record()
     torch.cuda.synchronize()
     return [statistics.median(b.elapsed_time(e) for b, e in side) for side in events]
+
+
+# Back-to-back GPU time (``stream_ms_side_by_side``): at least this many calls per captured graph, their
+# outputs at most this many bytes in all (the graph's pool keeps every one).
+STREAM_CALLS = 16
+STREAM_OUTPUT_BYTES = 1 << 30
+STREAM_BUDGET_MS = 20.0
+
+
+def stream_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
+                           budget_ms: float = STREAM_BUDGET_MS) -> list[float]:
+    """ms per call of each ``call(inputs[i % len(inputs)])`` run back to back on the GPU with no host in the
+    way: a run of calls over the rotating inputs is captured in one CUDA graph per side, and the graphs
+    are replayed in turn (L2 not flushed: each call finds what the one before left, as in an eager loop).
+
+    This is an eager loop's time on a host fast enough to keep the GPU busy. ``eager_ms`` on a slow host
+    times the host instead, and the two can rank configs differently: on the H100 box, torch.matmul of
+    bf16 1x2048x10944 ran at 20.6 us per call when the host kept up and 26-30 us when it did not, a
+    split-K config at 21.7 and 22.7-25 us (scripts/probes/gemv_state_probe.py, 2026-11-25)."""
+    with kernels.grouped.captures_released():  # the graphs die here: what they kept alive may go with them
+        graphs, counts = [], []
+        for call in calls:
+            first = call(inputs[0])
+            size = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
+            count = max(len(inputs), STREAM_CALLS)
+            count = max(1, min(count, STREAM_OUTPUT_BYTES // max(size, 1)))
+            graphs.append(capture(lambda call=call, count=count: [call(inputs[i % len(inputs)]) for i in range(count)]))
+            counts.append(count)
+            del first
+        return [ms / count for ms, count in zip(_graphs_side_by_side(graphs, (2, budget_ms), flush=False), counts)]
 
 
 def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> float:

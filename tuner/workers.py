@@ -291,6 +291,10 @@ def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: l
                                                         graph=graph)
 
 
+def _back_to_back_in_worker(kernel: str, problem_key: str, seed: int, config_text: str) -> tuple[float, float]:
+    return _bench_of(kernel, problem_key, seed).back_to_back(Config.parse(config_text))
+
+
 class TimingWorker:
     """One process that checks and times candidates, one at a time, so the GPU serves one timing.
 
@@ -367,3 +371,6 @@ class IsolatedBench:
                 ) -> tuple[list[float], float]:
         return self._call(_contest_in_worker, [str(config) for config in configs], mode,
                           str(graph) if graph is not None else None)
+
+    def back_to_back(self, config: Config) -> tuple[float, float]:
+        return self._call(_back_to_back_in_worker, str(config))

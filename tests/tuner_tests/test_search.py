@@ -630,13 +630,22 @@ THIN = Problem.from_key("matmul", "fp16:nt:16x256x4096")
 
 class _GpuBench(_ContestBench):
     """Stands in for the GPU's timers (no GPU here): torch.matmul at 0.020 ms in both modes, our cuBLAS
-    path at 0.021 ms eager, and every config in a contest at the times given."""
+    path at 0.021 ms eager, every config in a contest at the times given, and back to back on the GPU
+    (``Bench.back_to_back``) each config at ``stream_ms`` against cuBLAS's 0.015 ms."""
 
     problem = THIN
 
-    def __init__(self, config_ms: float) -> None:
+    def __init__(self, config_ms: float, stream_ms: float = 0.015) -> None:
         super().__init__()
-        self.config_ms = config_ms
+        self.config_ms, self.stream_ms = config_ms, stream_ms
+        self.streamed: list[Config] = []
+
+    def back_to_back(self, config: Config) -> tuple[float, float]:
+        self.streamed.append(config)
+        return self.stream_ms, 0.015
+
+    def release(self) -> None:
+        pass
 
     def contest(self, configs: list[Config], rounds: int | None = None, mode: str = "graph",
                 graph: Config | None = None) -> tuple[list[float], float]:
@@ -726,6 +735,49 @@ def test_with_no_contest_a_cublas_eager_winner_still_stores_our_paths_time() -> 
                                   _trial_study((slow, 0.030, 0.012)))
     assert kernels.is_baseline(Config.from_dict(records["eager"].config))
     assert records["eager"].time_ms == 0.018 and records["eager"].speedup > 1.0
+
+
+def test_an_eager_winner_slower_back_to_back_on_the_gpu_gives_way_to_cublas() -> None:
+    """The eager contest's winner (a cheaper launch on a host-bound tuning box) runs 5% behind cuBLAS back to
+    back on the GPU: on a faster host it would lose, so cuBLAS wins eager. Within the margin it keeps its win."""
+    config = MATMUL.default_config(THIN, H100)
+    slower = _GpuBench(config_ms=0.015, stream_ms=0.01575)
+    records = search.decide_modes(MATMUL, THIN, H100, slower, _trial_study((config, 0.015, 0.015)))
+    assert slower.streamed, "the eager winner was timed back to back"
+    assert kernels.is_baseline(Config.from_dict(records["eager"].config))
+    assert records["eager"].time_ms == 0.021, "cuBLAS as our path runs it (the stand-in's 0.021 ms)"
+    assert records["eager"].triton_ms == 0.015, "the config's contest time is kept beside it"
+    close = _GpuBench(config_ms=0.015, stream_ms=0.0152)
+    records = search.decide_modes(MATMUL, THIN, H100, close, _trial_study((config, 0.015, 0.015)))
+    assert not kernels.is_baseline(Config.from_dict(records["eager"].config))
+
+
+def test_the_quick_redecision_applies_the_same_back_to_back_rule() -> None:
+    from tuner.quick import redecide
+
+    config = MATMUL.default_config(THIN, H100)
+    slower = _GpuBench(config_ms=0.015, stream_ms=0.016)
+    records = redecide(MATMUL, THIN, H100, [config], slower)
+    assert slower.streamed == [config]
+    assert kernels.is_baseline(Config.from_dict(records["eager"].config))
+    assert not kernels.is_baseline(Config.from_dict(records["graph"].config)), "graph: no host, no such rule"
+
+
+def test_recheck_replaces_a_stored_eager_winner_that_loses_back_to_back_and_keeps_one_that_holds() -> None:
+    """scripts/redecide.py --fast-host-only: a table decided before the back-to-back rule is checked
+    against it, with no contest of its Triton configs; cuBLAS replaces the winners that fail."""
+    from tuner.quick import recheck_eager
+
+    config = MATMUL.default_config(THIN, H100)
+    stored = search._winner_record(MATMUL, THIN, H100, (config, 0.015), 0.020, 9, "eager")
+    assert not kernels.is_baseline(Config.from_dict(stored.config))
+    slower = _GpuBench(config_ms=0.015, stream_ms=0.017)
+    replaced = recheck_eager(MATMUL, THIN, H100, stored, graph=config, bench=slower)
+    assert kernels.is_baseline(Config.from_dict(replaced.config)) and replaced.mode == "eager"
+    assert replaced.time_ms == 0.021 and replaced.cublas_ms == 0.020 and replaced.trials == 9
+    assert slower.contests == [[BASELINE]], "cuBLAS alone is timed, beside torch.matmul"
+    assert recheck_eager(MATMUL, THIN, H100, stored, bench=_GpuBench(config_ms=0.015, stream_ms=0.015)) is None
+    assert recheck_eager(MATMUL, THIN, H100, replaced, bench=slower) is None, "cuBLAS already"
 
 
 def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:

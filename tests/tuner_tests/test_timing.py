@@ -73,3 +73,27 @@ def test_an_eager_contest_beside_a_graph_winner_pins_both_then_restores_the_plan
     assert min(ours_tiled, ours_cublas, theirs) > 0
     assert _plans.plan_of(a, b, "eager") is None, "the signature's own plans (none yet) are back"
     bench.release()
+
+
+def test_back_to_back_times_the_gpu_alone_where_eager_times_the_host() -> None:
+    """Ten tiny launches per call: eager, the host's time (ten launches' worth); back to back in a graph,
+    ten tiny kernels' GPU time, well under it. One call against itself agrees."""
+    inputs = [_operands(64, 64, 64) for _ in range(4)]
+    one, ten = timing.eager_ms_side_by_side(
+        [lambda x: torch.mm(*x), lambda x: [torch.mm(*x) for _ in range(10)]], inputs, 40.0)
+    stream_one, stream_ten, again = timing.stream_ms_side_by_side(
+        [lambda x: torch.mm(*x), lambda x: [torch.mm(*x) for _ in range(10)][-1], lambda x: torch.mm(*x)], inputs)
+    assert stream_one < one and stream_ten < ten, (stream_one, one, stream_ten, ten)
+    assert 0.9 <= stream_one / again <= 1.1, (stream_one, again)
+    assert 5 <= stream_ten / stream_one <= 15, (stream_one, stream_ten)
+
+
+def test_bench_back_to_back_times_a_config_and_cublas_on_the_rotation() -> None:
+    problem = Problem.from_key("matmul", "fp16:nt:1x2048x4096")
+    device = kernels.current_device()
+    bench = Bench(MATMUL, problem, device)
+    ours, theirs = bench.back_to_back(MATMUL.default_config(problem, device))
+    assert ours > 0 and theirs > 0
+    # 16.8 MB of weight per call from HBM (nine sets rotate): at least 3.5 us each at the H200's 4.8 TB/s
+    assert theirs >= 0.003, theirs
+    bench.release()
