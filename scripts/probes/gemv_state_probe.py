@@ -80,6 +80,24 @@ def main() -> None:
                 state = gpu_state()
                 print(f"[{repeat}] after {name:12} torch {theirs * 1e3:6.1f} us  ours({eager.get('VARIANT', 'tiled')}) "
                       f"{ours * 1e3:6.1f} us  {theirs / ours:.3f}x  | {state}", flush=True)
+    # Is the slow state the host's? The host's issue time per call (no synchronize inside the loop: the
+    # queue takes them), the GPU's back-to-back time from a graph of calls (Bench.back_to_back), and the
+    # eager side by side, in turn.
+    for repeat in range(args.repeats):
+        issue = {}
+        for label, call in (("torch", lambda x: torch.matmul(*x)), ("ours", lambda x: kernels.matmul(*x))):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            for i in range(200):
+                call(rotation[i % len(rotation)])
+            issue[label] = (time.perf_counter() - started) / 200 * 1e6
+            torch.cuda.synchronize()
+        ours_b2b, torch_b2b = bench.back_to_back(eager)
+        theirs, ours = timing.eager_ms_side_by_side(
+            [lambda x: torch.matmul(*x), lambda x: kernels.matmul(*x)], rotation, 30.0)
+        print(f"[{repeat}] host issue: torch {issue['torch']:5.1f} us ours {issue['ours']:5.1f} us | back to back: "
+              f"torch {torch_b2b * 1e3:5.1f} us ours {ours_b2b * 1e3:5.1f} us | eager: torch {theirs * 1e3:5.1f} us "
+              f"ours {ours * 1e3:5.1f} us", flush=True)
     # Each side alone, back to back, per block: is the state a property of the moment or of the side?
     for repeat in range(2):
         for label, call in (("torch alone", lambda x: torch.matmul(*x)), ("ours alone", lambda x: kernels.matmul(*x))):
