@@ -152,7 +152,7 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
     speed-up becomes what the user's call gets (scripts/redecide.py). As in ``search.decide_modes``:
     graph first; then eager, beside the graph winner, among the configs that ran within
     EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path."""
-    from .search import EAGER_GPU_MARGIN, _winner_record, holds_on_a_fast_host
+    from .search import EAGER_GPU_MARGIN, _winner_record, eager_winner
 
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
@@ -186,11 +186,13 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
             records[mode] = _winner_record(spec, problem, device, (kernels.BASELINE, ours_cublas_ms), baseline_ms,
                                            trials, mode, cublas_ms=ours_cublas_ms, cublas_won=True)
             continue
-        best = min(timed, key=timed.__getitem__)
-        cublas_won = ours_cublas_ms is not None and ours_cublas_ms < timed[best]
-        if mode == kernels.EAGER and not cublas_won and not holds_on_a_fast_host(spec, bench, best):
-            cublas_won = True
-        records[mode] = _winner_record(spec, problem, device, (best, timed[best]), baseline_ms, trials, mode,
+        ranked = sorted(timed.items(), key=lambda pair: pair[1])
+        cublas_won = ours_cublas_ms is not None and ours_cublas_ms < ranked[0][1]
+        found = ranked[0]
+        if mode == kernels.EAGER and not cublas_won:
+            winner = eager_winner(spec, bench, ranked, baseline_ms if ours_cublas_ms is None else ours_cublas_ms)
+            found, cublas_won = winner or ranked[0], winner is None
+        records[mode] = _winner_record(spec, problem, device, found, baseline_ms, trials, mode,
                                        cublas_ms=ours_cublas_ms, cublas_won=cublas_won)
     bench.release()
     return records

@@ -45,9 +45,11 @@ def test_worker_takes_only_jobs_of_its_device_kind(queue: JobQueue) -> None:
 
 def test_expired_lease_hands_the_job_to_another_worker_and_the_first_cannot_finish_it(queue: JobQueue) -> None:
     queue.enqueue([spec(1)])
-    first = queue.claim("dead", H100, lease_s=0.2)
+    # A lease long enough that a loaded CI machine's next claim comes inside it (0.2 s failed once on
+    # PostgreSQL while the machine ran other work), short enough to wait out.
+    first = queue.claim("dead", H100, lease_s=1.0)
     assert queue.claim("alive", H100) is None  # the lease still holds
-    time.sleep(0.3)
+    time.sleep(1.1)
     second = queue.claim("alive", H100)
     assert second is not None and second.id == first.id and second.attempts == 2
     assert not queue.renew(first.id, "dead") and not queue.finish(first.id, "dead")
@@ -57,10 +59,10 @@ def test_expired_lease_hands_the_job_to_another_worker_and_the_first_cannot_fini
 
 def test_renewed_lease_keeps_the_job(queue: JobQueue) -> None:
     queue.enqueue([spec(1)])
-    job = queue.claim("w", H100, lease_s=0.3)
-    for _ in range(3):
-        time.sleep(0.15)
-        assert queue.renew(job.id, "w", lease_s=0.3)
+    job = queue.claim("w", H100, lease_s=1.0)
+    for _ in range(3):  # 1.5 s in all, past the first lease: the renewals kept it (each with 0.5 s to spare)
+        time.sleep(0.5)
+        assert queue.renew(job.id, "w", lease_s=1.0)
     assert queue.claim("other", H100) is None
 
 
