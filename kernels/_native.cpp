@@ -90,14 +90,32 @@ int eager_now(bool on_cuda) {
   return PyErr_Occurred() ? -1 : eager;  // a mode that is not a string: the Python path says what is wrong
 }
 
+// ``op()`` with the GIL released, as torch's own bindings run their ops (other Python threads go on, and a
+// CPU GEMM does not hold them up); None where it throws (the Python path runs the call again and raises
+// torch's own error). The operands must be owned copies: another thread may rebind a tensor's data.
+template <typename Op>
+PyObject* run_released(Op&& op) {
+  at::Tensor result;
+  bool failed = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    result = op();
+  } catch (const std::exception&) {
+    failed = true;
+  }
+  Py_END_ALLOW_THREADS
+  if (failed) Py_RETURN_NONE;
+  return THPVariable_Wrap(std::move(result));
+}
+
 PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   // A torch function mode would see torch.mm's call on the Python path: leave the call to it.
   if (nargs != 2 || !plain(args[0]) || !plain(args[1]) ||
       at::impl::torch_function_mode_enabled()) {
     Py_RETURN_NONE;
   }
-  const at::Tensor& a = THPVariable_Unpack(args[0]);
-  const at::Tensor& b = THPVariable_Unpack(args[1]);
+  const at::Tensor a = THPVariable_Unpack(args[0]);
+  const at::Tensor b = THPVariable_Unpack(args[1]);
   if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
   const Signature signature = make_signature(a, b);
   if (!cublas_signatures.count(signature)) {
@@ -109,11 +127,7 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     if (eager != 1) Py_RETURN_NONE;
   }
-  try {
-    return THPVariable_Wrap(at::mm(a, b));
-  } catch (const std::exception&) {
-    Py_RETURN_NONE;  // the Python path runs the call again and raises torch's own error
-  }
+  return run_released([&] { return at::mm(a, b); });
 }
 
 // 1 where the dispatcher's ``changes`` counter still reads what the addmm set was put under, 0 where not,
@@ -132,8 +146,8 @@ PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       at::impl::torch_function_mode_enabled()) {
     Py_RETURN_NONE;
   }
-  const at::Tensor& a = THPVariable_Unpack(args[0]);
-  const at::Tensor& b = THPVariable_Unpack(args[1]);
+  const at::Tensor a = THPVariable_Unpack(args[0]);
+  const at::Tensor b = THPVariable_Unpack(args[1]);
   if (a.dim() != 2 || b.dim() != 2 || !addmm_signatures.count(make_signature(a, b))) Py_RETURN_NONE;
   const int current = addmm_current();
   if (current < 0) {
@@ -141,11 +155,8 @@ PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_Clear();
   }
   if (current != 1) Py_RETURN_NONE;
-  try {
-    return THPVariable_Wrap(at::addmm(THPVariable_Unpack(args[2]), a, b));
-  } catch (const std::exception&) {
-    Py_RETURN_NONE;  // the Python path runs the call again and raises torch's own error
-  }
+  const at::Tensor bias = THPVariable_Unpack(args[2]);
+  return run_released([&] { return at::addmm(bias, a, b); });
 }
 
 PyMethodDef try_addmm_def = {
@@ -196,6 +207,8 @@ void add_addmm(std::vector<int64_t> dims, at::ScalarType dtype, at::Device devic
   addmm_signatures.insert(signature_of(dims, dtype, device));
 }
 
+void clear_addmm() { addmm_signatures.clear(); }
+
 // kernels.dispatch.DISPATCHER, kept for the process: whose ``changes`` counter try_addmm reads.
 void use_dispatcher(py::object object) {
   changes_name = PyUnicode_InternFromString("changes");
@@ -230,6 +243,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clear", &clear);
   m.def("size", &size);
   m.def("add_addmm", &add_addmm);
+  m.def("clear_addmm", &clear_addmm);
   m.def("use_dispatcher", &use_dispatcher);
   m.def("addmm_size", &addmm_size);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));

@@ -169,6 +169,15 @@ def remember_addmm(key: Hashable, changes: int, on_cuda: bool) -> None:
         start()
 
 
+def forget_addmm() -> None:
+    """matmul_bias forgot what it learnt (kernels/epilogue.py ``_PATHS`` at capacity): serve none of it
+    until learnt again, so that the C++ set never outgrows ``_PATHS`` and drops signatures still learnt."""
+    with _LOCK:
+        NATIVE.pending_addmm.clear()
+        if NATIVE.module is not None:
+            NATIVE.module.clear_addmm()
+
+
 def forget_all() -> None:
     """Every plan is gone (``kernels.clear_cache``, another database): serve nothing until put again."""
     with _LOCK:
@@ -198,5 +207,5 @@ def served() -> int:
         return NATIVE.module.size() if NATIVE.module is not None else 0
 
 
-__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_all", "remember", "remember_addmm", "resume", "served", "start",
+__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "remember", "remember_addmm", "resume", "served", "start",
            "suspend", "wanted"]

@@ -354,6 +354,7 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
         addmm = is_baseline(config) and all(is_baseline(_resolve(MATMUL_BIAS, a, b, mode)) for mode in _modes.MODES)
         if len(_PATHS) >= _PATHS_CAPACITY:
             _PATHS.clear()
+            _native.forget_addmm()  # what C++ serves stays a part of what _PATHS knows
         _PATHS[key] = (changes, addmm)
         if addmm:
             _native.remember_addmm(key, changes, a.device.type == "cuda")

@@ -10,7 +10,9 @@ already there are skipped). Merge them into the table with scripts/ship_table.py
 
 ``--fast-host-only`` runs no contest of Triton configs: each eager record whose winner is a Triton config is
 checked against cuBLAS back to back on the GPU (tuner.search.holds_on_a_fast_host, the rule since
-2026-11-25), and where it fails, a cuBLAS eager record goes into --db (tuner.quick.recheck_eager).
+2026-11-25), and where it fails, a cuBLAS eager record goes into --db (tuner.quick.recheck_eager). Merge
+those with scripts/ship_table.py --base TABLE, without --same-winners (every one of them changes a winner).
+A rerun skips the problems already replaced in --db.
 """
 
 from __future__ import annotations
@@ -94,24 +96,33 @@ def recheck_table(args: argparse.Namespace) -> None:
     keys = [key for key in keys if not args.key or key in args.key][:: args.every]
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(keys)} eager Triton winners of {args.table}, checked back to back", flush=True)
-    started, replaced = time.monotonic(), 0
+    started, replaced, failed = time.monotonic(), 0, 0
     with Store(args.db) as store:
         for index, key in enumerate(keys, 1):
+            if store.get(device.name, "matmul", key, kernels.EAGER):
+                continue  # replaced by an earlier run (a rerun re-checks only the ones that held)
             if time.monotonic() - started > args.budget_s:
-                print(f"# budget spent after {index - 1} problems", flush=True)
+                print(f"# budget spent after {index - 1} problems; run again to go on", flush=True)
                 break
             problem = Problem.from_key("matmul", key)
             graph = stored.get((key, kernels.GRAPH))
-            record = recheck_eager(MATMUL, problem, device, stored[key, kernels.EAGER],
-                                   Config.from_dict(graph.config) if graph is not None else None)
+            try:
+                record = recheck_eager(MATMUL, problem, device, stored[key, kernels.EAGER],
+                                       Config.from_dict(graph.config) if graph is not None else None)
+            except Exception as error:  # one problem's failure (out of memory in a capture) ends only its check
+                failed += 1
+                print(f"[{index}/{len(keys)}] {key:28} not checked: {type(error).__name__}: {error}", flush=True)
+                continue
             if record is not None:
                 store.put_many([record], on_conflict="replace")
                 replaced += 1
             print(f"[{index}/{len(keys)}] {key:28} " + (
                 f"cuBLAS now: {record.speedup:.3f}x (was {stored[key, kernels.EAGER].speedup:.3f}x)"
                 if record is not None else "holds"), flush=True)
+        if args.output:
+            Path(args.output).write_text(json.dumps(dump_document(store.records(device=device.name, kernel="matmul")), indent=1))
     kernels.clear_cache()
-    print(f"# {replaced} of {len(keys)} replaced by cuBLAS; {time.monotonic() - started:.0f} s")
+    print(f"# {replaced} of {len(keys)} replaced by cuBLAS, {failed} not checked; {time.monotonic() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -138,9 +138,12 @@ def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, 
     return [statistics.median(b.elapsed_time(e) for b, e in side) for side in events]
 
 
-# Back-to-back GPU time (``stream_ms_side_by_side``): at least this many calls per captured graph, their
-# outputs at most this many bytes in all (the graph's pool keeps every one).
+# Back-to-back GPU time (``stream_ms_side_by_side``): at least this many calls per captured graph and
+# about this much GPU work per replay (a replay's own start and end, a few us, must not count against a
+# 1% margin), at most this many calls, their outputs at most this many bytes (the graph's pool keeps each).
 STREAM_CALLS = 16
+STREAM_REPLAY_MS = 2.0
+STREAM_MAX_CALLS = 2048
 STREAM_OUTPUT_BYTES = 1 << 30
 STREAM_BUDGET_MS = 20.0
 
@@ -160,12 +163,23 @@ def stream_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequ
         for call in calls:
             first = call(inputs[0])
             size = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
-            count = max(len(inputs), STREAM_CALLS)
-            count = max(1, min(count, STREAM_OUTPUT_BYTES // max(size, 1)))
-            graphs.append(capture(lambda call=call, count=count: [call(inputs[i % len(inputs)]) for i in range(count)]))
-            counts.append(count)
+            most = max(1, min(STREAM_MAX_CALLS, STREAM_OUTPUT_BYTES // max(size, 1)))
             del first
+            count = min(most, max(len(inputs), STREAM_CALLS))
+            graph = _capture_run(call, inputs, count)
+            replay_ms = _replay_ms(graph, torch.empty(1, dtype=torch.int8, device="cuda"), 3)
+            if replay_ms < STREAM_REPLAY_MS and count < most:  # too little work per replay: capture more calls
+                del graph
+                count = min(most, math.ceil(count * STREAM_REPLAY_MS / max(replay_ms, 1e-3)))
+                graph = _capture_run(call, inputs, count)
+            graphs.append(graph)
+            counts.append(count)
         return [ms / count for ms, count in zip(_graphs_side_by_side(graphs, (2, budget_ms), flush=False), counts)]
+
+
+def _capture_run(call: Callable[[tuple], Any], inputs: Sequence[tuple], count: int) -> torch.cuda.CUDAGraph:
+    """``count`` calls over ``inputs`` in turn, captured in one CUDA graph."""
+    return capture(lambda: [call(inputs[i % len(inputs)]) for i in range(count)])
 
 
 def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> float:

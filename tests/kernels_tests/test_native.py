@@ -208,3 +208,33 @@ def test_addmm_signatures_learnt_before_the_build_are_served_once_it_is_ready(na
         _native._build()
         assert _native.NATIVE.state == "ready" and not _native.NATIVE.pending_addmm
         torch.testing.assert_close(_native.NATIVE.try_addmm(a, b, bias), torch.addmm(bias, a, b))
+
+
+def test_kernels_matmul_bias_returns_what_the_cpp_path_serves_without_resolving(native, monkeypatch) -> None:
+    """The public call itself takes the C++ path for a learnt addmm signature: nothing of the Python path
+    runs (no resolve), and what try_addmm returned is the result."""
+    from kernels import BASELINE, epilogue
+
+    a, b, bias = torch.randn(8, 16), torch.randn(12, 16).t(), torch.randn(12)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)  # learnt
+        served: list[torch.Tensor] = []
+        real = native.try_addmm
+        monkeypatch.setattr(native, "try_addmm", lambda *args: (served.append(real(*args)), served[-1])[1])
+        monkeypatch.setattr(epilogue, "_resolve", lambda *args: pytest.fail("the Python path resolved"))
+        out = kernels.matmul_bias(a, b, bias)
+        assert len(served) == 1 and out is served[0]
+        torch.testing.assert_close(out, torch.addmm(bias, a, b))
+
+
+def test_when_matmul_bias_forgets_its_signatures_the_cpp_path_forgets_them_too(native) -> None:
+    from kernels import BASELINE, epilogue
+
+    a, b, bias = torch.randn(8, 16), torch.randn(12, 16).t(), torch.randn(12)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)
+        assert native.module.addmm_size() == 1
+        _native.forget_addmm()  # as epilogue does when _PATHS is full and cleared
+        assert native.module.addmm_size() == 0 and native.try_addmm(a, b, bias) is None

@@ -193,3 +193,12 @@ def test_candidate_that_hangs_the_timing_worker_times_out(timing, monkeypatch) -
 
 def _die(*args):
     os._exit(1)
+
+
+@pytest.mark.gpu
+def test_isolated_bench_times_back_to_back_in_its_worker(timing) -> None:
+    """``IsolatedBench.back_to_back`` (the eager winner's fast-host check) runs in the timing worker: CUDA
+    graphs of calls, so GPU only."""
+    bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
+    ours, theirs = bench.back_to_back(GOOD)
+    assert ours > 0 and theirs > 0
