@@ -166,9 +166,13 @@ class Dispatcher:
 
     def resolve(self, key: Hashable, spec: KernelSpec, problem: Problem, device: DeviceInfo,
                 mode: str = EAGER) -> Config:
+        generation = self._generation
         config = self.choose(spec, problem, device, mode).config
-        self._resolved[key] = config
         with self._lock:  # += is not atomic across threads: a lost count could skip a warm-up
+            # A clear while we chose (a refresh thread, another database) made the answer stale: kept, it
+            # would outlive the clear that the ``changes`` count says happened. The call still gets it.
+            if self._generation == generation:
+                self._resolved[key] = config
             self.resolutions += 1
         return config
 

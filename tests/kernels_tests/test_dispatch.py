@@ -483,3 +483,24 @@ def test_has_records_sees_a_gpu_table(db_url) -> None:
     dispatcher = Dispatcher(db_url, use_shipped=False)
     assert dispatcher.has_records(h100, MATMUL)
     assert not dispatcher.has_records(DeviceInfo("NVIDIA H200", "h200", "9.0", 132, 232448), MATMUL)
+
+
+def test_an_answer_chosen_across_a_clear_serves_its_call_but_is_not_kept(db_url, monkeypatch) -> None:
+    """A refresh thread (or use_database) clears while a first call chooses on the old tables: that call
+    gets its answer, but the answer is not kept past the clear (its ``changes`` count says it is gone)."""
+    dispatcher = Dispatcher(db_url, use_shipped=False)
+    problem = _problem("fp16:nn:16x32x64")
+    real_choose = dispatcher.choose
+
+    def choose_across_a_clear(*args, **kwargs):
+        choice = real_choose(*args, **kwargs)
+        dispatcher.clear()
+        return choice
+
+    monkeypatch.setattr(dispatcher, "choose", choose_across_a_clear)
+    resolutions = dispatcher.resolutions
+    config = dispatcher.resolve("key", MATMUL, problem, CPU)
+    assert config == real_choose(MATMUL, problem, CPU).config
+    assert dispatcher.cached("key") is None and dispatcher.resolutions == resolutions + 1
+    monkeypatch.setattr(dispatcher, "choose", real_choose)
+    assert dispatcher.resolve("key", MATMUL, problem, CPU) == config and dispatcher.cached("key") == config
