@@ -100,7 +100,7 @@ PyObject* run_released(Op&& op) {
   Py_BEGIN_ALLOW_THREADS
   try {
     result = op();
-  } catch (const std::exception&) {
+  } catch (...) {  // every exception: none may leave this block without the GIL taken back
     failed = true;
   }
   Py_END_ALLOW_THREADS
