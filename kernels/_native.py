@@ -115,19 +115,24 @@ def _build() -> None:
         NATIVE.decided.set()
 
 
-def _apply(module: Any, key: Hashable, served: str | None) -> None:
+def _signature(key: Hashable) -> tuple[list[int], Any, Any] | None:
+    """(a's and b's sizes and strides, dtype, device) of a plan key, as the C++ sets take them; None where
+    the operands are not 2-D (the C++ path serves 2-D calls alone)."""
     a_shape, b_shape, a_stride, b_stride, dtype, device = key
     fields = [*a_shape, *b_shape, *a_stride, *b_stride]
-    if len(fields) != 8:
-        return
-    {BOTH: module.add, EAGER_ONLY: module.add_eager}.get(served, module.discard)(fields, dtype, device)
+    return (fields, dtype, device) if len(fields) == 8 else None
+
+
+def _apply(module: Any, key: Hashable, served: str | None) -> None:
+    signature = _signature(key)
+    if signature is not None:
+        {BOTH: module.add, EAGER_ONLY: module.add_eager}.get(served, module.discard)(*signature)
 
 
 def _apply_addmm(module: Any, key: Hashable, changes: int) -> None:
-    a_shape, b_shape, a_stride, b_stride, dtype, device = key
-    fields = [*a_shape, *b_shape, *a_stride, *b_stride]
-    if len(fields) == 8:
-        module.add_addmm(fields, dtype, device, changes)
+    signature = _signature(key)
+    if signature is not None:
+        module.add_addmm(*signature, changes)
 
 
 def _publish() -> None:
@@ -139,33 +144,29 @@ def _publish() -> None:
 def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
     """Plans were put for ``key`` (kernels/_plans.py): served here from now on as ``served`` says (``BOTH``,
     ``EAGER_ONLY``, or None: not at all). The first cuBLAS plan of a GPU process starts the build."""
-    with _LOCK:
-        if NATIVE.module is not None:
-            _apply(NATIVE.module, key, served)
-            return
-        if NATIVE.state in ("failed", "off"):
-            return
-        if len(NATIVE.pending) >= _PENDING_CAPACITY:
-            NATIVE.pending.clear()
-        NATIVE.pending[key] = served
-    if served is not None and on_cuda and NATIVE.state == "idle":
-        start()
+    _put(NATIVE.pending, key, served, _apply, build=served is not None and on_cuda)
 
 
 def remember_addmm(key: Hashable, changes: int, on_cuda: bool) -> None:
     """``kernels.matmul_bias`` found that dispatch sends the signature ``key`` to torch.addmm in every mode,
     as ``DISPATCHER.changes`` read ``changes``: served from C++ while that count stands (a clear, another
     database or a pin bumps it, and the C++ path then leaves the call to Python, which puts it again)."""
+    _put(NATIVE.pending_addmm, key, changes, _apply_addmm, build=on_cuda)
+
+
+def _put(pending: dict, key: Hashable, value: Any, apply: Callable[[Any, Hashable, Any], None], build: bool) -> None:
+    """``apply(module, key, value)`` now where the module is ready, else kept in ``pending`` until it is
+    (nothing where it failed or is off); ``build``: a GPU call that may start the build."""
     with _LOCK:
         if NATIVE.module is not None:
-            _apply_addmm(NATIVE.module, key, changes)
+            apply(NATIVE.module, key, value)
             return
         if NATIVE.state in ("failed", "off"):
             return
-        if len(NATIVE.pending_addmm) >= _PENDING_CAPACITY:
-            NATIVE.pending_addmm.clear()
-        NATIVE.pending_addmm[key] = changes
-    if on_cuda and NATIVE.state == "idle":
+        if len(pending) >= _PENDING_CAPACITY:
+            pending.clear()
+        pending[key] = value
+    if build and NATIVE.state == "idle":
         start()
 
 

@@ -139,8 +139,8 @@ def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, 
 
 
 # Back-to-back GPU time (``stream_ms_side_by_side``): at least this many calls per captured graph and
-# about this much GPU work per replay (a replay's own start and end, a few us, must not count against a
-# 1% margin), at most this many calls, their outputs at most this many bytes (the graph's pool keeps each).
+# about this much GPU work per replay (a replay's own start and end, not measured, must not count against
+# a 1% margin), at most this many calls, their outputs at most this many bytes (the graph's pool keeps each).
 STREAM_CALLS = 16
 STREAM_REPLAY_MS = 2.0
 STREAM_MAX_CALLS = 2048
