@@ -13,6 +13,10 @@ checked against cuBLAS back to back on the GPU (tuner.search.holds_on_a_fast_hos
 2026-11-25), and where it fails, a cuBLAS eager record goes into --db (tuner.quick.recheck_eager). Merge
 those with scripts/ship_table.py --base TABLE, without --same-winners (every one of them changes a winner).
 A rerun skips the problems already replaced in --db.
+
+``--recontest`` (with ``--fast-host-only``): a winner that holds meets our cuBLAS path in an eager contest
+again, and its record goes into --db whoever wins (the winner with its time now, or cuBLAS where it no
+longer beats that path by WIN_MARGIN): eager wins stored on a slower host than today's are tried again.
 """
 
 from __future__ import annotations
@@ -55,7 +59,11 @@ def main() -> None:
     parser.add_argument("-o", "--output", help="also export the new records to this JSON file")
     parser.add_argument("--fast-host-only", action="store_true",
                         help="only check eager Triton winners back to back on the GPU (no contests)")
+    parser.add_argument("--recontest", action="store_true",
+                        help="with --fast-host-only: winners that hold meet cuBLAS in an eager contest again")
     args = parser.parse_args()
+    if args.recontest and not args.fast_host_only:
+        parser.error("--recontest goes with --fast-host-only (a full redecision runs every contest anyway)")
     if args.fast_host_only:
         recheck_table(args)
         return
@@ -95,7 +103,8 @@ def recheck_table(args: argparse.Namespace) -> None:
                   and not kernels.is_baseline(Config.from_dict(stored[key, mode].config)))
     keys = [key for key in keys if not args.key or key in args.key][:: args.every]
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
-          f"{len(keys)} eager Triton winners of {args.table}, checked back to back", flush=True)
+          f"{len(keys)} eager Triton winners of {args.table}, checked back to back"
+          + (", then in an eager contest" if args.recontest else ""), flush=True)
     started, replaced, failed = time.monotonic(), 0, 0
     with Store(args.db) as store:
         for index, key in enumerate(keys, 1):
@@ -108,17 +117,23 @@ def recheck_table(args: argparse.Namespace) -> None:
             graph = stored.get((key, kernels.GRAPH))
             try:
                 record = recheck_eager(MATMUL, problem, device, stored[key, kernels.EAGER],
-                                       Config.from_dict(graph.config) if graph is not None else None)
+                                       Config.from_dict(graph.config) if graph is not None else None,
+                                       recontest=args.recontest)
             except Exception as error:  # one problem's failure (out of memory in a capture) ends only its check
                 failed += 1
                 print(f"[{index}/{len(keys)}] {key:28} not checked: {type(error).__name__}: {error}", flush=True)
                 continue
+            was = stored[key, kernels.EAGER].speedup
+            if record is None:
+                outcome = "holds"
+            elif kernels.is_baseline(Config.from_dict(record.config)):
+                replaced += 1
+                outcome = f"cuBLAS now: {record.speedup:.3f}x (was {was:.3f}x)"
+            else:
+                outcome = f"holds, {record.speedup:.3f}x now (was {was:.3f}x)"
             if record is not None:
                 store.put_many([record], on_conflict="replace")
-                replaced += 1
-            print(f"[{index}/{len(keys)}] {key:28} " + (
-                f"cuBLAS now: {record.speedup:.3f}x (was {stored[key, kernels.EAGER].speedup:.3f}x)"
-                if record is not None else "holds"), flush=True)
+            print(f"[{index}/{len(keys)}] {key:28} {outcome}", flush=True)
         if args.output:
             Path(args.output).write_text(json.dumps(dump_document(store.records(device=device.name, kernel="matmul")), indent=1))
     kernels.clear_cache()

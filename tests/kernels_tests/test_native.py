@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import _native, _plans
+from kernels import _modes, _native, _plans
 
 def _cannot_build() -> str | None:
     """Why this machine cannot build the extension, or None."""
@@ -115,7 +115,6 @@ def test_clear_cache_record_mode_and_pins_decide_what_is_served(native, tmp_path
 def test_a_signature_on_cublas_in_eager_mode_alone_is_served_where_the_call_is_eager(native, monkeypatch) -> None:
     """Its graph plan is a Triton kernel: the C++ path serves the call only where kernels.matmul would run
     the eager plan (the thread's forced mode, KERNELS_MODE, then the capture check for CUDA tensors)."""
-    from kernels import _modes
 
     a, b = torch.randn(8, 16), torch.randn(16, 12)
     _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, object()))  # graph mode differs
@@ -145,11 +144,18 @@ def test_kernels_native_0_turns_it_off(monkeypatch) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
-def test_while_the_stream_captures_an_eager_only_signature_is_left_to_the_python_path(native) -> None:
+def test_while_the_stream_captures_an_eager_only_signature_is_left_to_the_python_path(native, monkeypatch) -> None:
     a = torch.randn(8, 16, device="cuda", dtype=torch.float16)
     b = torch.randn(16, 12, device="cuda", dtype=torch.float16)
     _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, object()))
-    assert native.try_mm(a, b) is not None, "eager: served"
+    assert native.try_mm(a, b) is not None, "eager, on the default stream (answered in C++): served"
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # another stream, not capturing: the Python check answers, eager
+        assert native.try_mm(a, b) is not None
+    torch.cuda.synchronize()
+    with monkeypatch.context() as patched:  # a stand-in for the capture check is asked even on the default stream
+        patched.setattr(_modes, "capturing", lambda: True)
+        assert native.try_mm(a, b) is None, "the stand-in says capturing: the graph plan's"
     torch.cuda.synchronize()
     graph, seen = torch.cuda.CUDAGraph(), []
     with torch.cuda.graph(graph):

@@ -821,6 +821,28 @@ def test_recheck_replaces_a_stored_eager_winner_that_loses_back_to_back_and_keep
     assert recheck_eager(MATMUL, THIN, H100, replaced, bench=slower) is None, "cuBLAS already"
 
 
+def test_recheck_with_a_recontest_keeps_a_winner_only_where_it_still_beats_our_cublas_path_eager() -> None:
+    """scripts/redecide.py --fast-host-only --recontest: a winner that holds back to back meets our cuBLAS
+    path in an eager contest again; the record comes back with the times of now, whoever wins."""
+    from tuner.quick import recheck_eager
+
+    config = MATMUL.default_config(THIN, H100)
+    stored = search._winner_record(MATMUL, THIN, H100, (config, 0.015), 0.020, 9, "eager")
+    still_faster = _GpuBench(config_ms=0.016)  # holds back to back (0.015 against cuBLAS's 0.015)
+    kept = recheck_eager(MATMUL, THIN, H100, stored, graph=config, bench=still_faster, recontest=True)
+    assert Config.from_dict(kept.config) == Config.from_dict(stored.config)
+    assert kept.time_ms == 0.016 and kept.cublas_ms == 0.020, "the winner's time now, not the stored 0.015"
+    assert still_faster.contests == [[config, BASELINE]] and still_faster.streamed == [config]
+    host_bound_win = _GpuBench(config_ms=0.0202)  # 0.0205 for our cuBLAS path: less than WIN_MARGIN
+    replaced = recheck_eager(MATMUL, THIN, H100, stored, bench=host_bound_win, recontest=True)
+    assert kernels.is_baseline(Config.from_dict(replaced.config)) and replaced.time_ms == 0.0205
+    assert replaced.triton_ms == 0.0202, "the best Triton config is kept beside, with its time now"
+    fails = _GpuBench(config_ms=0.010, stream_ms=0.017)  # fails back to back: no contest of the config
+    assert kernels.is_baseline(Config.from_dict(
+        recheck_eager(MATMUL, THIN, H100, stored, bench=fails, recontest=True).config))
+    assert fails.contests == [[BASELINE]]
+
+
 def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:
     """Eager timing rotates up to MAX_ROTATION input sets; a cache keyed by operand addresses smaller than
     that misses on every timed call, a cost the user's calls on recycled buffers do not pay."""
