@@ -358,6 +358,7 @@ MOE_MATMUL = KernelSpec(
     seeds=seed_configs,
     check_problem=_check_problem,
     baseline_dispatchable=lambda problem: _grouped_mm_serves(problem.dtype, problem.layout),
+    baseline_when_far=True,
 )
 
 __all__ = ["MOE_MATMUL", "balanced_problem", "moe_matmul_with", "problem_of", "weight_layout"]

@@ -213,3 +213,32 @@ def test_timed_inputs_of_a_balanced_key_are_routed_at_random_and_an_explicit_spl
     assert make_inputs(problem, "cpu", 3)[3] == ends and make_inputs(problem, "cpu", 4)[3] != ends
     skewed = Problem("moe_matmul", "fp16", "nt", ((100, 32, 16), (20, 32, 16), (8, 32, 16)))
     assert make_inputs(skewed, "cpu", 3)[3] == (100, 120, 128)
+
+
+def test_an_untuned_bf16_moe_problem_far_from_every_record_runs_torch_grouped_mm_on_a_gpu(db_url) -> None:
+    """Decode-sized experts (8 tokens each, N = 14336) must not take a prefill record's tiles (16 experts,
+    N = 768): dispatch runs torch._grouped_mm there, the user's own call. A near record still serves, and
+    fp16 (whose baseline is a loop that syncs) keeps the nearest config. The device is a GPU's DeviceInfo:
+    dispatch decides from records alone, and nothing is launched."""
+    from kernels._spec import DeviceInfo
+    from kernels.dispatch import FAR_NEIGHBOUR, Dispatcher
+
+    h100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
+                      shared_memory_bytes=232_448)
+    tiles = Config.make(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, NUM_SM=132, num_warps=4, num_stages=3)
+    prefill = balanced_problem("bf16", "nt", 4096, 16, 768, 2048)
+    decode = balanced_problem("bf16", "nt", 64, 8, 14336, 4096)
+    with Store(db_url) as store:
+        store.put(make_record(h100, prefill.key, tiles, kernel="moe_matmul"))
+        store.put(make_record(h100, prefill.key.replace("bf16", "fp16"), tiles, kernel="moe_matmul"))
+    dispatcher = Dispatcher(db_url, use_shipped=False)
+    assert MOE_MATMUL.transfer_distance(decode, prefill) > FAR_NEIGHBOUR
+    far = dispatcher.choose(MOE_MATMUL, decode, h100, "graph")
+    assert far.config == BASELINE and far.source.startswith("baseline: the nearest record")
+    near = balanced_problem("bf16", "nt", 4000, 16, 768, 2048)
+    assert dispatcher.choose(MOE_MATMUL, near, h100, "graph").config == tiles, "a near record still serves"
+    fp16 = balanced_problem("fp16", "nt", 64, 8, 14336, 4096)
+    assert not MOE_MATMUL.baseline_dispatchable(fp16)
+    assert dispatcher.choose(MOE_MATMUL, fp16, h100, "graph").config == tiles, "no sync-free baseline: nearest"
+    empty = Dispatcher(f"sqlite:///{db_url.split(':///')[1]}.empty.db", use_shipped=False)
+    assert empty.choose(MOE_MATMUL, decode, h100, "eager").config == BASELINE, "no record at all: the baseline"
