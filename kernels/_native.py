@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Hashable
 from importlib import resources
 from typing import Any
@@ -59,6 +60,13 @@ class _Native:
 NATIVE = _Native()
 _LOCK = threading.RLock()
 _PENDING_CAPACITY = 4096  # as kernels/_plans.py's plans
+# torch's build takes a lock file in the build directory and waits, without a limit, while one is there.
+# A process that exits during its build (the build runs in a daemon thread) leaves the file behind, and
+# every later process then waited for ever: on the H100 box a pytest run that ended 20 s into a build
+# hung the next benchmark's ``start(block=True)`` until it was killed (2026-11-25). A lock older than
+# this is taken as left behind; a cold build takes 30-60 s on the GPU boxes.
+STALE_LOCK_S = 120.0
+BLOCK_LIMIT_S = 2 * STALE_LOCK_S + 60.0  # what ``start(block=True)`` waits at most
 
 
 def wanted() -> bool:
@@ -67,8 +75,9 @@ def wanted() -> bool:
 
 
 def start(block: bool = False) -> str:
-    """Build (or load the cached build of) the extension, in a daemon thread unless ``block``; returns the
-    state: "ready", "failed" or "off" once decided, "building" while a thread builds."""
+    """Build (or load the cached build of) the extension, in a daemon thread; ``block``: wait for it, up
+    to BLOCK_LIMIT_S. Returns the state: "ready", "failed" or "off" once decided, "building" while a
+    thread builds."""
     with _LOCK:
         if NATIVE.state == "idle":
             if not wanted():
@@ -77,8 +86,9 @@ def start(block: bool = False) -> str:
                 return NATIVE.state
             NATIVE.state = "building"
             threading.Thread(target=_build, name="kernels-native-build", daemon=True).start()
-    if block:
-        NATIVE.decided.wait()
+    if block and not NATIVE.decided.wait(BLOCK_LIMIT_S):
+        log.warning("the C++ path of cuBLAS plans is still building after %.0f s; Python serves calls meanwhile",
+                    BLOCK_LIMIT_S)
     return NATIVE.state
 
 
@@ -88,6 +98,7 @@ def _build() -> None:
 
         from . import _modes
 
+        _clear_stale_lock(_NAME)
         with resources.as_file(resources.files("kernels") / "_native.cpp") as source:
             module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], verbose=False)
         module.use_modes(_modes)
@@ -113,6 +124,32 @@ def _build() -> None:
         NATIVE.module, NATIVE.state = module, "ready"
         _publish()
         NATIVE.decided.set()
+
+
+def _clear_stale_lock(name: str, stale_s: float | None = None) -> None:
+    """Remove the build lock of extension ``name`` once it is older than ``stale_s`` (STALE_LOCK_S): a
+    live build ends before that, or its process exited and left the file. Until then, wait: another
+    process may be building, and its result is ours to load."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory  # torch's own naming of the directory
+    except ImportError:  # another torch: its load() waits as before
+        return
+    stale_s = STALE_LOCK_S if stale_s is None else stale_s
+    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
+    while True:
+        try:
+            age = time.time() - os.path.getmtime(lock)
+        except OSError:  # no lock: nobody builds
+            return
+        if age > stale_s:
+            log.warning("removing %s, left %.0f s ago by a build that did not finish (its process exited)",
+                        lock, age)
+            try:
+                os.remove(lock)
+            except OSError:
+                pass  # another process removed it first
+            return
+        time.sleep(min(0.5, stale_s - age + 0.01))
 
 
 def _signature(key: Hashable) -> tuple[list[int], Any, Any] | None:

@@ -244,3 +244,26 @@ def test_when_matmul_bias_forgets_its_signatures_the_cpp_path_forgets_them_too(n
         assert native.module.addmm_size() == 1
         _native.forget_addmm()  # as epilogue does when _PATHS is full and cleared
         assert native.module.addmm_size() == 0 and native.try_addmm(a, b, bias) is None
+
+
+def test_a_build_lock_left_by_an_exited_process_is_removed_once_stale(tmp_path, monkeypatch) -> None:
+    """torch's build waits without a limit while its lock file is there; a process that exited during its
+    build (a daemon thread) left one, and every later process hung. A lock older than STALE_LOCK_S goes;
+    a younger one is waited for, until it is gone or stale."""
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "some_extension" / "lock"
+    lock.parent.mkdir()
+    _native._clear_stale_lock("some_extension")  # no lock: returns at once
+    lock.write_text("")
+    old = time.time() - _native.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    _native._clear_stale_lock("some_extension")
+    assert not lock.exists(), "a lock older than STALE_LOCK_S is removed"
+    lock.write_text("")
+    started = time.monotonic()
+    _native._clear_stale_lock("some_extension", stale_s=0.5)
+    waited = time.monotonic() - started
+    assert not lock.exists() and 0.3 <= waited < 5, f"a fresh lock is waited for until stale ({waited:.2f} s)"
