@@ -17,6 +17,9 @@ A rerun skips the problems already replaced in --db.
 ``--recontest`` (with ``--fast-host-only``): a winner that holds meets our cuBLAS path in an eager contest
 again, and its record goes into --db whoever wins (the winner with its time now, or cuBLAS where it no
 longer beats that path by WIN_MARGIN): eager wins stored on a slower host than today's are tried again.
+``--passes N`` contests the winners that held N times in all, ``--pause-s`` apart: one contest meets one
+phase of the host (on the H100 and H200 boxes torch.matmul's host time moves by 1.5x from second to
+second), and a win must hold in every pass. A pass can only demote.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 import triton
 
 import kernels
-from db import Store, dump_document, load_document
+from db import Record, Store, dump_document, load_document
 from kernels import MATMUL, MODES, Config, Problem
 from tuner.bench import Bench, SideBySide
 from tuner.quick import QUICK_CONTEST_EAGER_MS, QUICK_GRAPH_MS, recheck_eager, redecide
@@ -61,9 +64,14 @@ def main() -> None:
                         help="only check eager Triton winners back to back on the GPU (no contests)")
     parser.add_argument("--recontest", action="store_true",
                         help="with --fast-host-only: winners that hold meet cuBLAS in an eager contest again")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="with --recontest: contest the winners that held again, this many passes in all")
+    parser.add_argument("--pause-s", type=float, default=5.0, help="seconds between passes")
     args = parser.parse_args()
     if args.recontest and not args.fast_host_only:
         parser.error("--recontest goes with --fast-host-only (a full redecision runs every contest anyway)")
+    if args.passes > 1 and not args.recontest:
+        parser.error("--passes goes with --recontest (without it a pass writes only demotions: nothing to pass on)")
     if args.fast_host_only:
         recheck_table(args)
         return
@@ -104,40 +112,51 @@ def recheck_table(args: argparse.Namespace) -> None:
     keys = [key for key in keys if not args.key or key in args.key][:: args.every]
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(keys)} eager Triton winners of {args.table}, checked back to back"
-          + (", then in an eager contest" if args.recontest else ""), flush=True)
+          + (f", then in an eager contest ({args.passes} passes)" if args.recontest else ""), flush=True)
     started, replaced, failed = time.monotonic(), 0, 0
     with Store(args.db) as store:
-        for index, key in enumerate(keys, 1):
-            if store.get(device.name, "matmul", key, kernels.EAGER):
-                continue  # replaced by an earlier run (a rerun re-checks only the ones that held)
-            if time.monotonic() - started > args.budget_s:
-                print(f"# budget spent after {index - 1} problems; run again to go on", flush=True)
-                break
-            problem = Problem.from_key("matmul", key)
-            graph = stored.get((key, kernels.GRAPH))
-            try:
-                record = recheck_eager(MATMUL, problem, device, stored[key, kernels.EAGER],
-                                       Config.from_dict(graph.config) if graph is not None else None,
-                                       recontest=args.recontest)
-            except Exception as error:  # one problem's failure (out of memory in a capture) ends only its check
-                failed += 1
-                print(f"[{index}/{len(keys)}] {key:28} not checked: {type(error).__name__}: {error}", flush=True)
-                continue
-            was = stored[key, kernels.EAGER].speedup
-            if record is None:
-                outcome = "holds"
-            elif kernels.is_baseline(Config.from_dict(record.config)):
-                replaced += 1
-                outcome = f"cuBLAS now: {record.speedup:.3f}x (was {was:.3f}x)"
+        for pass_ in range(args.passes):
+            if pass_:
+                time.sleep(args.pause_s)  # another moment, maybe another phase of the host
+            for index, key in enumerate(keys, 1):
+                current = store.get(device.name, "matmul", key, kernels.EAGER)
+                if current is not None and (pass_ == 0 or kernels.is_baseline(Config.from_dict(current.config))):
+                    continue  # decided by an earlier run, or cuBLAS already: nothing a later pass could change
+                if current is None and pass_ > 0:
+                    continue  # not checked in the first pass (budget, an error)
+                if time.monotonic() - started > args.budget_s:
+                    print(f"# budget spent in pass {pass_ + 1} after {index - 1} problems; run again to go on", flush=True)
+                    break
+                outcome = _recheck_one(store, device, key, current or stored[key, kernels.EAGER],
+                                       stored.get((key, kernels.GRAPH)), stored[key, kernels.EAGER].speedup, args.recontest)
+                replaced += outcome.startswith("cuBLAS")
+                failed += outcome.startswith("not checked")
+                print(f"[{pass_ + 1}: {index}/{len(keys)}] {key:28} {outcome}", flush=True)
             else:
-                outcome = f"holds, {record.speedup:.3f}x now (was {was:.3f}x)"
-            if record is not None:
-                store.put_many([record], on_conflict="replace")
-            print(f"[{index}/{len(keys)}] {key:28} {outcome}", flush=True)
+                continue
+            break  # the budget ended this pass
         if args.output:
             Path(args.output).write_text(json.dumps(dump_document(store.records(device=device.name, kernel="matmul")), indent=1))
     kernels.clear_cache()
     print(f"# {replaced} of {len(keys)} replaced by cuBLAS, {failed} not checked; {time.monotonic() - started:.0f} s")
+
+
+def _recheck_one(store: Store, device: kernels.DeviceInfo, key: str, eager: Record, graph: Record | None, was: float,
+                 recontest: bool) -> str:
+    """Check one eager winner (tuner.quick.recheck_eager); its new record, if any, goes into ``store``.
+    Returns what happened, for the log."""
+    problem = Problem.from_key("matmul", key)
+    try:
+        record = recheck_eager(MATMUL, problem, device, eager,
+                               Config.from_dict(graph.config) if graph is not None else None, recontest=recontest)
+    except Exception as error:  # one problem's failure (out of memory in a capture) ends only its check
+        return f"not checked: {type(error).__name__}: {error}"
+    if record is None:
+        return "holds"
+    store.put_many([record], on_conflict="replace")
+    if kernels.is_baseline(Config.from_dict(record.config)):
+        return f"cuBLAS now: {record.speedup:.3f}x (was {was:.3f}x)"
+    return f"holds, {record.speedup:.3f}x now (was {was:.3f}x)"
 
 
 if __name__ == "__main__":
