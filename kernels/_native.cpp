@@ -78,9 +78,11 @@ bool on_default_stream(const c10::Device& device) {
 }
 
 // 1 where kernels.matmul would run the eager plan of a call on a tensor of ``device``, 0 where the graph
-// plan, -1 on a Python error: _modes.current(on_cuda), as kernels.matmul inlines it. On a CUDA device's
-// default stream the capture check is answered here (the same answer as _modes._capturing, without its
-// Python call: about 1 us a call on the H100 box, 2026-11-25), unless a test replaced _modes.capturing.
+// plan, -1 on a Python error: _modes.current(on_cuda), as kernels.matmul inlines it. Where the tensor's
+// device is on its default stream, the capture check is answered here, without _modes._capturing's
+// Python call (about 1 us a call on the H100 box, 2026-11-25), unless a test replaced _modes.capturing.
+// _capturing asks about the current device's stream, this about the tensor's: they differ only for a
+// tensor on a device that is not current, where this one names the stream at::mm will launch on.
 int eager_now(const c10::Device& device) {
   PyObject* mode = PyObject_GetAttr(local_modes, mode_name);  // the thread's forced mode
   if (mode == nullptr) return -1;

@@ -63,10 +63,12 @@ _PENDING_CAPACITY = 4096  # as kernels/_plans.py's plans
 # torch's build takes a lock file in the build directory and waits, without a limit, while one is there.
 # A process that exits during its build (the build runs in a daemon thread) leaves the file behind, and
 # every later process then waited for ever: on the H100 box a pytest run that ended 20 s into a build
-# hung the next benchmark's ``start(block=True)`` until it was killed (2026-11-25). A lock older than
-# this is taken as left behind; a cold build takes 30-60 s on the GPU boxes.
-STALE_LOCK_S = 120.0
-BLOCK_LIMIT_S = 2 * STALE_LOCK_S + 60.0  # what ``start(block=True)`` waits at most
+# hung the next benchmark's ``start(block=True)`` until it was killed (2026-11-25). A lock is taken as
+# left behind once nothing in its build directory has changed for this long; a cold build takes 30-60 s
+# on the GPU boxes (torch's FileBaton never touches its lock while it holds it, so the whole directory
+# is the sign of life).
+STALE_LOCK_S = 180.0
+BLOCK_LIMIT_S = STALE_LOCK_S + 120.0  # what ``start(block=True)`` waits at most: a stale lock, then a build
 
 
 def wanted() -> bool:
@@ -127,29 +129,57 @@ def _build() -> None:
 
 
 def _clear_stale_lock(name: str, stale_s: float | None = None) -> None:
-    """Remove the build lock of extension ``name`` once it is older than ``stale_s`` (STALE_LOCK_S): a
-    live build ends before that, or its process exited and left the file. Until then, wait: another
-    process may be building, and its result is ours to load."""
+    """Remove the build lock of extension ``name`` once nothing in its build directory has changed for
+    ``stale_s`` (STALE_LOCK_S): a live build writes its files before that, or its process exited and left
+    the lock. Until then, wait: another process may be building, and its result is ours to load. A lock
+    taken after this returns is torch's to wait on, without a limit; ``start(block=True)`` is bounded."""
     try:
         from torch.utils.cpp_extension import _get_build_directory  # torch's own naming of the directory
     except ImportError:  # another torch: its load() waits as before
         return
     stale_s = STALE_LOCK_S if stale_s is None else stale_s
-    lock = os.path.join(_get_build_directory(name, verbose=False), "lock")
-    while True:
+    directory = _get_build_directory(name, verbose=False)
+    lock = os.path.join(directory, "lock")
+    while os.path.exists(lock):
+        quiet = time.time() - _last_change(directory)
+        if quiet > stale_s:
+            if _remove_unless_renewed(lock, stale_s):
+                log.warning("removed %s: its build directory had not changed for %.0f s (a build whose process "
+                            "exited)", lock, quiet)
+            return
+        time.sleep(min(0.5, stale_s - quiet + 0.01))
+
+
+def _last_change(directory: str) -> float:
+    """The newest modification time of the files in ``directory`` (0 where it cannot be read)."""
+    try:
+        with os.scandir(directory) as entries:
+            return max((entry.stat().st_mtime for entry in entries), default=0.0)
+    except OSError:
+        return 0.0
+
+
+def _remove_unless_renewed(lock: str, stale_s: float) -> bool:
+    """Remove ``lock`` if it is still the stale one: it is moved aside first (atomic), and put back where
+    another process took a fresh lock between our look and the move. True where a stale lock went."""
+    aside = f"{lock}.stale-{os.getpid()}-{threading.get_ident()}"
+    try:
+        os.rename(lock, aside)
+    except OSError:  # gone already: another process removed it or its build finished
+        return False
+    try:
+        if time.time() - os.path.getmtime(aside) > stale_s:
+            return True
+        try:  # a fresh lock, taken after our look: back where its owner will release it
+            os.link(aside, lock)
+        except OSError:
+            pass  # a third process locked meanwhile; the fresh one we moved is its owner's to miss
+        return False
+    finally:
         try:
-            age = time.time() - os.path.getmtime(lock)
-        except OSError:  # no lock: nobody builds
-            return
-        if age > stale_s:
-            log.warning("removing %s, left %.0f s ago by a build that did not finish (its process exited)",
-                        lock, age)
-            try:
-                os.remove(lock)
-            except OSError:
-                pass  # another process removed it first
-            return
-        time.sleep(min(0.5, stale_s - age + 0.01))
+            os.remove(aside)
+        except OSError:
+            pass
 
 
 def _signature(key: Hashable) -> tuple[list[int], Any, Any] | None:

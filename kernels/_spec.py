@@ -369,10 +369,10 @@ class KernelSpec:
     # Triton config rarely beats; wrong where it is a Python loop of launches (grouped GEMMs), which
     # the default config beats.
     baseline_when_untuned: bool = False
-    # Whether a problem whose nearest tuned record is far (dispatch's FAR_NEIGHBOUR) runs the baseline,
-    # where it is dispatchable, instead of a config tuned for a shape unlike its own: right where the
-    # baseline is one vendor launch (torch._grouped_mm for bf16 MoE), wrong where it is a loop of them.
-    baseline_when_far: bool = False
+    # Whether a problem whose nearest tuned record is far (dispatch's FAR_NEIGHBOUR) runs the baseline on
+    # this device instead of a config tuned for a shape unlike its own: right where the baseline is one
+    # vendor launch (torch._grouped_mm for bf16 MoE on Hopper), wrong where it is a loop of them.
+    baseline_when_far: Callable[[Problem, DeviceInfo], bool] = field(default=lambda problem, device: False)
     # Whether dispatch may run the baseline for a problem as the tuner timed it. False where the timed
     # baseline needs what a call does not hold on the host: moe_matmul's loop of torch.matmul reads the
     # end rows, a device-to-host sync per call that no CUDA graph can capture. There the baseline is the

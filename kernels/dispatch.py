@@ -13,8 +13,9 @@ A problem with no record in the mode asked:
   records gets cuBLAS from the first call;
 - grouped and MoE problems: the nearest tuned problem's config (where valid; the same shapes in
   the other of fp16/bf16 count as near), else the kernel's default, which beats the loop of
-  torch.matmul it replaces. A bf16 MoE problem with no record within FAR_NEIGHBOUR runs its baseline,
-  torch._grouped_mm, one launch and no sync (``KernelSpec.baseline_when_far``).
+  torch.matmul it replaces. A bf16 MoE problem with K-major expert weights and no record within
+  FAR_NEIGHBOUR runs its baseline, torch._grouped_mm, where that is one launch and no sync (Hopper and
+  Blackwell, N and K multiples of 8: ``KernelSpec.baseline_when_far``).
 Each resolved problem is cached, so the hot path of a repeated call is one dict lookup.
 """
 
@@ -41,9 +42,9 @@ log = logging.getLogger(__name__)
 SHIPPED_TABLES = "tables"  # package folder of exported JSON documents, one per GPU family
 # A grouped or MoE problem nobody tuned takes its nearest record's config, unless that record is farther
 # than this (``KernelSpec.transfer_distance``: 1 is a factor 2 in one feature) and the kernel's baseline
-# is one launch that needs no sync (``KernelSpec.baseline_when_far``). Mixtral-sized MoE decode at 32 tokens took the config of a 16-expert N=768 record
-# 6.7 away and ran its layer at 0.82x torch._grouped_mm's under a CUDA graph (H100, 2026-11-25,
-# docs/BENCHMARKS.md "Fifteenth session").
+# is one launch that needs no sync (``KernelSpec.baseline_when_far``). Mixtral-sized MoE decode at 32
+# tokens took the config of a 16-expert N=768 record 6.7 away and ran its layer at 0.82x
+# torch._grouped_mm's under a CUDA graph (H100, 2026-11-25, docs/BENCHMARKS.md "Fifteenth session").
 FAR_NEIGHBOUR = 3.0
 
 # A graph record's config serves eager calls as well where the call's GPU time hides its host time:
@@ -212,10 +213,10 @@ class Dispatcher:
             rank = (d, entry_mode != mode)
             if math.isfinite(d) and (best is None or rank < best[0]) and self._fits(spec, entry.config, problem, device):
                 best = (rank, key, entry.config)
-        if (spec.baseline_when_far and not device.is_cpu and spec.baseline_dispatchable(problem)
-                and (best is None or best[0][0] > FAR_NEIGHBOUR)):
-            # No record near enough to say a Triton config wins: the baseline, which runs here without a
-            # sync (torch._grouped_mm for bf16 MoE), is what the user has without us.
+        if ((best is None or best[0][0] > FAR_NEIGHBOUR) and spec.baseline_dispatchable(problem)
+                and spec.baseline_when_far(problem, device)):
+            # No record near enough to say a Triton config wins: the baseline, one launch with no sync
+            # here (torch._grouped_mm for bf16 MoE on Hopper), is what the user has without us.
             why = "no tuned record" if best is None else f"the nearest record ({best[1]}) is {best[0][0]:.1f} away"
             return Choice(BASELINE, f"baseline: {why}, past {FAR_NEIGHBOUR}")
         if best is not None:

@@ -318,13 +318,24 @@ def _grouped_mm_serves(dtype: str, layout: str) -> bool:
     return dtype == "bf16" and layout[1] == "t" and hasattr(torch, "_grouped_mm")
 
 
+def _grouped_mm_is_one_launch(problem: Problem, device: DeviceInfo) -> bool:
+    """Whether ``torch._grouped_mm`` runs ``problem`` on ``device`` as one kernel that never reads the offsets
+    on the host: Hopper and Blackwell (compute capability 9.x and 10.x; elsewhere torch loops over the
+    groups after copying the offsets to the host, or refuses), with N and K multiples of 8 (16-byte rows,
+    which it requires). Where this holds, a far MoE problem runs it (``KernelSpec.baseline_when_far``)."""
+    if device.is_cpu or not _grouped_mm_serves(problem.dtype, problem.layout):
+        return False
+    _, n, k = problem.shapes[0]
+    return device.compute_capability.split(".")[0] in ("9", "10") and n % 8 == 0 and k % 8 == 0
+
+
 def baseline(inputs: tuple) -> torch.Tensor:
     """What a user has without us: ``torch._grouped_mm`` where torch runs it (bf16 on a GPU, K-major
-    weights, int32 offsets), else a loop of torch.matmul over the experts."""
+    weights), else a loop of torch.matmul over the experts. int64 offsets (what torch.cumsum gives) are
+    cast to int32 on the device: the loop would read them on the host, a sync no CUDA graph can capture."""
     x, w, offsets = inputs[:3]
-    if (x.is_cuda and x.dtype == torch.bfloat16 and offsets.dtype == torch.int32 and w.stride(1) == 1
-            and hasattr(torch, "_grouped_mm")):
-        return torch._grouped_mm(x, w, offs=offsets)
+    if x.is_cuda and x.dtype == torch.bfloat16 and w.stride(1) == 1 and hasattr(torch, "_grouped_mm"):
+        return torch._grouped_mm(x, w, offs=offsets if offsets.dtype == torch.int32 else offsets.to(torch.int32))
     out = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device)
     start = 0
     for e, end in enumerate(_ends(inputs)):
@@ -358,7 +369,7 @@ MOE_MATMUL = KernelSpec(
     seeds=seed_configs,
     check_problem=_check_problem,
     baseline_dispatchable=lambda problem: _grouped_mm_serves(problem.dtype, problem.layout),
-    baseline_when_far=True,
+    baseline_when_far=_grouped_mm_is_one_launch,
 )
 
 __all__ = ["MOE_MATMUL", "balanced_problem", "moe_matmul_with", "problem_of", "weight_layout"]

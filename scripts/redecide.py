@@ -19,7 +19,9 @@ again, and its record goes into --db whoever wins (the winner with its time now,
 longer beats that path by WIN_MARGIN): eager wins stored on a slower host than today's are tried again.
 ``--passes N`` contests the winners that held N times in all, ``--pause-s`` apart: one contest meets one
 phase of the host (on the H100 and H200 boxes torch.matmul's host time moves by 1.5x from second to
-second), and a win must hold in every pass. A pass can only demote.
+second), and a win must hold in every pass. A pass can only demote. A rerun on the same --db skips the
+first pass for the problems decided there and runs the later passes again, over the winners that held:
+more contests, never fewer.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def main() -> None:
     parser.add_argument("--key", action="append", help="only these problems (repeatable)")
     parser.add_argument("-o", "--output", help="also export the new records to this JSON file")
     parser.add_argument("--fast-host-only", action="store_true",
-                        help="only check eager Triton winners back to back on the GPU (no contests)")
+                        help="only check eager Triton winners back to back on the GPU (no contest of other configs)")
     parser.add_argument("--recontest", action="store_true",
                         help="with --fast-host-only: winners that hold meet cuBLAS in an eager contest again")
     parser.add_argument("--passes", type=int, default=1,
@@ -70,6 +72,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.recontest and not args.fast_host_only:
         parser.error("--recontest goes with --fast-host-only (a full redecision runs every contest anyway)")
+    if args.passes < 1:
+        parser.error(f"--passes {args.passes}: give 1 or more (contests of each winner that holds)")
     if args.passes > 1 and not args.recontest:
         parser.error("--passes goes with --recontest (without it a pass writes only demotions: nothing to pass on)")
     if args.fast_host_only:
@@ -117,6 +121,9 @@ def recheck_table(args: argparse.Namespace) -> None:
     with Store(args.db) as store:
         for pass_ in range(args.passes):
             if pass_:
+                if time.monotonic() - started > args.budget_s:
+                    print(f"# budget spent before pass {pass_ + 1}; run again to go on", flush=True)
+                    break
                 time.sleep(args.pause_s)  # another moment, maybe another phase of the host
             for index, key in enumerate(keys, 1):
                 current = store.get(device.name, "matmul", key, kernels.EAGER)
@@ -125,10 +132,12 @@ def recheck_table(args: argparse.Namespace) -> None:
                 if current is None and pass_ > 0:
                     continue  # not checked in the first pass (budget, an error)
                 if time.monotonic() - started > args.budget_s:
-                    print(f"# budget spent in pass {pass_ + 1} after {index - 1} problems; run again to go on", flush=True)
+                    print(f"# budget spent in pass {pass_ + 1} at problem {index} of {len(keys)}; run again to go on",
+                          flush=True)
                     break
                 outcome = _recheck_one(store, device, key, current or stored[key, kernels.EAGER],
-                                       stored.get((key, kernels.GRAPH)), stored[key, kernels.EAGER].speedup, args.recontest)
+                                       stored.get((key, kernels.GRAPH)), stored[key, kernels.EAGER].speedup,
+                                       args.recontest)
                 replaced += outcome.startswith("cuBLAS")
                 failed += outcome.startswith("not checked")
                 print(f"[{pass_ + 1}: {index}/{len(keys)}] {key:28} {outcome}", flush=True)
@@ -136,7 +145,8 @@ def recheck_table(args: argparse.Namespace) -> None:
                 continue
             break  # the budget ended this pass
         if args.output:
-            Path(args.output).write_text(json.dumps(dump_document(store.records(device=device.name, kernel="matmul")), indent=1))
+            records = store.records(device=device.name, kernel="matmul")
+            Path(args.output).write_text(json.dumps(dump_document(records), indent=1))
     kernels.clear_cache()
     print(f"# {replaced} of {len(keys)} replaced by cuBLAS, {failed} not checked; {time.monotonic() - started:.0f} s")
 

@@ -202,7 +202,7 @@ def recheck_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, eager:
                   graph: Config | None = None, bench: Bench | None = None, recontest: bool = False) -> Record | None:
     """A stored eager record whose Triton winner fails ``search.holds_on_a_fast_host`` (slower than cuBLAS
     back to back on the GPU), replaced by cuBLAS as our path runs it, timed side by side with torch.matmul;
-    None where the winner holds (or is cuBLAS already). ``graph``: the stored graph winner, held beside
+    None where the winner holds without ``recontest`` (or is cuBLAS already, or the device is a CPU). ``graph``: the stored graph winner, held beside
     cuBLAS as dispatch will hold it. For tables decided before that rule (scripts/redecide.py
     --fast-host-only): no contest of the Triton configs is run again.
 

@@ -242,3 +242,10 @@ def test_an_untuned_bf16_moe_problem_far_from_every_record_runs_torch_grouped_mm
     assert dispatcher.choose(MOE_MATMUL, fp16, h100, "graph").config == tiles, "no sync-free baseline: nearest"
     empty = Dispatcher(f"sqlite:///{db_url.split(':///')[1]}.empty.db", use_shipped=False)
     assert empty.choose(MOE_MATMUL, decode, h100, "eager").config == BASELINE, "no record at all: the baseline"
+    # Where torch._grouped_mm is not one launch (an A100: torch copies the offsets to the host and loops),
+    # or cannot take the rows (N not a multiple of 8), the nearest config or the default runs.
+    a100 = DeviceInfo(name="NVIDIA A100-SXM4-80GB", alias="a100", compute_capability="8.0", sm_count=108,
+                      shared_memory_bytes=167_936)
+    assert not empty.choose(MOE_MATMUL, decode, a100, "graph").source.startswith("baseline")
+    odd = balanced_problem("bf16", "nt", 64, 8, 14330, 4096)
+    assert dispatcher.choose(MOE_MATMUL, odd, h100, "graph").config == tiles

@@ -148,10 +148,15 @@ def test_while_the_stream_captures_an_eager_only_signature_is_left_to_the_python
     a = torch.randn(8, 16, device="cuda", dtype=torch.float16)
     b = torch.randn(16, 12, device="cuda", dtype=torch.float16)
     _plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, object()))
-    assert native.try_mm(a, b) is not None, "eager, on the default stream (answered in C++): served"
+    asked: list[int] = []
+    real_raw_stream = _modes._raw_stream
+    monkeypatch.setattr(_modes, "_raw_stream", lambda device: asked.append(device) or real_raw_stream(device))
+    assert native.try_mm(a, b) is not None, "eager, on the default stream: served"
+    assert asked == [], "the default stream's capture check is answered in C++, not by _modes._capturing"
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):  # another stream, not capturing: the Python check answers, eager
         assert native.try_mm(a, b) is not None
+    assert asked, "on another stream _modes._capturing was asked"
     torch.cuda.synchronize()
     with monkeypatch.context() as patched:  # a stand-in for the capture check is asked even on the default stream
         patched.setattr(_modes, "capturing", lambda: True)
@@ -267,3 +272,12 @@ def test_a_build_lock_left_by_an_exited_process_is_removed_once_stale(tmp_path, 
     _native._clear_stale_lock("some_extension", stale_s=0.5)
     waited = time.monotonic() - started
     assert not lock.exists() and 0.3 <= waited < 5, f"a fresh lock is waited for until stale ({waited:.2f} s)"
+    lock.write_text("")  # another process took a fresh lock between our look and our move: it is put back
+    assert _native._remove_unless_renewed(str(lock), stale_s=60) is False
+    assert lock.exists() and [p.name for p in lock.parent.iterdir()] == ["lock"], "nothing left aside"
+    lock.write_text("")
+    (lock.parent / "build.ninja").write_text("")  # a live build writes its directory: not stale
+    os.utime(lock, (old, old))
+    started = time.monotonic()
+    _native._clear_stale_lock("some_extension", stale_s=0.5)
+    assert time.monotonic() - started >= 0.3 and not lock.exists(), "judged by the directory's newest file"

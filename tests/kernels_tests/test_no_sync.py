@@ -49,3 +49,25 @@ def test_moe_matmul_does_not_synchronize() -> None:
     w = torch.randn(4, 256, 128, device="cuda", dtype=torch.bfloat16)
     offsets = torch.tensor([128, 128, 320, 384], device="cuda", dtype=torch.int32)
     _no_sync_after_warm_up(lambda: kernels.moe_matmul(x, w, offsets))
+
+
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_an_untuned_far_bf16_moe_call_runs_torch_grouped_mm_without_a_sync(offsets_dtype, tmp_path) -> None:
+    """A bf16 MoE problem with no record near (a fresh database, no shipped table) runs its baseline,
+    torch._grouped_mm, on Hopper; int64 offsets (torch.cumsum's) are cast on the device, not read on the
+    host. Elsewhere the Triton default runs, which never syncs either."""
+    kernels.use_database(f"sqlite:///{tmp_path / 'empty.db'}", use_shipped=False)
+    try:
+        x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(8, 14336, 4096, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        offsets = torch.arange(8, 72, 8, device="cuda").to(offsets_dtype)
+        _no_sync_after_warm_up(lambda: kernels.moe_matmul(x, w, offsets))
+        problem = kernels.moe.balanced_problem("bf16", "nt", 64, 8, 14336, 4096)
+        choice = kernels.explain("moe_matmul", problem, kernels.current_device(), "eager")
+        hopper = torch.cuda.get_device_capability()[0] in (9, 10)
+        assert kernels.is_baseline(choice.config) == hopper, choice
+        ref = torch.stack([x[8 * e:8 * e + 8].float() @ w[e].float() for e in range(8)]).reshape(64, 14336)
+        out = kernels.moe_matmul(x, w, offsets).float()
+        assert ((out - ref).norm() / ref.norm()).item() < 2e-2
+    finally:
+        kernels.use_database(None)
