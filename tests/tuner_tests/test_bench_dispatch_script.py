@@ -1,0 +1,35 @@
+"""scripts/bench_dispatch.py's summary of stored against measured speed-ups, by kind of record: the rows are
+what its GPU run writes (no GPU here: the rows are made up, the summary is the script's own code)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("bench_dispatch_script", ROOT / "scripts" / "bench_dispatch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(torch_ms: float, config: str, measured: float, stored: float | None) -> dict:
+    side = dict(cublas_ms=torch_ms, ours_ms=torch_ms / measured, speedup=measured, config=config, source="shipped")
+    if stored is not None:
+        side["stored_speedup"] = stored
+    return {"problem": "fp16:nt:1x2048x2048", "eager": side, "graph": dict(side)}
+
+
+def test_drift_by_kind_splits_host_bound_from_gpu_bound_and_cublas_from_triton() -> None:
+    script = _script()
+    cublas, tiled = "VARIANT: cublas, num_warps: 4, num_stages: 3", "GROUP_SIZE_M: 8, VARIANT: tiled, BLOCK_M: 16"
+    rows = [_row(0.012, cublas, 1.00, 1.00), _row(0.012, cublas, 0.95, 1.00),  # host-bound cuBLAS: one off
+            _row(0.020, tiled, 1.00, 1.20), _row(0.200, tiled, 1.10, 1.11),  # host-bound Triton off; GPU-bound holds
+            _row(0.500, cublas, 1.00, 1.00), _row(0.012, cublas, 1.00, None)]  # no stored figure: not counted
+    assert script.drift_by_kind(rows, "eager") == {
+        "gpu-bound cublas": {"count": 1, "within_3pct": 1}, "gpu-bound triton": {"count": 1, "within_3pct": 1},
+        "host-bound cublas": {"count": 2, "within_3pct": 1}, "host-bound triton": {"count": 1, "within_3pct": 0}}
+    assert set(script.drift_by_kind(rows, "graph")) == {"gpu-bound cublas", "gpu-bound triton"}, "no host in a graph"
