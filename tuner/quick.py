@@ -213,7 +213,7 @@ def recheck_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, eager:
     cuBLAS back to back), stored 1.22x, and measured 0.95x in a fresh process on the H200 box (2026-11-25,
     docs/BENCHMARKS.md "Fifteenth session"). A Triton config is never promoted here: a winner only keeps
     its place or gives it to cuBLAS."""
-    from .search import _winner_record, holds_on_a_fast_host
+    from .search import _winner_record, cublas_side_by_side, holds_on_a_fast_host
 
     config = Config.from_dict(eager.config)
     if kernels.is_baseline(config) or device.is_cpu:
@@ -223,14 +223,14 @@ def recheck_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, eager:
         holds = holds_on_a_fast_host(spec, bench, config)
         if holds and not recontest:
             return None
-        contenders = [config, kernels.BASELINE] if holds else [kernels.BASELINE]
-        times, baseline_ms = bench.contest(contenders, mode=kernels.EAGER, graph=graph)
+        if holds:  # _winner_record keeps the winner only where it beats our cuBLAS path by WIN_MARGIN
+            (triton_ms, ours_cublas_ms), baseline_ms = bench.contest([config, kernels.BASELINE], mode=kernels.EAGER,
+                                                                      graph=graph)
+            return _winner_record(spec, problem, device, (config, triton_ms), baseline_ms, eager.trials,
+                                  kernels.EAGER, cublas_ms=ours_cublas_ms)
+        ours_cublas_ms, baseline_ms = cublas_side_by_side(spec, bench, kernels.EAGER, graph)
     finally:
         bench.release()
-    ours_cublas_ms = times[-1]
-    if holds:  # _winner_record keeps the winner only where it beats our cuBLAS path by WIN_MARGIN
-        return _winner_record(spec, problem, device, (config, times[0]), baseline_ms, eager.trials, kernels.EAGER,
-                              cublas_ms=ours_cublas_ms)
     triton_ms = eager.triton_ms if eager.triton_ms else eager.time_ms
     return _winner_record(spec, problem, device, (config, triton_ms), baseline_ms, eager.trials, kernels.EAGER,
                           cublas_ms=ours_cublas_ms, cublas_won=True)

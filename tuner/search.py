@@ -591,13 +591,22 @@ def _cublas_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench
     eager mode our cuBLAS path and torch.matmul are timed side by side (beside ``graph_winner``, as dispatch
     will hold it): the stored speed-up is the ratio of two host-bound times, which must meet the same host."""
     best = finalists(study, most=1, mode=mode) or finalists(study, most=1)
-    if mode == EAGER and spec.name in DISPATCHED_BASELINE:
-        (ours_cublas_ms,), baseline_ms = bench.contest([BASELINE], mode=EAGER, graph=graph_winner)
-    else:
-        ours_cublas_ms, baseline_ms = None, bench.baseline_ms(mode)
+    ours_cublas_ms, baseline_ms = cublas_side_by_side(spec, bench, mode, graph_winner)
     _note_cublas(study, mode, baseline_ms, ours_cublas_ms)
     return _winner_record(spec, problem, device, best[0], baseline_ms, trials, mode,
                           cublas_ms=ours_cublas_ms, cublas_won=True)
+
+
+def cublas_side_by_side(spec: KernelSpec, bench: Bench | IsolatedBench, mode: str,
+                        graph_winner: Config | None = None) -> tuple[float | None, float]:
+    """(our dispatch's cuBLAS path, torch.matmul) in ``mode``, for a cuBLAS record with no Triton config
+    in the contest. In eager mode, where our path costs host time of its own (DISPATCHED_BASELINE), the
+    two are timed side by side (beside ``graph_winner``, as dispatch will hold it): a host-bound speed-up
+    is a ratio of two host times, which must meet the same host. Elsewhere only torch.matmul's, None first."""
+    if mode == EAGER and spec.name in DISPATCHED_BASELINE:
+        (ours_cublas_ms,), baseline_ms = bench.contest([BASELINE], mode=EAGER, graph=graph_winner)
+        return ours_cublas_ms, baseline_ms
+    return None, bench.baseline_ms(mode)
 
 
 def _ours_cublas_ms(spec: KernelSpec, bench: Bench | IsolatedBench, mode: str) -> float | None:
