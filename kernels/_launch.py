@@ -19,7 +19,8 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,6 +59,24 @@ def _hooks_installed() -> bool:
     """Whether anything listens to kernel launches; the shortcut would skip their calls."""
     runtime = _RUNTIME
     return runtime is not None and (_listening(runtime.launch_enter_hook) or _listening(runtime.launch_exit_hook))
+
+
+# What a parameter slot of a launch from C++ holds (kernels/_native.cpp ``Slot``): positions 0-2 are the
+# per-call tensors A, B and C; the others hold fixed values.
+SLOT_FIXED_64, SLOT_FIXED_32 = 3, 4
+
+
+@dataclass(frozen=True)
+class NativeLaunch:
+    """A compiled kernel's launch as kernels/_native.cpp makes it (``DirectLaunch.native_launch``)."""
+
+    function: int  # the CUfunction
+    grid: tuple[int, int, int]
+    threads: int
+    shared: int
+    codes: list[int]  # per kernel parameter: 0-2 the call's A, B, C; SLOT_FIXED_64 or SLOT_FIXED_32
+    values: list[int]
+    keep: list[torch.Tensor]  # the tensors whose addresses are among ``values``
 
 
 class DirectLaunch:
@@ -112,6 +131,50 @@ class DirectLaunch:
         gx, gy, gz = self.grid
         raw(gx, gy, gz, _raw_stream(self._device), *self._fixed, *args, *self._constexprs)
         self.direct_calls += 1
+
+    def native_launch(self, args: Sequence[Any], per_call: Sequence[int]) -> NativeLaunch | None:
+        """How kernels/_native.cpp launches the adopted kernel with runtime arguments like ``args``, where
+        the arguments at the positions ``per_call`` (the tensors A, B and C, in that order) change from
+        call to call and every other one is fixed: a tensor's address (kept alive with the plan) or an
+        integer. None where that launch would not be the one Triton's launcher makes: nothing adopted
+        yet, a kernel that takes scratch memory, launch attributes (clusters, cooperative, PDL) or a
+        parameter other than a pointer or a 32/64-bit integer."""
+        compiled, run = self._compiled, getattr(self._compiled, "run", None)
+        if self._launch is None or compiled is None or run is None:
+            return None
+        metadata, src = compiled.metadata, getattr(compiled, "src", None)
+        signature = getattr(src, "signature", None)
+        if (not isinstance(signature, dict) or getattr(run, "global_scratch_size", 1) != 0
+                or getattr(run, "profile_scratch_size", 1) != 0 or getattr(run, "launch_cooperative_grid", True)
+                or getattr(run, "launch_pdl", True) or getattr(metadata, "num_ctas", 1) != 1):
+            return None
+        types = list(signature.values())[:len(args)]
+        if len(types) != len(args):
+            return None
+        codes: list[int] = []
+        values: list[int] = []
+        keep: list[torch.Tensor] = []
+        for position, (value, kind) in enumerate(zip(args, types)):
+            if kind == "constexpr":  # an integer Triton specialized away (a 1): not a parameter
+                continue
+            if not isinstance(kind, str):
+                return None
+            if position in per_call:
+                if not kind.startswith("*"):
+                    return None
+                codes.append(per_call.index(position))
+                values.append(0)
+            elif kind.startswith("*") and isinstance(value, torch.Tensor):
+                codes.append(SLOT_FIXED_64)
+                values.append(value.data_ptr())
+                keep.append(value)
+            elif kind in ("i32", "i64", "u64") and isinstance(value, int) and not isinstance(value, bool):
+                codes.append(SLOT_FIXED_32 if kind == "i32" else SLOT_FIXED_64)
+                values.append(value)
+            else:
+                return None
+        return NativeLaunch(int(compiled.function), tuple(self.grid), 32 * int(metadata.num_warps),
+                            int(metadata.shared), codes, values, keep)
 
     def __call__(self, *args: Any) -> None:
         launch = self._launch

@@ -1,5 +1,6 @@
 // The cuBLAS call of kernels.matmul for signatures whose tuned plan is cuBLAS in every mode, in C++; and
-// torch.addmm for kernels.matmul_bias signatures that dispatch sends there in every mode.
+// torch.addmm for kernels.matmul_bias signatures that dispatch sends there in every mode; and the launch of
+// a tiled or split-K Triton kernel that a signature's eager plan runs, on a device's default stream.
 //
 // Python builds a plan key per call (shapes, strides, dtype, device of two tensors), about 1.1 us of host
 // time on the H100 box, 8% of a host-bound 13 us call (scripts/host_cost.py). Here the same key is read
@@ -12,8 +13,13 @@
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <dlfcn.h>
+
 #include <array>
+#include <cstring>
+#include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 namespace {
 
@@ -54,6 +60,46 @@ PyObject* capturing_name = nullptr;
 PyObject* own_capturing = nullptr;  // _modes.capturing as imported: a test's stand-in is another object
 PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter: a subclass whose torch functions are torch's
 
+// A Triton kernel launched from here: what its compiled launcher (triton 3.6's CudaLauncher) passes the
+// driver, with the operands' addresses filled in per call. Each parameter is one 8-byte slot; an int32
+// parameter is read from its slot's first 4 bytes (little-endian), as cuLaunchKernel copies each
+// parameter's declared size from the address it is given.
+enum Slot : int { kSlotA = 0, kSlotB = 1, kSlotC = 2, kSlotFixed64 = 3, kSlotFixed32 = 4 };
+constexpr size_t kMaxParams = 32;
+
+struct LaunchPlan {
+  void* function = nullptr;  // the CUfunction, loaded in the primary context of the signature's device
+  std::array<unsigned, 3> grid{};
+  unsigned threads = 0;
+  unsigned shared = 0;
+  bool both_modes = false;  // the graph plan is this one too: served whatever the mode
+  std::array<int64_t, 2> out_shape{};
+  std::vector<int> codes;         // Slot per kernel parameter
+  std::vector<uint64_t> values;   // fixed values (addresses of kept buffers, integers)
+  std::vector<at::Tensor> keep;   // buffers the fixed addresses point into (split-K's workspace)
+};
+
+std::unordered_map<Signature, LaunchPlan, SignatureHash> launch_plans;  // every access holds the GIL
+int64_t launched = 0;  // calls served by a launch from here (the GPU tests read it)
+
+// The driver's entry points, looked up in the libcuda that torch loaded: no CUDA headers are needed to
+// build this file (CPU machines build it too), and where no libcuda is loaded nothing is launched here.
+using LaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             void*, void**, void**);
+using CtxGetCurrent = int (*)(void**);
+LaunchKernel launch_kernel = nullptr;
+CtxGetCurrent ctx_get_current = nullptr;
+
+bool driver_found() {
+  if (launch_kernel != nullptr) return true;
+  void* library = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (library == nullptr) return false;
+  launch_kernel = reinterpret_cast<LaunchKernel>(dlsym(library, "cuLaunchKernel"));
+  ctx_get_current = reinterpret_cast<CtxGetCurrent>(dlsym(library, "cuCtxGetCurrent"));
+  if (launch_kernel == nullptr || ctx_get_current == nullptr) launch_kernel = nullptr;
+  return launch_kernel != nullptr;
+}
+
 bool plain(PyObject* obj) {
   return THPVariable_CheckExact(obj) || (parameter_type != nullptr && Py_TYPE(obj) == parameter_type);
 }
@@ -72,6 +118,15 @@ bool on_default_stream(const c10::Device& device) {
   try {
     const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(device.type());
     return impl->getStream(device) == impl->getDefaultStream(device);
+  } catch (...) {
+    return false;
+  }
+}
+
+// Whether ``device`` is its backend's current device (a kernel loaded there launches in its context).
+bool is_current(const c10::Device& device) {
+  try {
+    return c10::impl::getDeviceGuardImpl(device.type())->getDevice() == device;
   } catch (...) {
     return false;
   }
@@ -135,6 +190,79 @@ PyObject* run_released(Op&& op) {
   return THPVariable_Wrap(std::move(result));
 }
 
+// The plan's kernel on (a, b), into a fresh C, on the default stream of their device; None where this call
+// is not the plan's to serve here (the Python path then runs it, and says what is wrong if anything is).
+// The default stream alone: it cannot be capturing, and split-K's kept workspace belongs to it.
+PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::Tensor& b) {
+  const c10::Device device = a.device();
+  auto found = launch_plans.find(signature);
+  if (found == launch_plans.end() || launch_kernel == nullptr || !device.is_cuda() || !on_default_stream(device) ||
+      !is_current(device)) {
+    Py_RETURN_NONE;
+  }
+  if (!found->second.both_modes) {
+    const int eager = eager_now(device);
+    if (eager < 0) {
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+      PyErr_Clear();
+    }
+    if (eager != 1) Py_RETURN_NONE;
+    found = launch_plans.find(signature);  // the mode check ran Python, which may have changed the plans
+    if (found == launch_plans.end()) Py_RETURN_NONE;
+  }
+  const LaunchPlan& plan = found->second;
+  const auto a_address = reinterpret_cast<uintptr_t>(a.data_ptr());
+  const auto b_address = reinterpret_cast<uintptr_t>(b.data_ptr());
+  if ((a_address | b_address) & 15) Py_RETURN_NONE;  // the kernel was specialized for 16-byte alignment
+  void* context = nullptr;
+  if (ctx_get_current(&context) != 0 || context == nullptr) Py_RETURN_NONE;
+  // Everything the launch needs is copied out of the plan while the GIL is held: another thread may
+  // replace or erase it once the GIL is released. The kept buffers are held until the launch is queued.
+  const size_t count = plan.codes.size();
+  std::array<uint64_t, kMaxParams + 2> slots{};
+  std::array<void*, kMaxParams + 2> params{};
+  std::array<size_t, kMaxParams> c_slots{};
+  size_t c_count = 0;
+  for (size_t i = 0; i < count; ++i) {
+    switch (plan.codes[i]) {
+      case kSlotA: slots[i] = a_address; break;
+      case kSlotB: slots[i] = b_address; break;
+      case kSlotC: c_slots[c_count++] = i; break;
+      case kSlotFixed32: {
+        const auto value = static_cast<int32_t>(plan.values[i]);
+        std::memcpy(&slots[i], &value, sizeof(value));
+        break;
+      }
+      default: slots[i] = plan.values[i];
+    }
+    params[i] = &slots[i];
+  }
+  params[count] = &slots[count];          // global scratch: none (add_launch's caller refused kernels with any)
+  params[count + 1] = &slots[count + 1];  // profile scratch: none
+  void* const function = plan.function;
+  const std::array<unsigned, 3> grid = plan.grid;
+  const unsigned threads = plan.threads, shared = plan.shared;
+  const std::array<int64_t, 2> out_shape = plan.out_shape;
+  const std::vector<at::Tensor> keep = plan.keep.empty() ? std::vector<at::Tensor>() : plan.keep;
+  at::Tensor c;
+  int status = 0;
+  bool failed = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    c = at::empty({out_shape[0], out_shape[1]}, a.options());
+    const auto c_address = reinterpret_cast<uintptr_t>(c.data_ptr());
+    for (size_t i = 0; i < c_count; ++i) slots[c_slots[i]] = c_address;
+    status = launch_kernel(function, grid[0], grid[1], grid[2], threads, 1, 1, shared, nullptr, params.data(),
+                           nullptr);
+  } catch (...) {
+    failed = true;
+  }
+  Py_END_ALLOW_THREADS
+  if (failed || status != 0) Py_RETURN_NONE;  // the Python path runs the call again and raises what it raises
+  ++launched;
+  return THPVariable_Wrap(std::move(c));
+}
+
 PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   // A torch function mode would see torch.mm's call on the Python path: leave the call to it.
   if (nargs != 2 || !plain(args[0]) || !plain(args[1]) ||
@@ -146,7 +274,11 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
   const Signature signature = make_signature(a, b);
   if (!cublas_signatures.count(signature)) {
-    if (local_modes == nullptr || !eager_signatures.count(signature)) Py_RETURN_NONE;
+    if (local_modes == nullptr) Py_RETURN_NONE;
+    if (!eager_signatures.count(signature)) {
+      if (launch_plans.empty()) Py_RETURN_NONE;
+      return run_launch(signature, a, b);
+    }
     const int eager = eager_now(a.device());
     if (eager < 0) {
       if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // KeyboardInterrupt and the like go on
@@ -208,12 +340,14 @@ Signature signature_of(const std::vector<int64_t>& dims, at::ScalarType dtype, a
 void add(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
   const Signature signature = signature_of(dims, dtype, device);
   eager_signatures.erase(signature);
+  launch_plans.erase(signature);
   cublas_signatures.insert(signature);
 }
 
 void add_eager(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
   const Signature signature = signature_of(dims, dtype, device);
   cublas_signatures.erase(signature);
+  launch_plans.erase(signature);
   eager_signatures.insert(signature);
 }
 
@@ -221,7 +355,40 @@ void discard(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device)
   const Signature signature = signature_of(dims, dtype, device);
   cublas_signatures.erase(signature);
   eager_signatures.erase(signature);
+  launch_plans.erase(signature);
 }
+
+// A signature whose eager plan (and graph plan too, with ``both_modes``) launches a compiled Triton kernel
+// that takes no scratch memory and no launch attributes (kernels/_launch.py DirectLaunch.native_launch):
+// served by ``run_launch`` from now on. False where this process has no CUDA driver loaded or the kernel
+// takes more parameters than a launch here passes; the Python path then keeps serving the signature.
+bool add_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, bool both_modes,
+                int64_t function, std::vector<int64_t> grid, int64_t threads, int64_t shared,
+                std::vector<int64_t> out_shape, std::vector<int> codes, std::vector<int64_t> values,
+                std::vector<at::Tensor> keep) {
+  TORCH_CHECK(grid.size() == 3 && out_shape.size() == 2 && codes.size() == values.size(),
+              "a launch plan has a 3-D grid, a 2-D output and a value per parameter");
+  if (!driver_found() || codes.size() > kMaxParams || function == 0) return false;
+  LaunchPlan plan;
+  plan.function = reinterpret_cast<void*>(static_cast<uintptr_t>(function));
+  plan.grid = {static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])};
+  plan.threads = static_cast<unsigned>(threads);
+  plan.shared = static_cast<unsigned>(shared);
+  plan.both_modes = both_modes;
+  plan.out_shape = {out_shape[0], out_shape[1]};
+  plan.codes = std::move(codes);
+  plan.values.assign(values.begin(), values.end());
+  plan.keep = std::move(keep);
+  const Signature signature = signature_of(dims, dtype, device);
+  cublas_signatures.erase(signature);
+  eager_signatures.erase(signature);
+  launch_plans[signature] = std::move(plan);
+  return true;
+}
+
+int64_t launches() { return launched; }
+
+size_t launch_size() { return launch_plans.size(); }
 
 // A matmul_bias signature that dispatch sends to torch.addmm in every mode, as the dispatcher's ``changes``
 // counter read ``changes``: a newer count drops the set's older signatures, an older one is ignored.
@@ -245,9 +412,10 @@ void use_dispatcher(py::object object) {
 void clear() {
   cublas_signatures.clear();
   eager_signatures.clear();
+  launch_plans.clear();
 }
 
-size_t size() { return cublas_signatures.size() + eager_signatures.size(); }
+size_t size() { return cublas_signatures.size() + eager_signatures.size() + launch_plans.size(); }
 
 size_t addmm_size() { return addmm_signatures.size(); }
 
@@ -277,6 +445,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clear_addmm", &clear_addmm);
   m.def("use_dispatcher", &use_dispatcher);
   m.def("addmm_size", &addmm_size);
+  m.def("add_launch", &add_launch);
+  m.def("launches", &launches);
+  m.def("launch_size", &launch_size);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));
   m.attr("try_addmm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_addmm_def, nullptr));
   py::object parameter = py::module_::import("torch.nn.parameter").attr("Parameter");

@@ -13,6 +13,15 @@ then the capture check for a CUDA tensor). In Python such a call also paid the m
 box its cuBLAS eager picks ran at 0.84-0.88x torch.matmul on 13-20 us problems (docs/BENCHMARKS.md,
 "Thirteenth session").
 
+A signature whose eager plan is a tiled or split-K Triton kernel is served too, once the kernel is compiled:
+the C++ path allocates C and launches the kernel through the driver (``cuLaunchKernel``), with the
+arguments Triton's own launcher would pass, on the default stream of a current device (kernels/_plans.py
+hands the launch over after a call there). In Python such a call cost the plan key, the lookup, the output
+allocation and Triton's launcher, which reads each tensor's address through Python: 0.88-0.94x of
+torch.matmul's host time on the H100 box (docs/BENCHMARKS.md, "Fifteenth session"), while cuBLAS's own
+call pays torch's dispatcher and cuBLAS's heuristics. Another stream, a capture, a forced graph mode where
+the graph plan differs, a misaligned operand or a failed launch: the Python path serves the call.
+
 The extension is built the first time a GPU process puts a cuBLAS plan, in a daemon thread, with
 torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
 ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
@@ -102,7 +111,8 @@ def _build() -> None:
 
         _clear_stale_lock(_NAME)
         with resources.as_file(resources.files("kernels") / "_native.cpp") as source:
-            module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], verbose=False)
+            module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], extra_ldflags=["-ldl"],
+                          verbose=False)
         module.use_modes(_modes)
         from .dispatch import DISPATCHER
 
@@ -214,6 +224,22 @@ def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
     _put(NATIVE.pending, key, served, _apply, build=served is not None and on_cuda)
 
 
+def remember_launch(key: Hashable, both: bool, launch: Any) -> bool:
+    """Serve the signature ``key`` from C++ by launching a compiled Triton kernel (``launch``, a
+    kernels._launch.NativeLaunch; None: the kernel cannot be launched that way) on the default stream,
+    in eager calls, and in graph ones too where ``both``. Only once the module is ready (kernels/_plans.py
+    offers the launch again until it is). True where the C++ path took it."""
+    signature = _signature(key)
+    with _LOCK:
+        module = NATIVE.module
+        if module is None or launch is None or signature is None:
+            return False
+        fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by b's columns
+        return bool(module.add_launch(*signature, both, launch.function, list(launch.grid), launch.threads,
+                                      launch.shared, [fields[0], fields[3]], launch.codes, launch.values,
+                                      launch.keep))
+
+
 def remember_addmm(key: Hashable, changes: int, on_cuda: bool) -> None:
     """``kernels.matmul_bias`` found that dispatch sends the signature ``key`` to torch.addmm in every mode,
     as ``DISPATCHER.changes`` read ``changes``: served from C++ while that count stands (a clear, another
@@ -275,5 +301,11 @@ def served() -> int:
         return NATIVE.module.size() if NATIVE.module is not None else 0
 
 
-__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "remember", "remember_addmm", "resume", "served", "start",
-           "suspend", "wanted"]
+def launches() -> int:
+    """How many calls the C++ path has served by launching a Triton kernel (for tests and probes)."""
+    with _LOCK:
+        return NATIVE.module.launches() if NATIVE.module is not None else 0
+
+
+__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "launches", "remember", "remember_addmm",
+           "remember_launch", "resume", "served", "start", "suspend", "wanted"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from . import _native, gemm
+from . import _launch, _native, gemm
 from ._modes import EAGER, GRAPH
 from ._spec import BASELINE, Config, is_baseline
 
@@ -60,9 +60,10 @@ def put(key: Hashable, plan: ModePlans) -> ModePlans:
             _PLANS.clear()
             _native.forget_all()
         _PLANS[key] = plan
-        # A cuBLAS plan in both modes is served from C++ once the extension is ready (kernels/_native.py).
-        # Under the lock: a ``clear`` between the two would leave C++ serving a signature Python forgot.
-        _native.remember(key, _served(plan), getattr(key[-1], "type", None) == "cuda")
+        # A cuBLAS plan is served from C++ once the extension is ready, a Triton one once it is compiled
+        # (kernels/_native.py). Under the lock: a ``clear`` between the two would leave C++ serving a
+        # signature Python forgot.
+        _mirror(key, plan, getattr(key[-1], "type", None) == "cuda")
     return plan
 
 
@@ -127,9 +128,12 @@ class _Fitted:
 
 
 class _Direct(_Fitted):
-    """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done."""
+    """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done.
 
-    __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index")
+    ``offer``, where set (``_mirror``), hands the compiled launch to the C++ path after a call, until
+    that path takes it or cannot (kernels/_native.py ``remember_launch``)."""
+
+    __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index", "offer")
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor) -> None:
         m, k = a.shape
@@ -139,6 +143,7 @@ class _Direct(_Fitted):
         c = a.new_empty(self.c_shape)
         self.launch, self.workspace = gemm.direct_launch(config, a, b, c)
         self.args = (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+        self.offer: Callable[[_Direct, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if (a.data_ptr() | b.data_ptr()) & 15 or b.dtype is not self.b_dtype or b.get_device() != self.b_index:
@@ -148,7 +153,16 @@ class _Direct(_Fitted):
             self.launch(a, b, c, *self.args)
         else:
             self.launch(a, b, c, *self.workspace(), *self.args)
+        if self.offer is not None:
+            self.offer(self, a, b, c)
         return c
+
+    def native_launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> _launch.NativeLaunch | None:
+        """The launch the C++ path makes of this plan on the default stream: this call's arguments, with A,
+        B and C filled in per call and split-K's workspace the default stream's (which it keeps alive).
+        Call it on the default stream only."""
+        fixed = self.args if self.workspace is None else (*self.workspace(), *self.args)
+        return self.launch.native_launch((a, b, c, *fixed), (0, 1, 2))
 
     def with_out(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm._run_checked(self.config, a, b, out)
@@ -177,6 +191,35 @@ class _Launched(_Fitted):
 # The cuBLAS plan is ``torch.mm`` itself (what ``torch.matmul`` runs for 2-D operands, one step
 # sooner): a cuBLAS call then adds only the lookup to torch's own host time.
 _CUBLAS = torch.mm
+
+
+def _mirror(key: Hashable, plans: ModePlans | None, on_cuda: bool) -> None:
+    """Tell the C++ path what it serves of ``key`` now that ``plans`` hold it (None: nothing): a cuBLAS
+    plan at once; a tiled or split-K eager plan from the first call after its kernel is compiled, when
+    that call runs on the default stream (``_offer_launch``). The caller holds ``_LOCK``."""
+    _native.remember(key, _served(plans), on_cuda)
+    eager = plans.eager if plans is not None else None
+    if on_cuda and isinstance(eager, _Direct) and _native.wanted():
+        both = plans.both is eager
+        eager.offer = lambda plan, a, b, c: _offer_launch(key, plans, both, plan, a, b, c)
+
+
+def _offer_launch(key: Hashable, plans: ModePlans, both: bool, plan: _Direct, a: torch.Tensor, b: torch.Tensor,
+                  c: torch.Tensor) -> None:
+    """After a call of ``plan`` (the eager plan of ``plans``, held for ``key``): hand its launch to the C++
+    path, once that path is built and the call ran on the default stream; stop offering once it took the
+    launch, refused it, or ``plans`` no longer hold the key."""
+    if _native.NATIVE.module is None:
+        if _native.NATIVE.state in ("failed", "off"):
+            plan.offer = None
+        return  # not built yet: offered again on the next call
+    index = a.device.index
+    if _launch._raw_stream(index) != 0 or not plan.launch.ready():
+        return  # another stream (its split-K workspace is not the default stream's), or not adopted yet
+    with _LOCK:
+        plan.offer = None
+        if _PLANS.get(key) is plans:
+            _native.remember_launch(key, both, plan.native_launch(a, b, c))
 
 
 def _served(plans: ModePlans | None) -> str | None:
@@ -253,9 +296,9 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
 
     def install(plan: ModePlans) -> None:
         _PLANS[key] = plan
-        # As dispatch will hold it: a cuBLAS plan is served from C++ where it runs (kernels/_native.py),
-        # so the tuner's eager timing of cuBLAS is what the user's call costs.
-        _native.remember(key, _served(plan), on_cuda)
+        # As dispatch will hold it: a cuBLAS or direct Triton plan is served from C++ where it runs
+        # (kernels/_native.py), so the tuner's eager timing is what the user's call costs.
+        _mirror(key, plan, on_cuda)
 
     try:
         yield [functools.partial(install, plan) for plan in plans]
@@ -267,7 +310,7 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
                 _PLANS[key] = before
             FAST.pins -= 1
             FAST.cublas_everywhere = None
-            _native.remember(key, _served(before), on_cuda)  # as put: under the lock
+            _mirror(key, before, on_cuda)  # as put: under the lock
 
 
 def plan_of(a: torch.Tensor, b: torch.Tensor, mode: str) -> Any:

@@ -4,7 +4,8 @@ A loop of calls on a small problem (the GPU finishes each call before the host h
 timed by the wall clock with one synchronize at the end: the time per call is the host's. Beside it,
 each call's GPU time from a CUDA-graph replay shows that the host is the bound. Variants are forced
 through the public call (``kernels.matmul`` with the config pinned, as the tuner times it: a pinned
-cuBLAS plan runs on the Python path); "cublas plan, C++ path" is a signature resolved to cuBLAS as a
+cuBLAS plan runs on the Python path; tiled and split-K plans are launched from C++ after their first call,
+as dispatch's own are, and are timed again with that path suspended); "cublas plan, C++ path" is a signature resolved to cuBLAS as a
 tuned table leaves it, served by kernels/_native.cpp (built first, or loaded from torch's build cache);
 "cublas, nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). The
 public fused-bias call and a patched model's layer (``kernels.nn.Linear`` against ``torch.nn.Linear``,
@@ -126,6 +127,12 @@ def main() -> None:
     with _nothing_tuned():
         gpu_us["cublas, nothing tuned"] = timing.graph_ms(lambda: kernels.matmul(torch_a, torch_b)) * 1e3
     columns += [(name, (lambda a=a, b=b: kernels.matmul(a, b)), (config, a, b)) for name, (a, b, config) in cases.items()]
+    # The Triton plans that kernels/_native.cpp launches, again with that path suspended: before and after.
+    for name in ("tiled", "splitk"):
+        a, b, config = cases[name]
+        row = f"  {name}, Python path"
+        columns.append((row, (lambda a=a, b=b: kernels.matmul(a, b)), (config, a, b, "python")))
+        samples[row], gpu_us[row] = [], gpu_us[name]
     # The fused epilogues' Triton kernels through their explicit-config call (kernels/epilogue.py), beside
     # what torch runs for a bias: their launch is the part dispatch does not share with matmul. (The
     # dispatched call skips the explicit call's operand checks, which its signature's first call made.)
@@ -188,8 +195,8 @@ def main() -> None:
                     if pin == "mixed-python":
                         _native.resume()
                 continue
-            with _plans.pinned(*pin):  # one variant pinned at a time: some share a signature
-                python_path = pin[0] == BASELINE
+            with _plans.pinned(*pin[:3]):  # one variant pinned at a time: some share a signature
+                python_path = pin[0] == BASELINE or pin[3:] == ("python",)
                 if python_path:  # a pinned cuBLAS plan is served from C++ like dispatch's: not this row
                     _native.suspend()
                 try:

@@ -8,6 +8,9 @@ already there are skipped). Merge them into the table with scripts/ship_table.py
 
     PYTHONPATH=. python3 scripts/redecide.py --table kernels/tables/h100.json --db sqlite:///re.db --every 5
 
+``--eager-only`` stores the eager records alone: for a change to what an eager call costs (a cheaper host
+path for some variant), where the graph winners stand. Merge those with scripts/ship_table.py --base TABLE.
+
 ``--fast-host-only`` runs no contest of Triton configs: each eager record whose winner is a Triton config is
 checked against cuBLAS back to back on the GPU (tuner.search.holds_on_a_fast_host, the rule since
 2026-11-25), and where it fails, a cuBLAS eager record goes into --db (tuner.quick.recheck_eager). Merge
@@ -69,7 +72,11 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=1,
                         help="with --recontest: contest the winners that held again, this many passes in all")
     parser.add_argument("--pause-s", type=float, default=5.0, help="seconds between passes")
+    parser.add_argument("--eager-only", action="store_true",
+                        help="store only the eager records (the graph contest still decides the winner held beside)")
     args = parser.parse_args()
+    if args.eager_only and args.fast_host_only:
+        parser.error("--eager-only goes with the full redecision (--fast-host-only writes eager records alone anyway)")
     if args.recontest and not args.fast_host_only:
         parser.error("--recontest goes with --fast-host-only (a full redecision runs every contest anyway)")
     if args.passes < 1:
@@ -89,7 +96,8 @@ def main() -> None:
     started = time.monotonic()
     with Store(args.db) as store:
         for index, (key, configs) in enumerate(problems, 1):
-            if all(store.get(device.name, "matmul", key, mode) for mode in MODES):
+            stored_modes = (kernels.EAGER,) if args.eager_only else MODES
+            if all(store.get(device.name, "matmul", key, mode) for mode in stored_modes):
                 continue
             if time.monotonic() - started > args.budget_s:
                 print(f"# budget spent after {index - 1} problems; run again to go on", flush=True)
@@ -97,7 +105,7 @@ def main() -> None:
             problem = Problem.from_key("matmul", key)
             bench = Bench(MATMUL, problem, device, side_by_side=SideBySide(QUICK_GRAPH_MS, QUICK_CONTEST_EAGER_MS))
             records = redecide(MATMUL, problem, device, configs, bench)
-            store.put_many(list(records.values()), on_conflict="replace")
+            store.put_many([records[mode] for mode in stored_modes], on_conflict="replace")
             print(f"[{index}/{len(problems)}] {key:28} " + "  ".join(
                 f"{mode} {records[mode].speedup:.3f}x {records[mode].config.get('VARIANT', 'tiled')}" for mode in MODES),
                 flush=True)

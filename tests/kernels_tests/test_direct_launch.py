@@ -69,6 +69,79 @@ def test_first_call_takes_triton_path_then_the_launcher_directly(fake_cuda: dict
     assert compiled.launches[0] == (7, 1, 1, 1000, "function-handle", "metadata", None, None, None, "x1", 5, 64, True)
 
 
+class _PlainRun:
+    """Stands in for triton 3.6's CudaLauncher of a kernel with no scratch and no launch attributes."""
+
+    global_scratch_size = profile_scratch_size = 0
+    launch_cooperative_grid = launch_pdl = False
+
+    def launch(self, *args) -> None:
+        pass
+
+
+class _Metadata:
+    num_warps, num_ctas, shared = 4, 1, 24576
+
+
+class _Source:
+    """Stands in for the ASTSource: the specialized signature, with the 1 Triton made a constexpr."""
+
+    signature = {"a": "*fp16", "b": "*fp16", "c": "*fp16", "work": "*fp32", "m": "i32", "k": "i64",
+                 "one": "constexpr", "BLOCK": "constexpr"}
+
+
+class _CompiledForNative(_Compiled):
+    """A compiled kernel as the C++ launch path reads it (function handle, metadata, signature)."""
+
+    function = 0x5000
+    metadata = _Metadata()
+    src = _Source()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.run = _PlainRun()
+
+
+class _KernelWithWork(_Kernel):
+    arg_names = ["a", "b", "c", "work", "m", "k", "one", "BLOCK"]
+
+
+def test_a_native_launch_takes_the_parameters_triton_s_launcher_passes(fake_cuda: dict) -> None:
+    """The C++ path (kernels/_native.cpp) launches what Triton's launcher would: every non-constexpr
+    parameter in order, A, B and C per call, a fixed tensor's address kept alive, integers as typed."""
+    compiled = _CompiledForNative()
+    launch = DirectLaunch(_KernelWithWork(compiled), (6, 2), dict(BLOCK=64))
+    a, b, c, work = (torch.empty(8) for _ in range(4))
+    assert launch.native_launch((a, b, c, work, 100, 2**33, 1), (0, 1, 2)) is None, "nothing adopted yet"
+    launch(a, b, c, work, 100, 2**33, 1)
+    native = launch.native_launch((a, b, c, work, 100, 2**33, 1), (0, 1, 2))
+    assert native is not None
+    assert (native.function, native.grid, native.threads, native.shared) == (0x5000, (6, 2, 1), 128, 24576)
+    assert native.codes == [0, 1, 2, _launch.SLOT_FIXED_64, _launch.SLOT_FIXED_32, _launch.SLOT_FIXED_64]
+    assert native.values == [0, 0, 0, work.data_ptr(), 100, 2**33]
+    assert native.keep == [work]
+
+
+@pytest.mark.parametrize("change", ["global_scratch_size", "profile_scratch_size", "launch_cooperative_grid",
+                                    "launch_pdl", "num_ctas", "float", "per_call_int"])
+def test_a_kernel_the_cpp_launch_cannot_make_exactly_is_refused(fake_cuda: dict, change: str) -> None:
+    compiled = _CompiledForNative()
+    if change == "num_ctas":
+        compiled.metadata = type("Clustered", (_Metadata,), {"num_ctas": 2})()
+    elif change in ("float", "per_call_int"):
+        pass
+    else:
+        setattr(compiled.run, change, 1)
+    launch = DirectLaunch(_KernelWithWork(compiled), (6,), dict(BLOCK=64))
+    args = (torch.empty(8), torch.empty(8), torch.empty(8), torch.empty(8), 100, 7, 1)
+    if change == "float":
+        compiled.src = type("FloatSource", (), {"signature": {**_Source.signature, "k": "fp32"}})()
+        args = args[:5] + (0.5,) + args[6:]
+    launch(*args)
+    per_call = (0, 1, 4) if change == "per_call_int" else (0, 1, 2)
+    assert launch.native_launch(args, per_call) is None
+
+
 class _DescriptorRun:
     """Stands in for triton 3.6's CudaLauncher of a kernel with tensor descriptors: its ``launch`` is a
     Python wrapper (as ``wrap_handle_tensordesc``) closing over the C launcher and each descriptor's

@@ -281,3 +281,105 @@ def test_a_build_lock_left_by_an_exited_process_is_removed_once_stale(tmp_path, 
     started = time.monotonic()
     _native._clear_stale_lock("some_extension", stale_s=0.5)
     assert time.monotonic() - started >= 0.3 and not lock.exists(), "judged by the directory's newest file"
+
+
+# ---- Triton kernels launched from C++ ---------------------------------------------------------------
+
+def _triton_config(variant: str, split: int) -> kernels.Config:
+    return kernels.Config.make(VARIANT=variant, BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_SIZE_M=4,
+                               SPLIT_K=split, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                               num_warps=4, num_stages=3)
+
+
+def _operands(layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.randn(100, 512, device="cuda", dtype=torch.float16)
+    b = torch.randn(512, 200, device="cuda", dtype=torch.float16)
+    if layout == "nt":
+        b = torch.randn(200, 512, device="cuda", dtype=torch.float16).t()
+    return a, b
+
+
+def _put_plans(a: torch.Tensor, b: torch.Tensor, eager: kernels.Config, graph: kernels.Config) -> None:
+    """What kernels.matmul's first call of a signature leaves, with these configs per mode."""
+    _plans.put(_plans.signature(a, b), _plans.plans_for({kernels.EAGER: eager, kernels.GRAPH: graph}, a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("variant,split", [("tiled", 1), ("splitk", 4)])
+@pytest.mark.parametrize("layout", ["nn", "nt"])
+def test_a_triton_plan_is_launched_from_cpp_after_its_first_call(native, monkeypatch, variant: str, split: int,
+                                                                 layout: str) -> None:
+    monkeypatch.setattr(_plans.FAST, "pins", 1)  # plans are consulted even on a GPU with no table
+    a, b = _operands(layout)
+    config = _triton_config(variant, split)
+    _put_plans(a, b, config, config)
+    before = _native.launches()
+    first = kernels.matmul(a, b)  # compiles; the plan hands its launch to C++ afterwards
+    assert _native.launches() == before
+    outputs = []
+    for _ in range(3):
+        a.normal_()
+        b.normal_()
+        c = kernels.matmul(a, b)
+        torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=5e-2, rtol=5e-2)
+        outputs.append(c)
+    assert _native.launches() == before + 3, "every call after the first was launched from C++"
+    assert len({c.data_ptr() for c in outputs}) == 3 and first.shape == (100, 200), "a fresh C per call"
+    kernels.clear_cache()
+    kernels.matmul(a, b)
+    assert _native.launches() == before + 3, "clear_cache: nothing served until a plan is put again"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_an_eager_only_triton_plan_leaves_graph_calls_other_streams_and_odd_operands_to_python(native,
+                                                                                            monkeypatch) -> None:
+    monkeypatch.setattr(_plans.FAST, "pins", 1)
+    a, b = _operands("nn")
+    _put_plans(a, b, _triton_config("tiled", 1), kernels.BASELINE)
+    kernels.matmul(a, b)
+    count = _native.launches()
+    kernels.matmul(a, b)
+    assert _native.launches() == count + 1, "eager, on the default stream: launched from C++"
+    with _modes.dispatch_mode(kernels.GRAPH):
+        torch.testing.assert_close(kernels.matmul(a, b), torch.mm(a, b))
+    assert _native.launches() == count + 1, "forced graph mode runs the graph plan (cuBLAS), in Python"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        c = kernels.matmul(a, b)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=5e-2, rtol=5e-2)
+    assert _native.launches() == count + 1, "another stream: the Python path"
+    storage = torch.empty(100 * 512 + 8, device="cuda", dtype=torch.float16)
+    shifted = storage[4:4 + 100 * 512].view(100, 512).copy_(a)  # 8 bytes off a 16-byte boundary
+    torch.testing.assert_close(kernels.matmul(shifted, b).float(), a.float() @ b.float(), atol=5e-2, rtol=5e-2)
+    assert _native.launches() == count + 1, "a misaligned operand: the Python path"
+    graph, out = torch.cuda.CUDAGraph(), []
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph):
+        out.append(kernels.matmul(a, b))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out[0], torch.mm(a, b))
+    assert _native.launches() == count + 1, "capturing: the graph plan, in Python"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_a_pinned_triton_plan_is_timed_as_the_user_s_call_runs_it(native) -> None:
+    """The tuner pins each config in turn (kernels/_plans.py pinning): a pinned Triton plan is launched from
+    C++ after its first call, as dispatch's own plan will be, and a new pin takes the C++ plan away."""
+    a, b = _operands("nt")
+    tiled, split = _triton_config("tiled", 1), _triton_config("splitk", 2)
+    with _plans.pinning([tiled, split], a, b) as (install_tiled, install_split):
+        for install in (install_tiled, install_split, install_tiled):
+            install()
+            kernels.matmul(a, b)
+            count = _native.launches()
+            torch.testing.assert_close(kernels.matmul(a, b).float(), a.float() @ b.float(), atol=5e-2, rtol=5e-2)
+            assert _native.launches() == count + 1
+    count = _native.launches()
+    kernels.matmul(a, b)
+    assert _native.launches() == count, "the pins are gone"
