@@ -131,9 +131,10 @@ class _Direct(_Fitted):
     """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done.
 
     ``offer``, where set (``_mirror``), hands the compiled launch to the C++ path after a call, until
-    that path takes it or cannot (kernels/_native.py ``remember_launch``)."""
+    that path takes it or cannot (kernels/_native.py ``remember_launch``); ``native`` keeps what was
+    handed over, so that a plan put again (the tuner's pins take turns) is served from C++ at once."""
 
-    __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index", "offer")
+    __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index", "offer", "native")
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor) -> None:
         m, k = a.shape
@@ -144,6 +145,7 @@ class _Direct(_Fitted):
         self.launch, self.workspace = gemm.direct_launch(config, a, b, c)
         self.args = (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
         self.offer: Callable[[_Direct, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+        self.native: _launch.NativeLaunch | None = None
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if (a.data_ptr() | b.data_ptr()) & 15 or b.dtype is not self.b_dtype or b.get_device() != self.b_index:
@@ -201,7 +203,14 @@ def _mirror(key: Hashable, plans: ModePlans | None, on_cuda: bool) -> None:
     eager = plans.eager if plans is not None else None
     if on_cuda and isinstance(eager, _Direct) and _native.wanted():
         both = plans.both is eager
-        eager.offer = lambda plan, a, b, c: _offer_launch(key, plans, both, plan, a, b, c)
+        # A plan handed over before is served again at once: the tuner's side-by-side eager timing puts
+        # each pinned plan again before each of its blocks, whose first call would otherwise take the
+        # Python path and pay the hand-over (on the H100 box, stored eager Triton wins then read up to
+        # 1.5x below what a fresh process measured; docs/BENCHMARKS.md "Sixteenth session").
+        if eager.native is not None and _native.remember_launch(key, both, eager.native):
+            eager.offer = None
+        else:
+            eager.offer = lambda plan, a, b, c: _offer_launch(key, plans, both, plan, a, b, c)
 
 
 def _offer_launch(key: Hashable, plans: ModePlans, both: bool, plan: _Direct, a: torch.Tensor, b: torch.Tensor,
@@ -219,7 +228,8 @@ def _offer_launch(key: Hashable, plans: ModePlans, both: bool, plan: _Direct, a:
     with _LOCK:
         plan.offer = None
         if _PLANS.get(key) is plans:
-            _native.remember_launch(key, both, plan.native_launch(a, b, c))
+            plan.native = plan.native_launch(a, b, c)
+            _native.remember_launch(key, both, plan.native)
 
 
 def _served(plans: ModePlans | None) -> str | None:

@@ -841,6 +841,12 @@ def test_recheck_with_a_recontest_keeps_a_winner_only_where_it_still_beats_our_c
     assert kernels.is_baseline(Config.from_dict(
         recheck_eager(MATMUL, THIN, H100, stored, bench=fails, recontest=True).config))
     assert fails.contests == [[BASELINE]]
+    # Beats our cuBLAS path (0.025 in this contest) by far, but not torch.matmul (0.020) by WIN_MARGIN: both
+    # run at::mm, so the win is the two's spread, and cuBLAS keeps the place.
+    spread_win = _GpuBench(config_ms=0.0198)
+    spread_win.contest_cublas_ms = 0.025
+    assert kernels.is_baseline(Config.from_dict(
+        recheck_eager(MATMUL, THIN, H100, stored, bench=spread_win, recontest=True).config))
 
 
 def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:
