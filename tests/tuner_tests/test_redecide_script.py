@@ -11,6 +11,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 import kernels
 from db import Store, dump_document
 from kernels._spec import DeviceInfo
@@ -65,3 +67,37 @@ def test_passes_contest_the_winners_that_held_again_and_leave_demoted_ones(tmp_p
     seen.clear()
     script.recheck_table(args)  # a rerun: the first pass skips what --db decided; later passes go on
     assert [key for key, _ in seen] == ["fp16:nt:8x2048x2048", "fp16:nt:8x2048x2048"]
+
+
+def test_eager_only_stores_the_eager_records_alone_and_a_rerun_skips_them(tmp_path: Path, monkeypatch) -> None:
+    """scripts/redecide.py --eager-only: both contests run (the graph winner is held beside the eager
+    contest), only the eager record lands in --db, and a rerun skips the problems decided there."""
+    table = [make_record(m, 2048, 2048, mode=mode, config=TILED) for m in (1, 8) for mode in ("eager", "graph")]
+    (tmp_path / "table.json").write_text(json.dumps(dump_document(table)))
+    decided: list[str] = []
+
+    def stand_in(spec, problem, device, candidates, bench=None, trials=1):
+        decided.append(problem.key)
+        mine = [r for r in table if r.problem_key == problem.key]
+        return {r.mode: dataclasses.replace(r, config=CUBLAS if r.mode == "graph" else TILED) for r in mine}
+
+    script = _script()
+    monkeypatch.setattr(script, "redecide", stand_in)
+    monkeypatch.setattr(script, "Bench", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kernels, "current_device", lambda *args: H100_DEVICE)
+    url = f"sqlite:///{tmp_path / 'eager.db'}"
+    argv = ["redecide.py", "--table", str(tmp_path / "table.json"), "--db", url, "--eager-only"]
+    monkeypatch.setattr("sys.argv", argv)
+    script.main()
+    assert decided == ["fp16:nt:1x2048x2048", "fp16:nt:8x2048x2048"]
+    with Store(url) as store:
+        stored = store.records(device=H100["device_name"], kernel="matmul")
+    assert sorted((r.problem_key, r.mode) for r in stored) == [("fp16:nt:1x2048x2048", "eager"),
+                                                                ("fp16:nt:8x2048x2048", "eager")]
+    decided.clear()
+    script.main()
+    assert decided == [], "a rerun skips the problems whose eager record is in --db"
+    monkeypatch.setattr("sys.argv", argv + ["--fast-host-only"])
+    with pytest.raises(SystemExit) as refused:
+        script.main()
+    assert refused.value.code == 2, "--eager-only with --fast-host-only is refused"
