@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +61,11 @@ def _hooks_installed() -> bool:
     return runtime is not None and (_listening(runtime.launch_enter_hook) or _listening(runtime.launch_exit_hook))
 
 
-# What a parameter slot of a launch from C++ holds (kernels/_native.cpp ``Slot``): positions 0-2 are the
-# per-call tensors A, B and C; the others hold fixed values.
-SLOT_FIXED_64, SLOT_FIXED_32 = 3, 4
+# What a parameter slot of a launch from C++ holds (kernels/_native.cpp ``Slot``): the call's A, B or C,
+# or a fixed value.
+SLOT_A, SLOT_B, SLOT_C, SLOT_FIXED_64, SLOT_FIXED_32 = 0, 1, 2, 3, 4
+# The direct kernels' own operands: A, B and C are their first three arguments.
+OPERANDS = {0: SLOT_A, 1: SLOT_B, 2: SLOT_C}
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class NativeLaunch:
     grid: tuple[int, int, int]
     threads: int
     shared: int
-    codes: list[int]  # per kernel parameter: 0-2 the call's A, B, C; SLOT_FIXED_64 or SLOT_FIXED_32
+    codes: list[int]  # per kernel parameter: SLOT_A, SLOT_B, SLOT_C, SLOT_FIXED_64 or SLOT_FIXED_32
     values: list[int]
     keep: list[torch.Tensor]  # the tensors whose addresses are among ``values``
 
@@ -132,13 +134,13 @@ class DirectLaunch:
         raw(gx, gy, gz, _raw_stream(self._device), *self._fixed, *args, *self._constexprs)
         self.direct_calls += 1
 
-    def native_launch(self, args: Sequence[Any], per_call: Sequence[int]) -> NativeLaunch | None:
+    def native_launch(self, args: Sequence[Any], per_call: Mapping[int, int]) -> NativeLaunch | None:
         """How kernels/_native.cpp launches the adopted kernel with runtime arguments like ``args``, where
-        the arguments at the positions ``per_call`` (the tensors A, B and C, in that order) change from
-        call to call and every other one is fixed: a tensor's address (kept alive with the plan) or an
-        integer. None where that launch would not be the one Triton's launcher makes: nothing adopted
-        yet, a kernel that takes scratch memory, launch attributes (clusters, cooperative, PDL) or a
-        parameter other than a pointer or a 32/64-bit integer."""
+        the arguments at the positions of ``per_call`` change from call to call (it maps each to SLOT_A,
+        SLOT_B or SLOT_C: the call's A, B or C) and every other one is fixed: a tensor's address (kept
+        alive with the plan) or an integer. None where that launch would not be the one Triton's
+        launcher makes: nothing adopted yet, a kernel that takes scratch memory, launch attributes
+        (clusters, cooperative, PDL) or a parameter other than a pointer or a 32/64-bit integer."""
         compiled, run = self._compiled, getattr(self._compiled, "run", None)
         if self._launch is None or compiled is None or run is None:
             return None
@@ -162,7 +164,7 @@ class DirectLaunch:
             if position in per_call:
                 if not kind.startswith("*"):
                     return None
-                codes.append(per_call.index(position))
+                codes.append(per_call[position])
                 values.append(0)
             elif kind.startswith("*") and isinstance(value, torch.Tensor):
                 codes.append(SLOT_FIXED_64)

@@ -17,6 +17,8 @@
 
 #include <array>
 #include <cstring>
+#include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -66,18 +68,27 @@ PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter: a subclass whose
 // parameter's declared size from the address it is given.
 enum Slot : int { kSlotA = 0, kSlotB = 1, kSlotC = 2, kSlotFixed64 = 3, kSlotFixed32 = 4 };
 constexpr size_t kMaxParams = 32;
+constexpr size_t kMaxKernels = 2;  // repack: the padding copy, then the GEMM on the padded buffer
 
-struct LaunchPlan {
+struct KernelLaunch {
   void* function = nullptr;  // the CUfunction, loaded in the primary context of the signature's device
   std::array<unsigned, 3> grid{};
   unsigned threads = 0;
   unsigned shared = 0;
+  std::vector<int> codes;        // Slot per kernel parameter
+  std::vector<uint64_t> values;  // fixed values (addresses of kept buffers, integers)
+};
+
+struct LaunchPlan {
   bool both_modes = false;  // the graph plan is this one too: served whatever the mode
   std::array<int64_t, 2> out_shape{};
-  std::vector<int> codes;         // Slot per kernel parameter
-  std::vector<uint64_t> values;   // fixed values (addresses of kept buffers, integers)
-  std::vector<at::Tensor> keep;   // buffers the fixed addresses point into (split-K's workspace)
+  std::vector<KernelLaunch> kernels;  // launched in order, on one stream
+  std::vector<at::Tensor> keep;       // buffers the fixed addresses point into (split-K's, repack's)
 };
+
+// Held across the launches of a plan of several kernels: they share a buffer of the plan's own (repack's
+// padded operands), which another thread's copy must not overwrite between this call's copy and its GEMM.
+std::mutex sequence_mutex;
 
 std::unordered_map<Signature, LaunchPlan, SignatureHash> launch_plans;  // every access holds the GIL
 int64_t launched = 0;  // calls served by a launch from here (the GPU tests read it)
@@ -213,35 +224,39 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
   const LaunchPlan& plan = found->second;
   const auto a_address = reinterpret_cast<uintptr_t>(a.data_ptr());
   const auto b_address = reinterpret_cast<uintptr_t>(b.data_ptr());
-  if ((a_address | b_address) & 15) Py_RETURN_NONE;  // the kernel was specialized for 16-byte alignment
+  if ((a_address | b_address) & 15) Py_RETURN_NONE;  // the kernels were specialized for 16-byte alignment
   void* context = nullptr;
   if (ctx_get_current(&context) != 0 || context == nullptr) Py_RETURN_NONE;
-  // Everything the launch needs is copied out of the plan while the GIL is held: another thread may
-  // replace or erase it once the GIL is released. The kept buffers are held until the launch is queued.
-  const size_t count = plan.codes.size();
-  std::array<uint64_t, kMaxParams + 2> slots{};
-  std::array<void*, kMaxParams + 2> params{};
-  std::array<size_t, kMaxParams> c_slots{};
+  // Everything the launches need is copied out of the plan while the GIL is held: another thread may
+  // replace or erase it once the GIL is released. The kept buffers are held until the launches are queued.
+  const size_t kernels = plan.kernels.size();
+  std::array<std::array<uint64_t, kMaxParams + 2>, kMaxKernels> slots{};
+  std::array<std::array<void*, kMaxParams + 2>, kMaxKernels> params{};
+  std::array<std::pair<size_t, size_t>, kMaxKernels * kMaxParams> c_slots{};
+  struct Launch { void* function; std::array<unsigned, 3> grid; unsigned threads, shared; };
+  std::array<Launch, kMaxKernels> copies{};
   size_t c_count = 0;
-  for (size_t i = 0; i < count; ++i) {
-    switch (plan.codes[i]) {
-      case kSlotA: slots[i] = a_address; break;
-      case kSlotB: slots[i] = b_address; break;
-      case kSlotC: c_slots[c_count++] = i; break;
-      case kSlotFixed32: {
-        const auto value = static_cast<int32_t>(plan.values[i]);
-        std::memcpy(&slots[i], &value, sizeof(value));
-        break;
+  for (size_t k = 0; k < kernels; ++k) {
+    const KernelLaunch& kernel = plan.kernels[k];
+    copies[k] = {kernel.function, kernel.grid, kernel.threads, kernel.shared};
+    const size_t count = kernel.codes.size();
+    for (size_t i = 0; i < count; ++i) {
+      switch (kernel.codes[i]) {
+        case kSlotA: slots[k][i] = a_address; break;
+        case kSlotB: slots[k][i] = b_address; break;
+        case kSlotC: c_slots[c_count++] = {k, i}; break;
+        case kSlotFixed32: {
+          const auto value = static_cast<int32_t>(kernel.values[i]);
+          std::memcpy(&slots[k][i], &value, sizeof(value));
+          break;
+        }
+        default: slots[k][i] = kernel.values[i];
       }
-      default: slots[i] = plan.values[i];
+      params[k][i] = &slots[k][i];
     }
-    params[i] = &slots[i];
+    params[k][count] = &slots[k][count];          // global scratch: none (add_launch's caller refused any)
+    params[k][count + 1] = &slots[k][count + 1];  // profile scratch: none
   }
-  params[count] = &slots[count];          // global scratch: none (add_launch's caller refused kernels with any)
-  params[count + 1] = &slots[count + 1];  // profile scratch: none
-  void* const function = plan.function;
-  const std::array<unsigned, 3> grid = plan.grid;
-  const unsigned threads = plan.threads, shared = plan.shared;
   const std::array<int64_t, 2> out_shape = plan.out_shape;
   const std::vector<at::Tensor> keep = plan.keep.empty() ? std::vector<at::Tensor>() : plan.keep;
   at::Tensor c;
@@ -251,9 +266,14 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
   try {
     c = at::empty({out_shape[0], out_shape[1]}, a.options());
     const auto c_address = reinterpret_cast<uintptr_t>(c.data_ptr());
-    for (size_t i = 0; i < c_count; ++i) slots[c_slots[i]] = c_address;
-    status = launch_kernel(function, grid[0], grid[1], grid[2], threads, 1, 1, shared, nullptr, params.data(),
-                           nullptr);
+    for (size_t i = 0; i < c_count; ++i) slots[c_slots[i].first][c_slots[i].second] = c_address;
+    std::unique_lock<std::mutex> sequence(sequence_mutex, std::defer_lock);
+    if (kernels > 1) sequence.lock();
+    for (size_t k = 0; k < kernels && status == 0; ++k) {
+      const Launch& launch = copies[k];
+      status = launch_kernel(launch.function, launch.grid[0], launch.grid[1], launch.grid[2], launch.threads, 1, 1,
+                             launch.shared, nullptr, params[k].data(), nullptr);
+    }
   } catch (...) {
     failed = true;
   }
@@ -358,26 +378,32 @@ void discard(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device)
   launch_plans.erase(signature);
 }
 
-// A signature whose eager plan (and graph plan too, with ``both_modes``) launches a compiled Triton kernel
-// that takes no scratch memory and no launch attributes (kernels/_launch.py DirectLaunch.native_launch):
-// served by ``run_launch`` from now on. False where this process has no CUDA driver loaded or the kernel
-// takes more parameters than a launch here passes; the Python path then keeps serving the signature.
+// A signature whose eager plan (and graph plan too, with ``both_modes``) launches compiled Triton kernels
+// that take no scratch memory and no launch attributes (kernels/_launch.py DirectLaunch.native_launch): each
+// kernel is (CUfunction, grid, threads, shared bytes, slot codes, values), launched in order. Served by
+// ``run_launch`` from now on. False where this process has no CUDA driver loaded or a kernel takes more
+// parameters than a launch here passes; the Python path then keeps serving the signature.
+using KernelFields = std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, std::vector<int>, std::vector<int64_t>>;
+
 bool add_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, bool both_modes,
-                int64_t function, std::vector<int64_t> grid, int64_t threads, int64_t shared,
-                std::vector<int64_t> out_shape, std::vector<int> codes, std::vector<int64_t> values,
-                std::vector<at::Tensor> keep) {
-  TORCH_CHECK(grid.size() == 3 && out_shape.size() == 2 && codes.size() == values.size(),
-              "a launch plan has a 3-D grid, a 2-D output and a value per parameter");
-  if (!driver_found() || codes.size() > kMaxParams || function == 0) return false;
+                std::vector<int64_t> out_shape, std::vector<KernelFields> kernels, std::vector<at::Tensor> keep) {
+  TORCH_CHECK(out_shape.size() == 2, "a launch plan has a 2-D output");
+  if (!driver_found() || kernels.empty() || kernels.size() > kMaxKernels) return false;
   LaunchPlan plan;
-  plan.function = reinterpret_cast<void*>(static_cast<uintptr_t>(function));
-  plan.grid = {static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])};
-  plan.threads = static_cast<unsigned>(threads);
-  plan.shared = static_cast<unsigned>(shared);
+  for (auto& [function, grid, threads, shared, codes, values] : kernels) {
+    TORCH_CHECK(grid.size() == 3 && codes.size() == values.size(), "a kernel has a 3-D grid and a value per parameter");
+    if (codes.size() > kMaxParams || function == 0) return false;
+    KernelLaunch kernel;
+    kernel.function = reinterpret_cast<void*>(static_cast<uintptr_t>(function));
+    kernel.grid = {static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2])};
+    kernel.threads = static_cast<unsigned>(threads);
+    kernel.shared = static_cast<unsigned>(shared);
+    kernel.codes = std::move(codes);
+    kernel.values.assign(values.begin(), values.end());
+    plan.kernels.push_back(std::move(kernel));
+  }
   plan.both_modes = both_modes;
   plan.out_shape = {out_shape[0], out_shape[1]};
-  plan.codes = std::move(codes);
-  plan.values.assign(values.begin(), values.end());
   plan.keep = std::move(keep);
   const Signature signature = signature_of(dims, dtype, device);
   cublas_signatures.erase(signature);

@@ -224,20 +224,21 @@ def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
     _put(NATIVE.pending, key, served, _apply, build=served is not None and on_cuda)
 
 
-def remember_launch(key: Hashable, both: bool, launch: Any) -> bool:
-    """Serve the signature ``key`` from C++ by launching a compiled Triton kernel (``launch``, a
-    kernels._launch.NativeLaunch; None: the kernel cannot be launched that way) on the default stream,
-    in eager calls, and in graph ones too where ``both``. Only once the module is ready (kernels/_plans.py
-    offers the launch again until it is). True where the C++ path took it."""
+def remember_launch(key: Hashable, both: bool, launches: Any) -> bool:
+    """Serve the signature ``key`` from C++ by launching compiled Triton kernels (``launches``, a list of
+    kernels._launch.NativeLaunch, made in order; None: they cannot be launched that way) on the default
+    stream, in eager calls, and in graph ones too where ``both``. Only once the module is ready
+    (kernels/_plans.py offers the launches again until it is). True where the C++ path took them."""
     signature = _signature(key)
     with _LOCK:
         module = NATIVE.module
-        if module is None or launch is None or signature is None:
+        if module is None or not launches or signature is None:
             return False
         fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by b's columns
-        return bool(module.add_launch(*signature, both, launch.function, list(launch.grid), launch.threads,
-                                      launch.shared, [fields[0], fields[3]], launch.codes, launch.values,
-                                      launch.keep))
+        kernels = [(launch.function, list(launch.grid), launch.threads, launch.shared, launch.codes, launch.values)
+                   for launch in launches]
+        keep = [tensor for launch in launches for tensor in launch.keep]
+        return bool(module.add_launch(*signature, both, [fields[0], fields[3]], kernels, keep))
 
 
 def remember_addmm(key: Hashable, changes: int, on_cuda: bool) -> None:

@@ -127,12 +127,27 @@ class _Fitted:
         return gemm._run_checked(self.config, a, b)
 
 
-class _Direct(_Fitted):
-    """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done.
+class _Handed(_Fitted):
+    """A plan whose launches the C++ path can make itself (kernels/_native.py ``remember_launch``).
 
-    ``offer``, where set (``_mirror``), hands the compiled launch to the C++ path after a call, until
-    that path takes it or cannot (kernels/_native.py ``remember_launch``); ``native`` keeps what was
-    handed over, so that a plan put again (the tuner's pins take turns) is served from C++ at once."""
+    ``offer``, where set (``_mirror``), hands them over after a call, until that path takes them or
+    cannot; ``native`` keeps what was handed over, so that a plan put again (the tuner's pins take
+    turns) is served from C++ at once."""
+
+    __slots__ = ()
+
+    def native_ready(self) -> bool:
+        """Whether every kernel of the plan has been compiled and adopted (its first call ran)."""
+        raise NotImplementedError
+
+    def native_launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> list[_launch.NativeLaunch] | None:
+        """The launches the C++ path makes of this plan on the default stream, A, B and C filled in per
+        call; None where it cannot make them. Call it on the default stream only, once ``native_ready``."""
+        raise NotImplementedError
+
+
+class _Direct(_Handed):
+    """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done."""
 
     __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index", "offer", "native")
 
@@ -144,8 +159,8 @@ class _Direct(_Fitted):
         c = a.new_empty(self.c_shape)
         self.launch, self.workspace = gemm.direct_launch(config, a, b, c)
         self.args = (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
-        self.offer: Callable[[_Direct, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
-        self.native: _launch.NativeLaunch | None = None
+        self.offer: Callable[[_Handed, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+        self.native: list[_launch.NativeLaunch] | None = None
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if (a.data_ptr() | b.data_ptr()) & 15 or b.dtype is not self.b_dtype or b.get_device() != self.b_index:
@@ -159,32 +174,45 @@ class _Direct(_Fitted):
             self.offer(self, a, b, c)
         return c
 
-    def native_launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> _launch.NativeLaunch | None:
-        """The launch the C++ path makes of this plan on the default stream: this call's arguments, with A,
-        B and C filled in per call and split-K's workspace the default stream's (which it keeps alive).
-        Call it on the default stream only."""
+    def native_ready(self) -> bool:
+        return self.launch.ready()
+
+    def native_launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> list[_launch.NativeLaunch] | None:
+        # split-K's workspace: the default stream's, which the C++ plan keeps alive.
         fixed = self.args if self.workspace is None else (*self.workspace(), *self.args)
-        return self.launch.native_launch((a, b, c, *fixed), (0, 1, 2))
+        launch = self.launch.native_launch((a, b, c, *fixed), _launch.OPERANDS)
+        return None if launch is None else [launch]
 
     def with_out(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm._run_checked(self.config, a, b, out)
 
 
-class _Launched(_Fitted):
-    """TMA or repack on operands laid out like the first call's (kernels/gemm.py TmaLaunch, RepackLaunch)."""
+class _Launched(_Handed):
+    """TMA or repack on operands laid out like the first call's (kernels/gemm.py TmaLaunch, RepackLaunch).
+    A repack plan's two launches can be made from C++ (``RepackLaunch.native_launch``); TMA's cannot."""
 
-    __slots__ = ("config", "launch", "c_shape", "b_dtype", "b_index")
+    __slots__ = ("config", "launch", "c_shape", "b_dtype", "b_index", "offer", "native")
 
     def __init__(self, config: Config, launch: Any, b: torch.Tensor, c: torch.Tensor) -> None:
         self.config, self.c_shape, self.launch = config, tuple(c.shape), launch
         self.b_dtype, self.b_index = b.dtype, b.get_device()
+        self.offer: Callable[[_Handed, torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+        self.native: list[_launch.NativeLaunch] | None = None
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if (a.data_ptr() | b.data_ptr()) & 15 or b.dtype is not self.b_dtype or b.get_device() != self.b_index:
             return self.odd(a, b)
         c = a.new_empty(self.c_shape)
         self.launch(a, b, c)
+        if self.offer is not None:
+            self.offer(self, a, b, c)
         return c
+
+    def native_ready(self) -> bool:
+        return self.launch.native_ready()
+
+    def native_launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> list[_launch.NativeLaunch] | None:
+        return self.launch.native_launch(a, b, c)
 
     def with_out(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return gemm._run_checked(self.config, a, b, out)
@@ -197,11 +225,11 @@ _CUBLAS = torch.mm
 
 def _mirror(key: Hashable, plans: ModePlans | None, on_cuda: bool) -> None:
     """Tell the C++ path what it serves of ``key`` now that ``plans`` hold it (None: nothing): a cuBLAS
-    plan at once; a tiled or split-K eager plan from the first call after its kernel is compiled, when
-    that call runs on the default stream (``_offer_launch``). The caller holds ``_LOCK``."""
+    plan at once; a tiled, split-K or repack eager plan from the first call after its kernels are
+    compiled, when that call runs on the default stream (``_offer_launch``). The caller holds ``_LOCK``."""
     _native.remember(key, _served(plans), on_cuda)
     eager = plans.eager if plans is not None else None
-    if on_cuda and isinstance(eager, _Direct) and _native.wanted():
+    if on_cuda and isinstance(eager, _Handed) and hasattr(eager.launch, "native_launch") and _native.wanted():
         both = plans.both is eager
         # A plan handed over before is served again at once: the tuner's side-by-side eager timing puts
         # each pinned plan again before each of its blocks, whose first call would otherwise take the
@@ -213,18 +241,17 @@ def _mirror(key: Hashable, plans: ModePlans | None, on_cuda: bool) -> None:
             eager.offer = lambda plan, a, b, c: _offer_launch(key, plans, both, plan, a, b, c)
 
 
-def _offer_launch(key: Hashable, plans: ModePlans, both: bool, plan: _Direct, a: torch.Tensor, b: torch.Tensor,
+def _offer_launch(key: Hashable, plans: ModePlans, both: bool, plan: _Handed, a: torch.Tensor, b: torch.Tensor,
                   c: torch.Tensor) -> None:
-    """After a call of ``plan`` (the eager plan of ``plans``, held for ``key``): hand its launch to the C++
-    path, once that path is built and the call ran on the default stream; stop offering once it took the
-    launch, refused it, or ``plans`` no longer hold the key."""
+    """After a call of ``plan`` (the eager plan of ``plans``, held for ``key``): hand its launches to the
+    C++ path, once that path is built and the call ran on the default stream; stop offering once it took
+    them, refused them, or ``plans`` no longer hold the key."""
     if _native.NATIVE.module is None:
         if _native.NATIVE.state in ("failed", "off"):
             plan.offer = None
         return  # not built yet: offered again on the next call
-    index = a.device.index
-    if _launch._raw_stream(index) != 0 or not plan.launch.ready():
-        return  # another stream (its split-K workspace is not the default stream's), or not adopted yet
+    if _launch._raw_stream(a.device.index) != 0 or not plan.native_ready():
+        return  # another stream (its buffers are not the default stream's), or not adopted yet
     with _LOCK:
         plan.offer = None
         if _PLANS.get(key) is plans:

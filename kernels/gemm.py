@@ -34,7 +34,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._gemm_triton import _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
-from ._launch import DirectLaunch, LruCache, _raw_stream
+from ._launch import SLOT_A, SLOT_B, SLOT_C, DirectLaunch, LruCache, NativeLaunch, _raw_stream
 from ._memory import kept_empty
 from ._modes import capturing as _capturing
 from ._spec import Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, log_distance
@@ -550,6 +550,25 @@ class RepackLaunch:
         if not (buffer.is_cuda and _capturing()):  # a capture's own buffer must die with its call
             self._views = views
         return views
+
+    def native_ready(self) -> bool:
+        """Whether both kernels have been compiled and adopted (the first call ran)."""
+        return self.pad.ready() and self.launch.ready()
+
+    def native_launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> list[NativeLaunch] | None:
+        """The copy and the kernel as kernels/_native.cpp launches them, A, B and C filled in per call, on a
+        padded buffer of their own: the Python path's buffer of the default stream may be in use by a
+        call that the C++ path leaves to Python (another thread's, a torch function mode's), and the C++
+        path holds its own lock across its pair of launches, not ``_REPACK_PAIR``. Call it on the default
+        stream only (split-K's workspace is that stream's), once ``native_ready``."""
+        m, n, k_padded = self.shapes
+        buffer = kept_empty(self.elems, a.dtype, a.device)
+        a_padded = buffer[:m * k_padded].view(m, k_padded)
+        b_padded = buffer[m * k_padded:(m + n) * k_padded].view(n, k_padded).t()
+        pad = self.pad.native_launch((a, b, buffer, *self.pad_args), {0: SLOT_A, 1: SLOT_B})
+        fixed = self.args if self.workspace is None else (*self.workspace(), *self.args)
+        gemm = self.launch.native_launch((a_padded, b_padded, c, *fixed), {2: SLOT_C})
+        return None if pad is None or gemm is None else [pad, gemm]
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
         # The copy and the kernel are two launches on one buffer per stream: another thread's copy on

@@ -112,9 +112,9 @@ def test_a_native_launch_takes_the_parameters_triton_s_launcher_passes(fake_cuda
     compiled = _CompiledForNative()
     launch = DirectLaunch(_KernelWithWork(compiled), (6, 2), dict(BLOCK=64))
     a, b, c, work = (torch.empty(8) for _ in range(4))
-    assert launch.native_launch((a, b, c, work, 100, 2**33, 1), (0, 1, 2)) is None, "nothing adopted yet"
+    assert launch.native_launch((a, b, c, work, 100, 2**33, 1), _launch.OPERANDS) is None, "nothing adopted yet"
     launch(a, b, c, work, 100, 2**33, 1)
-    native = launch.native_launch((a, b, c, work, 100, 2**33, 1), (0, 1, 2))
+    native = launch.native_launch((a, b, c, work, 100, 2**33, 1), _launch.OPERANDS)
     assert native is not None
     assert (native.function, native.grid, native.threads, native.shared) == (0x5000, (6, 2, 1), 128, 24576)
     assert native.codes == [0, 1, 2, _launch.SLOT_FIXED_64, _launch.SLOT_FIXED_32, _launch.SLOT_FIXED_64]
@@ -138,7 +138,7 @@ def test_a_kernel_the_cpp_launch_cannot_make_exactly_is_refused(fake_cuda: dict,
         compiled.src = type("FloatSource", (), {"signature": {**_Source.signature, "k": "fp32"}})()
         args = args[:5] + (0.5,) + args[6:]
     launch(*args)
-    per_call = (0, 1, 4) if change == "per_call_int" else (0, 1, 2)
+    per_call = {0: _launch.SLOT_A, 1: _launch.SLOT_B, 4: _launch.SLOT_C} if change == "per_call_int" else _launch.OPERANDS
     assert launch.native_launch(args, per_call) is None
 
 

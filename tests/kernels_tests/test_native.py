@@ -386,3 +386,45 @@ def test_a_pinned_triton_plan_is_timed_as_the_user_s_call_runs_it(native) -> Non
     count = _native.launches()
     kernels.matmul(a, b)
     assert _native.launches() == count, "the pins are gone"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("split", [1, 2])
+def test_a_repack_plan_launches_its_copy_and_its_kernel_from_cpp(native, monkeypatch, split: int) -> None:
+    """Rows of 60 fp16 values are not 16-byte aligned: repack copies A and B into a padded buffer, then runs
+    the kernel on it. From C++ the two launches run on a buffer of the plan's own, under one lock, so that
+    threads calling at once never hand each other's copies to the kernel."""
+    import threading
+
+    monkeypatch.setattr(_plans.FAST, "pins", 1)
+    config = _triton_config("repack", split).replace(BLOCK_K=32)
+    a = torch.randn(96, 60, device="cuda", dtype=torch.float16)
+    b = torch.randn(60, 80, device="cuda", dtype=torch.float16)
+    _put_plans(a, b, config, config)
+    kernels.matmul(a, b)  # compiles both kernels; the plan hands them to C++ afterwards
+    count = _native.launches()
+    for _ in range(2):
+        a.normal_()
+        b.normal_()
+        torch.testing.assert_close(kernels.matmul(a, b).float(), a.float() @ b.float(), atol=5e-2, rtol=5e-2)
+    assert _native.launches() == count + 2
+    pairs = [(torch.randn(96, 60, device="cuda", dtype=torch.float16),
+              torch.randn(60, 80, device="cuda", dtype=torch.float16)) for _ in range(4)]
+    wrong: list[int] = []
+
+    def hammer(index: int) -> None:
+        x, w = pairs[index]
+        expected = x.float() @ w.float()
+        for _ in range(50):
+            if not torch.allclose(kernels.matmul(x, w).float(), expected, atol=5e-2, rtol=5e-2):
+                wrong.append(index)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == [], "a call got another thread's operands"
+    # (a thread's first call may find no CUDA context current on that thread yet: the Python path takes it)
+    assert _native.launches() >= count + 2 + 196
