@@ -339,10 +339,10 @@ def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
     """An eager call with no graph evidence: a near problem's eager winner, where it is a config with the
     cheap direct launch that beat torch.matmul's eager time clearly and this problem is barely more work.
 
-    An eager caller pays max(host, GPU) per call. On calls of 10-30 us the host decides: our direct
-    launch costs 0.85-0.95x torch.matmul's host time and a cuBLAS plan about 1 us more than torch's
-    (the plan key and lookup; scripts/probes/host_pieces_probe.py, H100 box, 2026-11-24), so cuBLAS
-    through us loses 5-10% there, and a Triton config whose GPU time hides under the host's wins.
+    An eager caller pays max(host, GPU) per call. On calls of 10-30 us the host decides: a tiled or
+    split-K plan launched from C++ costs about 0.45x torch.matmul's host time, and cuBLAS through us
+    about torch's own (scripts/host_cost.py, H100 and H200 boxes, 2026-11-25), so a Triton config whose
+    GPU time hides under the host's wins.
     Eager winners transfer badly where the GPU time grows past the host's (32x3584x3584's ran
     32x5120x5120, 2x the work, at 0.37x; 128x3584x3584's, won by 7%, ran 128x3584x4096 at 0.75x), so
     the problem may be at most HOST_BOUND_MORE_WORK times the tuned one's work (bytes and FLOPs), and
