@@ -13,10 +13,10 @@ then the capture check for a CUDA tensor). In Python such a call also paid the m
 box its cuBLAS eager picks ran at 0.84-0.88x torch.matmul on 13-20 us problems (docs/BENCHMARKS.md,
 "Thirteenth session").
 
-A signature whose eager plan is a tiled or split-K Triton kernel is served too, once the kernel is compiled:
-the C++ path allocates C and launches the kernel through the driver (``cuLaunchKernel``), with the
+A signature whose eager plan is a tiled, split-K or repack Triton kernel is served too, once its kernels are
+compiled: the C++ path allocates C and launches them through the driver (``cuLaunchKernel``), with the
 arguments Triton's own launcher would pass, on the default stream of a current device (kernels/_plans.py
-hands the launch over after a call there). In Python such a call cost the plan key, the lookup, the output
+hands the launches over after a call there). In Python such a call cost the plan key, the lookup, the output
 allocation and Triton's launcher, which reads each tensor's address through Python: 0.88-0.94x of
 torch.matmul's host time on the H100 box (docs/BENCHMARKS.md, "Fifteenth session"), while cuBLAS's own
 call pays torch's dispatcher and cuBLAS's heuristics. Another stream, a capture, a forced graph mode where
