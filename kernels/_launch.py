@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import triton
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,19 @@ class NativeLaunch:
     codes: list[int]  # per kernel parameter: SLOT_A, SLOT_B, SLOT_C, SLOT_FIXED_64 or SLOT_FIXED_32
     values: list[int]
     keep: list[torch.Tensor]  # the tensors whose addresses are among ``values``
+    device: int  # the CUDA device whose context holds ``function``
+
+
+def native_allowed() -> bool:
+    """Whether kernels/_native.cpp may launch a handed-over kernel now: what ``DirectLaunch.ready`` asks of
+    the process (the shortcut enabled, no launch hook listening), asked by the C++ path on every call."""
+    return ENABLED and not _hooks_installed()
+
+
+# The parameter list ``native_launch`` builds is triton 3.6's launcher's (kernel parameters, then the global
+# and profile scratch pointers: third_party/nvidia/backend/driver.py make_launcher). Another triton may pass
+# other hidden parameters: its kernels stay on Triton's launcher.
+_NATIVE_ABI = tuple(triton.__version__.split(".")[:2]) == ("3", "6")
 
 
 class DirectLaunch:
@@ -142,7 +156,7 @@ class DirectLaunch:
         launcher makes: nothing adopted yet, a kernel that takes scratch memory, launch attributes
         (clusters, cooperative, PDL) or a parameter other than a pointer or a 32/64-bit integer."""
         compiled, run = self._compiled, getattr(self._compiled, "run", None)
-        if self._launch is None or compiled is None or run is None:
+        if not _NATIVE_ABI or self._launch is None or compiled is None or run is None:
             return None
         metadata, src = compiled.metadata, getattr(compiled, "src", None)
         signature = getattr(src, "signature", None)
@@ -170,13 +184,13 @@ class DirectLaunch:
                 codes.append(SLOT_FIXED_64)
                 values.append(value.data_ptr())
                 keep.append(value)
-            elif kind in ("i32", "i64", "u64") and isinstance(value, int) and not isinstance(value, bool):
+            elif kind in ("i32", "i64") and isinstance(value, int) and not isinstance(value, bool):
                 codes.append(SLOT_FIXED_32 if kind == "i32" else SLOT_FIXED_64)
                 values.append(value)
             else:
                 return None
         return NativeLaunch(int(compiled.function), tuple(self.grid), 32 * int(metadata.num_warps),
-                            int(metadata.shared), codes, values, keep)
+                            int(metadata.shared), codes, values, keep, self._device)
 
     def __call__(self, *args: Any) -> None:
         launch = self._launch

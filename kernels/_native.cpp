@@ -1,6 +1,6 @@
 // The cuBLAS call of kernels.matmul for signatures whose tuned plan is cuBLAS in every mode, in C++; and
 // torch.addmm for kernels.matmul_bias signatures that dispatch sends there in every mode; and the launch of
-// a tiled or split-K Triton kernel that a signature's eager plan runs, on a device's default stream.
+// the tiled, split-K or repack Triton kernels that a signature's eager plan runs, on a device's default stream.
 //
 // Python builds a plan key per call (shapes, strides, dtype, device of two tensors), about 1.1 us of host
 // time on the H100 box, 8% of a host-bound 13 us call (scripts/host_cost.py). Here the same key is read
@@ -92,6 +92,7 @@ std::mutex sequence_mutex;
 
 std::unordered_map<Signature, LaunchPlan, SignatureHash> launch_plans;  // every access holds the GIL
 int64_t launched = 0;  // calls served by a launch from here (the GPU tests read it)
+PyObject* launch_allowed = nullptr;  // kernels._launch.native_allowed: no launch hooks, shortcut enabled
 
 // The driver's entry points, looked up in the libcuda that torch loaded: no CUDA headers are needed to
 // build this file (CPU machines build it too), and where no libcuda is loaded nothing is launched here.
@@ -221,9 +222,34 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
     found = launch_plans.find(signature);  // the mode check ran Python, which may have changed the plans
     if (found == launch_plans.end()) Py_RETURN_NONE;
   }
+  // A profiler's launch hook must see every launch, and KERNELS_DIRECT_LAUNCH=0 keeps Triton's own path:
+  // both are Python's to say (kernels._launch.native_allowed), asked on every call as DirectLaunch does.
+  if (launch_allowed == nullptr) Py_RETURN_NONE;
+  PyObject* allowed = PyObject_CallNoArgs(launch_allowed);
+  if (allowed == nullptr) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  const int yes = PyObject_IsTrue(allowed);
+  Py_DECREF(allowed);
+  if (yes != 1) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  found = launch_plans.find(signature);  // that ran Python too
+  if (found == launch_plans.end()) Py_RETURN_NONE;
   const LaunchPlan& plan = found->second;
-  const auto a_address = reinterpret_cast<uintptr_t>(a.data_ptr());
-  const auto b_address = reinterpret_cast<uintptr_t>(b.data_ptr());
+  // Tensors without storage (under torch.func's vmap or grad, functionalization) match a signature by their
+  // sizes and strides but have no address: the Python path says what happens to them.
+  if (!a.has_storage() || !b.has_storage()) Py_RETURN_NONE;
+  uintptr_t a_address = 0, b_address = 0;
+  try {
+    a_address = reinterpret_cast<uintptr_t>(a.data_ptr());
+    b_address = reinterpret_cast<uintptr_t>(b.data_ptr());
+  } catch (...) {
+    Py_RETURN_NONE;
+  }
   if ((a_address | b_address) & 15) Py_RETURN_NONE;  // the kernels were specialized for 16-byte alignment
   void* context = nullptr;
   if (ctx_get_current(&context) != 0 || context == nullptr) Py_RETURN_NONE;
@@ -278,7 +304,12 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
     failed = true;
   }
   Py_END_ALLOW_THREADS
-  if (failed || status != 0) Py_RETURN_NONE;  // the Python path runs the call again and raises what it raises
+  if (failed || status != 0) {
+    // The Python path runs the call again and raises what it raises; a plan whose launch the driver refused
+    // is not tried again (each call would pay an allocation and a failed launch first).
+    if (status != 0) launch_plans.erase(signature);
+    Py_RETURN_NONE;
+  }
   ++launched;
   return THPVariable_Wrap(std::move(c));
 }
@@ -445,6 +476,9 @@ size_t size() { return cublas_signatures.size() + eager_signatures.size() + laun
 
 size_t addmm_size() { return addmm_signatures.size(); }
 
+// kernels._launch.native_allowed, kept for the process: asked before every launch from here.
+void use_launch_check(py::object check) { launch_allowed = check.release().ptr(); }
+
 // kernels._modes, kept for the process: where a call of an eager-only signature learns its mode.
 void use_modes(py::object module) {
   py::object local = module.attr("LOCAL");
@@ -472,6 +506,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("use_dispatcher", &use_dispatcher);
   m.def("addmm_size", &addmm_size);
   m.def("add_launch", &add_launch);
+  m.def("use_launch_check", &use_launch_check);
   m.def("launches", &launches);
   m.def("launch_size", &launch_size);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));

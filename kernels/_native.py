@@ -114,6 +114,9 @@ def _build() -> None:
             module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], extra_ldflags=["-ldl"],
                           verbose=False)
         module.use_modes(_modes)
+        from . import _launch
+
+        module.use_launch_check(_launch.native_allowed)
         from .dispatch import DISPATCHER
 
         module.use_dispatcher(DISPATCHER)
@@ -232,7 +235,10 @@ def remember_launch(key: Hashable, both: bool, launches: Any) -> bool:
     signature = _signature(key)
     with _LOCK:
         module = NATIVE.module
-        if module is None or not launches or signature is None:
+        device = getattr(key[-1], "index", None)
+        # A kernel runs only in the context it was loaded in: one loaded on another device than the
+        # signature's (its first call ran with another device current) stays on the Python path.
+        if module is None or not launches or signature is None or any(l.device != device for l in launches):
             return False
         fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by b's columns
         kernels = [(launch.function, list(launch.grid), launch.threads, launch.shared, launch.codes, launch.values)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
@@ -27,6 +28,8 @@ import torch
 from . import _launch, _native, gemm
 from ._modes import EAGER, GRAPH
 from ._spec import BASELINE, Config, is_baseline
+
+log = logging.getLogger(__name__)
 
 # A plan is called as plan(a, b) on the hot path, and plan.with_out(a, b, out) when out is given.
 Plan = Any
@@ -171,8 +174,9 @@ class _Direct(_Handed):
             self.launch(a, b, c, *self.args)
         else:
             self.launch(a, b, c, *self.workspace(), *self.args)
-        if self.offer is not None:
-            self.offer(self, a, b, c)
+        offer = self.offer  # read once: another thread may clear it
+        if offer is not None:
+            offer(self, a, b, c)
         return c
 
     def native_ready(self) -> bool:
@@ -205,8 +209,9 @@ class _Launched(_Handed):
             return self.odd(a, b)
         c = a.new_empty(self.c_shape)
         self.launch(a, b, c)
-        if self.offer is not None:
-            self.offer(self, a, b, c)
+        offer = self.offer  # read once: another thread may clear it
+        if offer is not None:
+            offer(self, a, b, c)
         return c
 
     def native_ready(self) -> bool:
@@ -238,26 +243,46 @@ def _mirror(key: Hashable, plans: ModePlans | None, on_cuda: bool) -> None:
         # 1.5x below what a fresh process measured; docs/BENCHMARKS.md "Sixteenth session").
         if eager.native is not None and _native.remember_launch(key, both, eager.native):
             eager.offer = None
-        else:
-            eager.offer = lambda plan, a, b, c: _offer_launch(key, plans, both, plan, a, b, c)
+            return
+        offers = [0]
+        eager.offer = lambda plan, a, b, c: _offer_launch(key, plans, both, plan, a, b, c, offers)
+        if _native.NATIVE.state == "idle":  # a process whose plans are all Triton's builds the module too
+            _native.start()
+
+
+# Calls after which a plan that could not be handed over stops offering (a caller always on a side stream,
+# a launch hook that stays installed): an offer costs a Python call on each of them.
+_OFFERS = 64
 
 
 def _offer_launch(key: Hashable, plans: ModePlans, both: bool, plan: _Handed, a: torch.Tensor, b: torch.Tensor,
-                  c: torch.Tensor) -> None:
+                  c: torch.Tensor, offers: list[int]) -> None:
     """After a call of ``plan`` (the eager plan of ``plans``, held for ``key``): hand its launches to the
     C++ path, once that path is built and the call ran on the default stream; stop offering once it took
-    them, refused them, or ``plans`` no longer hold the key."""
+    them, refused them, ``plans`` no longer hold the key, or _OFFERS calls could not hand them over. A
+    failure here never reaches the call: C is computed, and the Python path goes on serving."""
     if _native.NATIVE.module is None:
         if _native.NATIVE.state in ("failed", "off"):
             plan.offer = None
         return  # not built yet: offered again on the next call
     if _launch._raw_stream(a.device.index) != 0 or not plan.native_ready():
-        return  # another stream (its buffers are not the default stream's), or not adopted yet
+        # Another stream (its buffers are not the default stream's), a launch hook, or not adopted yet.
+        offers[0] += 1
+        if offers[0] >= _OFFERS:
+            plan.offer = None
+        return
     with _LOCK:
+        if plan.offer is None:
+            return  # another thread handed it over meanwhile
         plan.offer = None
-        if _PLANS.get(key) is plans:
+        if _PLANS.get(key) is not plans:
+            return
+        try:
             plan.native = plan.native_launch(a, b, c)
             _native.remember_launch(key, both, plan.native)
+        except Exception as error:  # out of memory for repack's buffer, a value C++ cannot take...
+            plan.native = None
+            log.debug("%s: the launch stays on the Python path (%s)", key, error)
 
 
 def _served(plans: ModePlans | None) -> str | None:
@@ -333,10 +358,12 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
     on_cuda = a.is_cuda
 
     def install(plan: ModePlans) -> None:
-        _PLANS[key] = plan
         # As dispatch will hold it: a cuBLAS or direct Triton plan is served from C++ where it runs
-        # (kernels/_native.py), so the tuner's eager timing is what the user's call costs.
-        _mirror(key, plan, on_cuda)
+        # (kernels/_native.py), so the tuner's eager timing is what the user's call costs. Under the lock:
+        # a hand-over in flight must not put back the plan this one replaces.
+        with _LOCK:
+            _PLANS[key] = plan
+            _mirror(key, plan, on_cuda)
 
     try:
         yield [functools.partial(install, plan) for plan in plans]

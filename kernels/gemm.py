@@ -556,13 +556,13 @@ class RepackLaunch:
         return self.pad.ready() and self.launch.ready()
 
     def native_launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> list[NativeLaunch] | None:
-        """The copy and the kernel as kernels/_native.cpp launches them, A, B and C filled in per call, on a
-        padded buffer of their own: the Python path's buffer of the default stream may be in use by a
-        call that the C++ path leaves to Python (another thread's, a torch function mode's), and the C++
-        path holds its own lock across its pair of launches, not ``_REPACK_PAIR``. Call it on the default
-        stream only (split-K's workspace is that stream's), once ``native_ready``."""
+        """The copy and the kernel as kernels/_native.cpp launches them, A, B and C filled in per call, on
+        the C++ path's padded buffer (``_native_padded``): the Python path's buffer of the default stream
+        may be in use by a call that the C++ path leaves to Python (another thread's, a torch function
+        mode's), and the C++ path holds its own lock across every pair of launches, not ``_REPACK_PAIR``.
+        Call it on the default stream only (split-K's workspace is that stream's), once ``native_ready``."""
         m, n, k_padded = self.shapes
-        buffer = kept_empty(self.elems, a.dtype, a.device)
+        buffer = _native_padded(self.elems, a.dtype, a.device)
         a_padded = buffer[:m * k_padded].view(m, k_padded)
         b_padded = buffer[m * k_padded:(m + n) * k_padded].view(n, k_padded).t()
         pad = self.pad.native_launch((a, b, buffer, *self.pad_args), {0: SLOT_A, 1: SLOT_B})
@@ -581,6 +581,23 @@ class RepackLaunch:
                 self.launch(a_padded, b_padded, c, *self.args)
             else:
                 self.launch(a_padded, b_padded, c, *self.workspace(), *self.args)
+
+
+_NATIVE_PADDED: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+_NATIVE_PADDED_LOCK = threading.Lock()
+
+
+def _native_padded(elems: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The padded buffer of repack plans launched from C++, one per dtype and device, at least ``elems``
+    long. The C++ path launches every pair under one lock on the default stream, so the plans share it;
+    it grows at least twofold, and a plan keeps the buffer it was handed, so what all plans hold stays
+    under twice the largest."""
+    with _NATIVE_PADDED_LOCK:
+        held = _NATIVE_PADDED.get((dtype, device))
+        if held is None or held.numel() < elems:
+            held = kept_empty(max(elems, 2 * held.numel()) if held is not None else elems, dtype, device)
+            _NATIVE_PADDED[(dtype, device)] = held
+        return held
 
 
 _REPACK_PAIR = threading.RLock()  # re-entrant: a launch hook that itself runs a repack call must not deadlock

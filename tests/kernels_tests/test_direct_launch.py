@@ -119,12 +119,22 @@ def test_a_native_launch_takes_the_parameters_triton_s_launcher_passes(fake_cuda
     assert (native.function, native.grid, native.threads, native.shared) == (0x5000, (6, 2, 1), 128, 24576)
     assert native.codes == [0, 1, 2, _launch.SLOT_FIXED_64, _launch.SLOT_FIXED_32, _launch.SLOT_FIXED_64]
     assert native.values == [0, 0, 0, work.data_ptr(), 100, 2**33]
-    assert native.keep == [work]
+    assert native.keep == [work] and native.device == 0
+
+
+def test_native_launches_are_allowed_only_where_triton_s_own_path_would_be_skipped(monkeypatch) -> None:
+    """kernels/_native.cpp asks this before every launch: a profiler's hook must see every launch."""
+    assert _launch.native_allowed() == (_launch.ENABLED and not _launch._hooks_installed())
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    assert not _launch.native_allowed()
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    monkeypatch.setattr(_launch, "_hooks_installed", lambda: True)
+    assert not _launch.native_allowed()
 
 
 @pytest.mark.parametrize("change", ["global_scratch_size", "profile_scratch_size", "launch_cooperative_grid",
-                                    "launch_pdl", "num_ctas", "float", "per_call_int"])
-def test_a_kernel_the_cpp_launch_cannot_make_exactly_is_refused(fake_cuda: dict, change: str) -> None:
+                                    "launch_pdl", "num_ctas", "float", "per_call_int", "other_triton"])
+def test_a_kernel_the_cpp_launch_cannot_make_exactly_is_refused(fake_cuda: dict, monkeypatch, change: str) -> None:
     compiled = _CompiledForNative()
     if change == "num_ctas":
         compiled.metadata = type("Clustered", (_Metadata,), {"num_ctas": 2})()
@@ -132,11 +142,12 @@ def test_a_kernel_the_cpp_launch_cannot_make_exactly_is_refused(fake_cuda: dict,
         pass
     else:
         setattr(compiled.run, change, 1)
+    if change == "other_triton":  # its launcher may pass other hidden parameters
+        monkeypatch.setattr(_launch, "_NATIVE_ABI", False)
     launch = DirectLaunch(_KernelWithWork(compiled), (6,), dict(BLOCK=64))
     args = (torch.empty(8), torch.empty(8), torch.empty(8), torch.empty(8), 100, 7, 1)
-    if change == "float":
+    if change == "float":  # an integer value, so that only the parameter's type refuses it
         compiled.src = type("FloatSource", (), {"signature": {**_Source.signature, "k": "fp32"}})()
-        args = args[:5] + (0.5,) + args[6:]
     launch(*args)
     per_call = {0: _launch.SLOT_A, 1: _launch.SLOT_B, 4: _launch.SLOT_C} if change == "per_call_int" else _launch.OPERANDS
     assert launch.native_launch(args, per_call) is None

@@ -428,3 +428,46 @@ def test_a_repack_plan_launches_its_copy_and_its_kernel_from_cpp(native, monkeyp
     assert wrong == [], "a call got another thread's operands"
     # (a thread's first call may find no CUDA context current on that thread yet: the Python path takes it)
     assert _native.launches() >= count + 2 + 196
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_a_handed_over_plan_leaves_hooked_switched_off_and_storage_less_calls_to_python(native, monkeypatch) -> None:
+    """A launch hook installed after the hand-over sees every launch; KERNELS_DIRECT_LAUNCH's switch is obeyed;
+    tensors without storage (torch.vmap's) match the signature by shape but are left to Python, which must
+    not crash the process."""
+    from triton import knobs
+
+    from kernels import _launch
+
+    monkeypatch.setattr(_plans.FAST, "pins", 1)
+    a, b = _operands("nn")
+    _put_plans(a, b, _triton_config("tiled", 1), _triton_config("tiled", 1))
+    kernels.matmul(a, b)
+    count = _native.launches()
+    kernels.matmul(a, b)
+    assert _native.launches() == count + 1, "handed over"
+    seen: list[object] = []
+    hook = seen.append
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        kernels.matmul(a, b)
+        kernels.matmul(a, b)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    torch.cuda.synchronize()
+    assert len(seen) == 2 and _native.launches() == count + 1, "the hook saw both launches, made by Triton"
+    monkeypatch.setattr(_launch, "ENABLED", False)
+    kernels.matmul(a, b)
+    assert _native.launches() == count + 1, "KERNELS_DIRECT_LAUNCH=0: Triton's own path"
+    monkeypatch.setattr(_launch, "ENABLED", True)
+    kernels.matmul(a, b)
+    assert _native.launches() == count + 2, "and back"
+    batch = torch.randn(3, *a.shape, device="cuda", dtype=a.dtype)
+    try:
+        out = torch.vmap(lambda x: kernels.matmul(x, b))(batch)
+    except RuntimeError:
+        pass  # the Python path's own answer to a batched operand; what matters is that the process lives
+    else:
+        torch.testing.assert_close(out.float(), batch.float() @ b.float(), atol=5e-2, rtol=5e-2)
+    assert _native.launches() == count + 2
