@@ -5,8 +5,9 @@ asks the dispatcher for the config and builds a plan; every later call is one di
 plan's own few steps. A plan for a tiled or split-K config allocates C and launches the compiled
 kernel directly (kernels/_launch.py); a cuBLAS plan calls ``torch.mm``; the other variants go
 through their launchers. Tiled, split-K and repack plans then hand their launches to the C++ path
-(``_mirror``, kernels/_native.py), which serves the signature's eager calls on a default stream. Whatever a plan cannot vouch for on a given call (an ``out`` tensor, a
-pointer whose 16-byte alignment differs from the first call's, empty sizes) takes the checked path.
+(``_mirror``, kernels/_native.py), which serves the signature's eager calls on a default stream.
+Whatever a plan cannot vouch for on a given call (an ``out`` tensor, a pointer whose 16-byte alignment
+differs from the first call's, empty sizes) takes the checked path.
 
 A cuBLAS plan is ``torch.mm`` itself: kernels.matmul calls ``plan(a, b)``, so that a cuBLAS winner
 costs the lookup and torch's own call, nothing more.
