@@ -414,7 +414,8 @@ void discard(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device)
 // kernel is (CUfunction, grid, threads, shared bytes, slot codes, values), launched in order. Served by
 // ``run_launch`` from now on. False where this process has no CUDA driver loaded or a kernel takes more
 // parameters than a launch here passes; the Python path then keeps serving the signature.
-using KernelFields = std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, std::vector<int>, std::vector<int64_t>>;
+using KernelFields =
+    std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, std::vector<int>, std::vector<int64_t>>;
 
 bool add_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, bool both_modes,
                 std::vector<int64_t> out_shape, std::vector<KernelFields> kernels, std::vector<at::Tensor> keep) {
