@@ -184,6 +184,25 @@ int eager_now(const c10::Device& device) {
   return PyErr_Occurred() ? -1 : eager;  // a mode that is not a string: the Python path says what is wrong
 }
 
+// What a question put to Python (``answer``: 1 yes, 0 no, -1 an error is set) means for a call here: 1 serve
+// it, 0 leave it to the Python path, -1 let the error propagate. An Exception is the Python path's to raise
+// again, with its own message; KeyboardInterrupt and the like go on at once.
+int serve_if(int answer) {
+  if (answer >= 0) return answer == 1;
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  PyErr_Clear();
+  return 0;
+}
+
+// ``check()``'s truth, as ``serve_if`` takes it.
+int call_says(PyObject* check) {
+  PyObject* result = PyObject_CallNoArgs(check);
+  if (result == nullptr) return -1;
+  const int truth = PyObject_IsTrue(result);
+  Py_DECREF(result);
+  return truth;
+}
+
 // ``op()`` with the GIL released, as torch's own bindings run their ops (other Python threads go on, and a
 // CPU GEMM does not hold them up); None where it throws (the Python path runs the call again and raises
 // torch's own error). The operands must be owned copies: another thread may rebind a tensor's data.
@@ -212,32 +231,13 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
       !is_current(device)) {
     Py_RETURN_NONE;
   }
-  if (!found->second.both_modes) {
-    const int eager = eager_now(device);
-    if (eager < 0) {
-      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
-      PyErr_Clear();
-    }
-    if (eager != 1) Py_RETURN_NONE;
-    found = launch_plans.find(signature);  // the mode check ran Python, which may have changed the plans
-    if (found == launch_plans.end()) Py_RETURN_NONE;
-  }
-  // A profiler's launch hook must see every launch, and KERNELS_DIRECT_LAUNCH=0 keeps Triton's own path:
-  // both are Python's to say (kernels._launch.native_allowed), asked on every call as DirectLaunch does.
-  if (launch_allowed == nullptr) Py_RETURN_NONE;
-  PyObject* allowed = PyObject_CallNoArgs(launch_allowed);
-  if (allowed == nullptr) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  const int yes = PyObject_IsTrue(allowed);
-  Py_DECREF(allowed);
-  if (yes != 1) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  found = launch_plans.find(signature);  // that ran Python too
+  // The mode, where the graph plan is another one; then what Python says of launch hooks and
+  // KERNELS_DIRECT_LAUNCH=0 (kernels._launch.native_allowed, asked on every call as DirectLaunch asks):
+  // a profiler's hook must see every launch.
+  const int serve = serve_if(found->second.both_modes ? 1 : eager_now(device));
+  const int allowed = serve != 1 ? serve : launch_allowed == nullptr ? 0 : serve_if(call_says(launch_allowed));
+  if (allowed != 1) return allowed < 0 ? nullptr : Py_NewRef(Py_None);
+  found = launch_plans.find(signature);  // Python ran, which may have changed the plans
   if (found == launch_plans.end()) Py_RETURN_NONE;
   const LaunchPlan& plan = found->second;
   // Tensors without storage (under torch.func's vmap or grad, functionalization) match a signature by their
@@ -330,12 +330,8 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (launch_plans.empty()) Py_RETURN_NONE;
       return run_launch(signature, a, b);
     }
-    const int eager = eager_now(a.device());
-    if (eager < 0) {
-      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // KeyboardInterrupt and the like go on
-      PyErr_Clear();  // the Python path asks again and says what is wrong
-    }
-    if (eager != 1) Py_RETURN_NONE;
+    const int eager = serve_if(eager_now(a.device()));
+    if (eager != 1) return eager < 0 ? nullptr : Py_NewRef(Py_None);
   }
   return run_released([&] { return at::mm(a, b); });
 }
@@ -359,12 +355,8 @@ PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const at::Tensor a = THPVariable_Unpack(args[0]);
   const at::Tensor b = THPVariable_Unpack(args[1]);
   if (a.dim() != 2 || b.dim() != 2 || !addmm_signatures.count(make_signature(a, b))) Py_RETURN_NONE;
-  const int current = addmm_current();
-  if (current < 0) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // KeyboardInterrupt and the like go on
-    PyErr_Clear();
-  }
-  if (current != 1) Py_RETURN_NONE;
+  const int current = serve_if(addmm_current());
+  if (current != 1) return current < 0 ? nullptr : Py_NewRef(Py_None);
   const at::Tensor bias = THPVariable_Unpack(args[2]);
   return run_released([&] { return at::addmm(bias, a, b); });
 }

@@ -227,8 +227,8 @@ def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
     _put(NATIVE.pending, key, served, _apply, build=served is not None and on_cuda)
 
 
-def remember_launch(key: Hashable, both: bool, launches: Any) -> bool:
-    """Serve the signature ``key`` from C++ by launching compiled Triton kernels (``launches``, a list of
+def remember_launch(key: Hashable, both: bool, made: Any) -> bool:
+    """Serve the signature ``key`` from C++ by launching compiled Triton kernels (``made``, a list of
     kernels._launch.NativeLaunch, made in order; None: they cannot be launched that way) on the default
     stream, in eager calls, and in graph ones too where ``both``. Only once the module is ready
     (kernels/_plans.py offers the launches again until it is). True where the C++ path took them."""
@@ -238,12 +238,12 @@ def remember_launch(key: Hashable, both: bool, launches: Any) -> bool:
         device = getattr(key[-1], "index", None)
         # A kernel runs only in the context it was loaded in: one loaded on another device than the
         # signature's (its first call ran with another device current) stays on the Python path.
-        if module is None or not launches or signature is None or any(l.device != device for l in launches):
+        if module is None or not made or signature is None or any(l.device != device for l in made):
             return False
         fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by b's columns
         kernels = [(launch.function, list(launch.grid), launch.threads, launch.shared, launch.codes, launch.values)
-                   for launch in launches]
-        keep = [tensor for launch in launches for tensor in launch.keep]
+                   for launch in made]
+        keep = [tensor for launch in made for tensor in launch.keep]
         return bool(module.add_launch(*signature, both, [fields[0], fields[3]], kernels, keep))
 
 

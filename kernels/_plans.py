@@ -139,7 +139,7 @@ class _Handed(_Fitted):
     cannot; ``native`` keeps what was handed over, so that a plan put again (the tuner's pins take
     turns) is served from C++ at once."""
 
-    __slots__ = ()
+    __slots__ = ("offer", "native")
 
     def native_ready(self) -> bool:
         """Whether every kernel of the plan has been compiled and adopted (its first call ran)."""
@@ -154,7 +154,7 @@ class _Handed(_Fitted):
 class _Direct(_Handed):
     """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done."""
 
-    __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index", "offer", "native")
+    __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index")
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor) -> None:
         m, k = a.shape
@@ -197,7 +197,7 @@ class _Launched(_Handed):
     """TMA or repack on operands laid out like the first call's (kernels/gemm.py TmaLaunch, RepackLaunch).
     A repack plan's two launches can be made from C++ (``RepackLaunch.native_launch``); TMA's cannot."""
 
-    __slots__ = ("config", "launch", "c_shape", "b_dtype", "b_index", "offer", "native")
+    __slots__ = ("config", "launch", "c_shape", "b_dtype", "b_index")
 
     def __init__(self, config: Config, launch: Any, b: torch.Tensor, c: torch.Tensor) -> None:
         self.config, self.c_shape, self.launch = config, tuple(c.shape), launch
