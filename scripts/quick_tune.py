@@ -21,6 +21,7 @@ import triton
 import kernels
 from db import Store
 from tuner.quick import QuickResult, quick_tune
+from tuner.search import EAGER_PASSES
 from tuner.workers import CheckPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,8 +41,12 @@ def main() -> int:
                         help="leave out problems this export (a shipped table) has both modes' records of, for this GPU")
     parser.add_argument("--small-m-first", action="store_true",
                         help="problems with M <= 128 first, by M (where Triton wins most; a budget-cut run keeps them)")
+    parser.add_argument("--eager-passes", type=int, default=EAGER_PASSES,
+                        help=f"contests an eager Triton winner must win in all (default {EAGER_PASSES}; tuner.search.confirm_eager)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.eager_passes < 1:
+        parser.error(f"--eager-passes {args.eager_passes}: give 1 or more (the deciding contest counts)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.current_device()
     problems = problems_of(args)
@@ -73,7 +78,8 @@ def main() -> int:
             if args.budget_s and time.monotonic() - started > args.budget_s:
                 print(f"# budget of {args.budget_s} s spent; {len(problems) - len(rows)} problems left", flush=True)
                 break
-            quick_tune(kernels.MATMUL, [problem], device, store, pool=pool, on_result=report)
+            quick_tune(kernels.MATMUL, [problem], device, store, pool=pool, on_result=report,
+                       eager_passes=args.eager_passes)
     print(f"# {len(rows)} problems in {time.monotonic() - started:.0f} s", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

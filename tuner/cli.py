@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ahead", type=int, default=4,
                    help="new configs compiling at once ahead of the timer (default 4; more is faster to "
                         "compile but the sampler learns less between asks)")
+    s.add_argument("--eager-passes", type=int, default=3,
+                   help="side-by-side contests an eager Triton winner must win in all, 2 s apart, against "
+                        "cuBLAS and torch.matmul (default 3; 1 decides on one contest, one phase of the host)")
 
     s.add_argument("--recorded", action="store_true",
                    help="tune what record mode (TUNER_RECORD=1) saw on this device and is not tuned yet, "

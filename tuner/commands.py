@@ -83,6 +83,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise UserError(f"--trials {args.trials} must be at least 1")
     if args.ahead < 1:
         raise UserError(f"--ahead {args.ahead} must be at least 1")
+    if args.eager_passes < 1:
+        raise UserError(f"--eager-passes {args.eager_passes} must be at least 1 (the deciding contest counts)")
     budget = parse_budget(args.budget) if args.budget else Budget(args.trials, args.timeout)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)

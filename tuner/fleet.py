@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 # An idle worker with --wait looks for new jobs this often.
 POLL_S = 2.0
+# A job's options that reach tune_problem; a job queued by an older version lacks the later ones and
+# gets tune_problem's defaults for them (eager_passes came on 2026-11-26).
+TUNE_OPTIONS = ("sampler", "seed", "ahead", "use_shipped", "eager_passes")
 
 
 def job_specs(problems: Sequence[kernels.Problem], device: kernels.DeviceInfo, budget: Budget,
@@ -165,7 +168,7 @@ def _tune(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.st
     """Tune one job; (record, None) on success, (None, reason) for a job that cannot succeed."""
     spec = kernels.get_kernel(job.spec.kernel)
     problem = kernels.Problem.from_key(spec.name, job.spec.problem_key)
-    options = {k: v for k, v in job.spec.options.items() if k in ("sampler", "seed", "ahead", "use_shipped")}
+    options = {k: v for k, v in job.spec.options.items() if k in TUNE_OPTIONS}
     try:
         record = tune_problem(spec, problem, device, store, budget=Budget(job.spec.budget_trials, job.spec.budget_seconds),
                               storage=storage, **options, **hooks.tune_options)

@@ -72,7 +72,8 @@ def search_through_queue(args: argparse.Namespace, store: Store, device: kernels
     """Enqueue ``problems`` and work them off: here, or by one worker per GPU (``--gpus``). Returns
     the enqueued jobs as they stand at the end."""
     queue = JobQueue(store)
-    options = {"sampler": args.sampler, "seed": args.seed, "ahead": args.ahead, "use_shipped": not args.no_shipped}
+    options = {"sampler": args.sampler, "seed": args.seed, "ahead": args.ahead, "use_shipped": not args.no_shipped,
+               "eager_passes": args.eager_passes}
     ids = set(queue.enqueue(job_specs(problems, device, budget, options, priorities)))
     lease_s = args.lease or DEFAULT_LEASE_S
     if args.gpus:

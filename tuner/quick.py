@@ -24,7 +24,7 @@ from kernels import GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
 
 from . import timing
 from .bench import Bench, Measurement, SideBySide
-from .search import _tell_values, decide_modes, open_study, sampled_space
+from .search import EAGER_PASSES, _tell_values, decide_modes, open_study, sampled_space
 from .space import distributions_of, params_of
 from .workers import CheckPool
 
@@ -84,11 +84,13 @@ def default_portfolio(problem: Problem, device: DeviceInfo) -> list[Config]:
 def quick_tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo, store: Store, *,
                portfolio: Callable[[Problem, DeviceInfo], list[Config]] = default_portfolio,
                pool: CheckPool | None = None, skip_tuned: bool = True,
-               on_result: Callable[[QuickResult], None] | None = None) -> list[QuickResult]:
+               on_result: Callable[[QuickResult], None] | None = None,
+               eager_passes: int = EAGER_PASSES) -> list[QuickResult]:
     """Time each problem's portfolio in both modes, store both winners, keep every timing as a trial.
 
     ``skip_tuned`` leaves out problems that have a record in every mode on this device already (so
-    that an interrupted run goes on where it stopped)."""
+    that an interrupted run goes on where it stopped). ``eager_passes``: the contests an eager Triton
+    winner must win in all, as in the search (``search.confirm_eager``)."""
     storage = optuna.storages.RDBStorage(store.url)
     results = []
     for problem in problems:
@@ -113,7 +115,7 @@ def quick_tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo
         if not any(t.user_attrs.get("status") == "ok" for t in study.trials):
             log.warning("%s: no portfolio config ran correctly; nothing stored", problem)
             continue
-        records = decide_modes(spec, problem, device, bench, study, QUICK_FINALISTS, QUICK_ROUNDS)
+        records = decide_modes(spec, problem, device, bench, study, QUICK_FINALISTS, QUICK_ROUNDS, eager_passes)
         bench.release()
         store.put_many(list(records.values()), on_conflict="replace")
         result = QuickResult(problem, records, len(configs), time.monotonic() - started)
@@ -213,7 +215,7 @@ def recheck_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, eager:
     cuBLAS back to back), stored 1.22x, and measured 0.95x in a fresh process on the H200 box (2026-11-25,
     docs/BENCHMARKS.md "Fifteenth session"). A Triton config is never promoted here: a winner only keeps
     its place or gives it to cuBLAS."""
-    from .search import WIN_MARGIN, _winner_record, cublas_side_by_side, holds_on_a_fast_host
+    from .search import _winner_record, cublas_side_by_side, holds_on_a_fast_host, recontest_eager
 
     config = Config.from_dict(eager.config)
     if kernels.is_baseline(config) or device.is_cpu:
@@ -223,15 +225,8 @@ def recheck_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, eager:
         holds = holds_on_a_fast_host(spec, bench, config)
         if holds and not recontest:
             return None
-        if holds:  # _winner_record keeps the winner only where it beats our cuBLAS path by WIN_MARGIN
-            (triton_ms, ours_cublas_ms), baseline_ms = bench.contest([config, kernels.BASELINE], mode=kernels.EAGER,
-                                                                      graph=graph)
-            # ... and torch.matmul too, timed in the same contest: both run at::mm, so a winner that beats
-            # one but not the other won on the two's spread (H100, 2026-11-25: a split-K winner kept its
-            # place at 0.964x torch.matmul, and measured 0.94x in the bench).
-            lost = baseline_ms < triton_ms * (1 + WIN_MARGIN)
-            return _winner_record(spec, problem, device, (config, triton_ms), baseline_ms, eager.trials,
-                                  kernels.EAGER, cublas_ms=ours_cublas_ms, cublas_won=lost)
+        if holds:  # the winner keeps its place only where it beats our cuBLAS path and torch.matmul
+            return recontest_eager(spec, problem, device, bench, config, graph, eager.trials)
         ours_cublas_ms, baseline_ms = cublas_side_by_side(spec, bench, kernels.EAGER, graph)
     finally:
         bench.release()

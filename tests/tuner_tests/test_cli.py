@@ -164,6 +164,7 @@ def test_gpu_device_without_gpu_exits_2_pointing_to_device_cpu(tmp_path) -> None
     (["--trials", "0", "--shape", SHAPE], "--trials 0 must be at least 1"),
     (["--sampler", "annealing", "--shape", SHAPE], "--sampler annealing is not one of"),
     (["--ahead", "0", "--shape", SHAPE], "--ahead 0 must be at least 1"),
+    (["--eager-passes", "0", "--shape", SHAPE], "--eager-passes 0 must be at least 1"),
     (["--budget", "ten", "--shape", SHAPE], "--budget 'ten' must be a positive number of trials (40) or seconds"),
     (["--budget", "0s", "--shape", SHAPE], "--budget '0s' must be"),
     (["--kernel", "moe_matmul", "--shape", "16x32x32+8x64x32"], "shares one N and one K"),

@@ -849,6 +849,68 @@ def test_recheck_with_a_recontest_keeps_a_winner_only_where_it_still_beats_our_c
         recheck_eager(MATMUL, THIN, H100, stored, bench=spread_win, recontest=True).config))
 
 
+@pytest.fixture(autouse=True)
+def _no_pause_between_eager_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pause between eager recontests waits for another phase of a GPU box's host; the stand-in
+    timers here have no host to wait for."""
+    monkeypatch.setattr(search, "EAGER_PASS_PAUSE_S", 0.0)
+
+
+class _PhasedBench(_GpuBench):
+    """As _GpuBench, but each eager contest of one config against cuBLAS times the config at the next of
+    ``phases`` (the host's phases, stood in for: no GPU here); torch.matmul at 0.020 ms, our cuBLAS path
+    at 0.0205 ms."""
+
+    def __init__(self, *phases: float) -> None:
+        super().__init__(config_ms=phases[0])
+        self.phases = list(phases)
+
+    def contest(self, configs: list[Config], rounds: int | None = None, mode: str = "graph",
+                graph: Config | None = None) -> tuple[list[float], float]:
+        if mode == "eager" and len(configs) == 2 and kernels.is_baseline(configs[1]):
+            self.config_ms = self.phases.pop(0)
+        return super().contest(configs, rounds, mode, graph)
+
+
+def test_an_eager_winner_must_win_every_pass_or_cublas_takes_its_place() -> None:
+    """The deciding contest met a slow phase of the host (0.015 ms against torch.matmul's 0.020); the second
+    pass met a fast one, where the config no longer beats torch.matmul by WIN_MARGIN: cuBLAS wins eager,
+    and the third pass is not run."""
+    config = MATMUL.default_config(THIN, H100)
+    bench = _PhasedBench(0.015, 0.0198, 0.015)
+    records = search.decide_modes(MATMUL, THIN, H100, bench, _trial_study((config, 0.015, 0.015)))
+    eager = records["eager"]
+    assert kernels.is_baseline(Config.from_dict(eager.config)) and eager.time_ms == 0.0205
+    assert eager.triton_ms == 0.0198, "the config's time in the pass it lost is kept beside cuBLAS"
+    eager_contests = [c for c in bench.contests[1:] if c[-1] == BASELINE and len(c) == 2]
+    assert len(eager_contests) == 2, "the deciding contest and the pass that lost; no third"
+    assert not kernels.is_baseline(Config.from_dict(records["graph"].config)), "graph winners are not recontested"
+
+
+def test_an_eager_winner_that_wins_every_pass_stores_its_least_win() -> None:
+    config = MATMUL.default_config(THIN, H100)
+    bench = _PhasedBench(0.015, 0.017, 0.016)
+    records = search.decide_modes(MATMUL, THIN, H100, bench, _trial_study((config, 0.015, 0.015)))
+    eager = records["eager"]
+    assert Config.from_dict(eager.config) == MATMUL.space.portable(config, THIN, H100, MATMUL.portable_values(H100))
+    assert eager.time_ms == 0.017 and eager.speedup == pytest.approx(0.020 / 0.017), "the pass that won least"
+    assert not bench.phases, "three contests in all"
+    once = _PhasedBench(0.015, 0.0198)
+    records = search.decide_modes(MATMUL, THIN, H100, once, _trial_study((config, 0.015, 0.015)), eager_passes=1)
+    assert records["eager"].time_ms == 0.015 and once.phases == [0.0198], "one pass: the deciding contest alone"
+
+
+def test_confirm_eager_leaves_cublas_winners_and_the_cpu_alone() -> None:
+    config = MATMUL.default_config(THIN, H100)
+    bench = _PhasedBench(0.030)
+    cublas = search._winner_record(MATMUL, THIN, H100, (config, 0.030), 0.020, 9, "eager")
+    assert kernels.is_baseline(Config.from_dict(cublas.config))
+    assert search.confirm_eager(MATMUL, THIN, H100, bench, cublas, None, passes=2) is cublas
+    triton = search._winner_record(MATMUL, THIN, CPU, (config, 0.015), 0.020, 9, "eager")
+    assert search.confirm_eager(MATMUL, THIN, CPU, bench, triton, None, passes=2) is triton
+    assert bench.contests == [], "nothing timed"
+
+
 def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:
     """Eager timing rotates up to MAX_ROTATION input sets; a cache keyed by operand addresses smaller than
     that misses on every timed call, a cost the user's calls on recycled buffers do not pay."""
