@@ -10,6 +10,11 @@ problem and mode; ``--only corpus-part`` keeps only problems of that corpus part
 mode names the same winner in both, so that a re-decision (scripts/redecide.py) refreshes the stored
 times without flipping winners on a contest's noise (host-bound eager contests moved 10-20% between
 processes on one H100 box, docs/BENCHMARKS.md "Fourteenth session").
+``--settle-gpu-bound``: every eager cuBLAS record of a GPU-bound call (base and databases) stores
+torch.matmul's time, as the tuner does since 2026-11-26 (tuner.search.at_par_when_gpu_bound):
+
+    PYTHONPATH=. python3 scripts/ship_table.py --device h100 --base kernels/tables/h100.json --settle-gpu-bound \
+        -o kernels/tables/h100.json
 """
 
 from __future__ import annotations
@@ -25,13 +30,17 @@ from db.io import _write_atomically
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", required=True)
-    parser.add_argument("--db", action="append", required=True)
+    parser.add_argument("--db", action="append", default=[])
     parser.add_argument("--base", default=None)
     parser.add_argument("--only", default=None, help="tuned, held_out or all: corpus problems only")
     parser.add_argument("--same-winners", action="store_true",
                         help="replace a base problem's records only where the databases name the same winners")
+    parser.add_argument("--settle-gpu-bound", action="store_true",
+                        help="eager cuBLAS records of GPU-bound calls store torch.matmul's time (1.00x)")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args()
+    if not args.db and not args.base:
+        parser.error("nothing to write: pass --db (a tuning database) or --base (a table), or both")
     if args.same_winners and not args.base:
         parser.error("--same-winners keeps the base's winners: pass --base too")
     records = {}
@@ -51,6 +60,10 @@ def main() -> None:
                     found[record.key] = record
     kept = _other_winners(records, found) if args.same_winners else set()
     records.update((key, record) for key, record in found.items() if key[:3] not in kept)
+    if args.settle_gpu_bound:
+        from tuner.search import at_par_when_gpu_bound
+
+        records = {key: at_par_when_gpu_bound(record) for key, record in records.items()}
     _write_atomically(Path(args.output), json.dumps(dump_document(list(records.values())), indent=1) + "\n")
     print(f"wrote {len(records)} records to {args.output}"
           + (f"; kept the base's records of {len(kept)} problems whose winners differ" if args.same_winners else ""))

@@ -52,3 +52,29 @@ def test_same_winners_without_a_base_is_refused_with_the_fix(tmp_path: Path) -> 
     done = _ship("--device", "h100", "--db", "sqlite:///nowhere.db", "--same-winners", "-o", str(tmp_path / "t.json"))
     assert done.returncode == 2 and "pass --base" in done.stderr
     assert not (ROOT / "nowhere.db").exists() and not (tmp_path / "t.json").exists()
+
+
+def test_settle_gpu_bound_stores_torch_matmuls_time_for_gpu_bound_cublas_eager_records(tmp_path: Path) -> None:
+    """A GPU-bound eager cuBLAS record (torch.matmul at 0.110 ms) stored the contest's spread (0.105 ms, 1.048x):
+    settled, it says 1.00x. A host-bound one keeps our path's time, and graph and Triton records stay as they are."""
+    base = [make_record(8192, 2048, 2048, mode="eager", config=CUBLAS, time_ms=0.105, cublas_ms=0.110),
+            make_record(8192, 2048, 2048, mode="graph", config=CUBLAS, time_ms=0.108, cublas_ms=0.110),
+            make_record(1, 2048, 2048, mode="eager", config=CUBLAS, time_ms=0.018, cublas_ms=0.020),
+            make_record(8, 2048, 2048, mode="eager", config=TILED, time_ms=0.090, cublas_ms=0.110)]
+    (tmp_path / "base.json").write_text(json.dumps(dump_document(base)))
+    out = tmp_path / "table.json"
+    done = _ship("--device", "NVIDIA H100 80GB HBM3", "--base", str(tmp_path / "base.json"), "--settle-gpu-bound",
+                 "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    shipped = {(r.problem_key, r.mode): r for r in load_document(out)}
+    settled = shipped[("fp16:nt:8192x2048x2048", "eager")]
+    assert settled.time_ms == settled.cublas_ms == 0.110 and settled.speedup == 1.0
+    assert settled.tflops == base[0].tflops * 0.105 / 0.110
+    assert shipped[("fp16:nt:8192x2048x2048", "graph")].time_ms == 0.108
+    assert shipped[("fp16:nt:1x2048x2048", "eager")].time_ms == 0.018
+    assert shipped[("fp16:nt:8x2048x2048", "eager")].time_ms == 0.090
+
+
+def test_ship_table_with_nothing_to_write_is_refused_with_the_fix(tmp_path: Path) -> None:
+    done = _ship("--device", "h100", "-o", str(tmp_path / "t.json"))
+    assert done.returncode == 2 and "pass --db" in done.stderr and not (tmp_path / "t.json").exists()

@@ -911,6 +911,58 @@ def test_confirm_eager_leaves_cublas_winners_and_the_cpu_alone() -> None:
     assert bench.contests == [], "nothing timed"
 
 
+class _GpuBoundBench(_GpuBench):
+    """As _GpuBench for a GPU-bound problem (no GPU here): torch.matmul at 0.110 ms a call eager and in
+    graphs, our cuBLAS path at 0.105 ms in a contest (the two's spread), the config at ``config_ms`` in a
+    contest and ``stream_ms`` back to back against cuBLAS's 0.110 ms."""
+
+    contest_cublas_ms = 0.105
+
+    def back_to_back(self, config: Config) -> tuple[float, float]:
+        self.streamed.append(config)
+        return self.stream_ms, 0.110
+
+    def contest(self, configs: list[Config], rounds: int | None = None, mode: str = "graph",
+                graph: Config | None = None) -> tuple[list[float], float]:
+        times, _ = super().contest(configs, rounds, mode, graph)
+        return times, 0.110
+
+    def baseline_ms(self, mode: str = "graph") -> float:
+        return 0.110
+
+    def time(self, config: Config, mode: str = "graph") -> float:
+        return 0.105 if mode == "eager" else 0.110
+
+
+def test_a_gpu_bound_eager_win_must_show_back_to_back_on_the_gpu() -> None:
+    """On a GPU-bound call an eager time is the GPU's: a config that won the eager contest (0.100 against
+    0.110 ms) but only ties cuBLAS back to back (within FAST_HOST_MARGIN) won on the contest's spread, and
+    cuBLAS takes eager; one that beats cuBLAS back to back by WIN_MARGIN keeps its place."""
+    config = MATMUL.default_config(THIN, H100)
+    ties = _GpuBoundBench(config_ms=0.100, stream_ms=0.1095)
+    assert not search.holds_on_a_fast_host(MATMUL, ties, config)
+    records = search.decide_modes(MATMUL, THIN, H100, ties, _trial_study((config, 0.100, 0.100)))
+    assert kernels.is_baseline(Config.from_dict(records["eager"].config))
+    wins = _GpuBoundBench(config_ms=0.100, stream_ms=0.104)
+    assert search.holds_on_a_fast_host(MATMUL, wins, config)
+    records = search.decide_modes(MATMUL, THIN, H100, wins, _trial_study((config, 0.100, 0.100)))
+    assert not kernels.is_baseline(Config.from_dict(records["eager"].config))
+
+
+def test_a_gpu_bound_cublas_eager_winner_stores_torch_matmuls_time() -> None:
+    """Our cuBLAS path ran 0.105 ms against torch.matmul's 0.110 ms in the contest: on a GPU-bound call both
+    run one kernel, so the record says 1.00x, not the spread. Host-bound, our path's time stands
+    (test_an_eager_cublas_winner_stores_what_our_cublas_path_costs_not_torch_matmuls)."""
+    config = MATMUL.default_config(THIN, H100)
+    records = search.decide_modes(MATMUL, THIN, H100, _GpuBoundBench(config_ms=0.120),
+                                  _trial_study((config, 0.120, 0.120)))
+    eager = records["eager"]
+    assert kernels.is_baseline(Config.from_dict(eager.config))
+    assert eager.time_ms == eager.cublas_ms == 0.110 and eager.speedup == 1.0
+    record = search._winner_record(MATMUL, THIN, H100, (config, 0.120), 0.110, 5, "eager", cublas_ms=0.112)
+    assert record.speedup == 1.0, "nor a loss of the spread's other sign"
+
+
 def test_caches_keyed_by_address_hold_the_tuners_whole_input_rotation() -> None:
     """Eager timing rotates up to MAX_ROTATION input sets; a cache keyed by operand addresses smaller than
     that misses on every timed call, a cost the user's calls on recycled buffers do not pay."""
