@@ -270,9 +270,11 @@ class Bench:
 
     def back_to_back(self, config: Config) -> tuple[float, float]:
         """(``config``'s ms, the baseline's ms) per call back to back on the GPU, no host in the way
-        (``timing.stream_ms_side_by_side``, the eager rotation's inputs): an eager loop on a fast host."""
-        ours, theirs = timing.stream_ms_side_by_side(
-            [lambda x: self.spec.execute(config, x), self.spec.baseline], self.rotation())
+        (``timing.queued_ms_side_by_side``, the eager rotation's inputs): the public call's eager loop on a
+        fast host."""
+        rotation = self.rotation()
+        with timing.public_call(self.spec, config, rotation[0]) as call:
+            ours, theirs = timing.queued_ms_side_by_side([call, self.spec.baseline], rotation)
         return ours, theirs
 
     def _side_by_side(self, configs: Sequence[Config], mode: str, how: SideBySide,

@@ -138,61 +138,85 @@ def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, 
     return [statistics.median(b.elapsed_time(e) for b, e in side) for side in events]
 
 
-# Back-to-back GPU time (``stream_ms_side_by_side``): at least this many calls per captured graph and
-# about this much GPU work per replay (a replay's own start and end, not measured, must not count against
-# a 1% margin), at most this many calls, their outputs at most this many bytes (the graph's pool keeps each).
-STREAM_CALLS = 16
-STREAM_REPLAY_MS = 2.0
-STREAM_MAX_CALLS = 2048
-STREAM_OUTPUT_BYTES = 1 << 30
-STREAM_BUDGET_MS = 20.0
+# Back-to-back GPU time (``queued_ms_side_by_side``): blocks of at least this many calls and about this much
+# GPU work, at most this many calls (each may launch two kernels; the launch queue holds about a thousand),
+# in turns for about this long per side; the stream is held at least this much longer than the host's
+# estimated time to queue a block, and twice as long again whenever the GPU caught up with the host.
+QUEUE_CALLS = 16
+QUEUE_BLOCK_MS = 2.0
+QUEUE_MAX_CALLS = 400
+QUEUE_BUDGET_MS = 20.0
+QUEUE_TURNS = (4, 40)
+QUEUE_HOLD_FACTOR = 1.5
+QUEUE_TRIES = 4
 
 
-def stream_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
-                           budget_ms: float = STREAM_BUDGET_MS) -> list[float]:
+def queued_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
+                           budget_ms: float = QUEUE_BUDGET_MS) -> list[float]:
     """ms per call of each ``call(inputs[i % len(inputs)])`` run back to back on the GPU with no host in the
-    way: a run of calls over the rotating inputs is captured in one CUDA graph per side, and the graphs
-    are replayed in turn (L2 not flushed: each call finds what the one before left, as in an eager loop).
+    way: the eager loop of a host fast enough to keep the GPU busy. The sides take turns; in each turn a
+    GPU sleep holds the stream while the host queues a block of calls, launched as an eager loop launches
+    them, which the GPU then runs one after the other (L2 not flushed: each call finds what the one before
+    left). Events after the sleep and after the block time the block.
 
-    This is an eager loop's time on a host fast enough to keep the GPU busy. ``eager_ms`` on a slow host
-    times the host instead, and the two can rank configs differently: on the H100 box, torch.matmul of
-    bf16 1x2048x10944 ran at 20.6 us per call when the host kept up and 26-30 us when it did not, a
-    split-K config at 21.7 and 22.7-25 us (scripts/probes/gemv_state_probe.py, 2026-11-25)."""
-    with kernels.grouped.captures_released():  # the graphs die here: what they kept alive may go with them
-        graphs, counts = [], []
-        for call in calls:
-            first = call(inputs[0])
-            size = first.numel() * first.element_size() if isinstance(first, torch.Tensor) else 0
-            most = max(1, min(STREAM_MAX_CALLS, STREAM_OUTPUT_BYTES // max(size, 1)))
-            del first
-            count = min(most, max(len(inputs), STREAM_CALLS))
-            graph = _capture_run(call, inputs, count)
-            replay_ms = _replay_ms(graph, torch.empty(1, dtype=torch.int8, device="cuda"), 3)
-            if replay_ms < STREAM_REPLAY_MS and count < most:  # too little work per replay: capture more calls
-                del graph
-                count = min(most, math.ceil(count * STREAM_REPLAY_MS / max(replay_ms, 1e-3)))
-                graph = _capture_run(call, inputs, count)
-            graphs.append(graph)
-            counts.append(count)
-        return [ms / count for ms, count in zip(_graphs_side_by_side(graphs, (2, budget_ms), flush=False), counts)]
-
-
-def _capture_run(call: Callable[[tuple], Any], inputs: Sequence[tuple], count: int) -> torch.cuda.CUDAGraph:
-    """``count`` calls over ``inputs`` in turn, captured in one CUDA graph."""
-    return capture(lambda: [call(inputs[i % len(inputs)]) for i in range(count)])
+    ``eager_ms`` on a slow host times the host instead, and the two can rank configs differently: on the
+    H100 box, torch.matmul of bf16 1x2048x10944 ran at 20.6 us per call when the host kept up and 26-30 us
+    when it did not, a split-K config at 21.7 and 22.7-25 us (scripts/probes/gemv_state_probe.py,
+    2026-11-25). Until 2026-11-26 the blocks were CUDA graphs of calls; a graph's launches hide part of
+    the gaps an eager loop pays, and bf16 32x1024x8192's split-K winner, within 1% of cuBLAS there, ran
+    6% behind it in eager loops on a fast host (docs/BENCHMARKS.md, "Seventeenth session")."""
+    wall_ms = []
+    for call in calls:  # warm-up (compiles, plans, the C++ hand-over), then the wall time per call
+        for x in inputs:
+            call(x)
+        torch.cuda.synchronize()
+        wall_ms.append(_estimate_ms(call, inputs))
+    count = int(max(QUEUE_CALLS, min(QUEUE_MAX_CALLS, math.ceil(QUEUE_BLOCK_MS / min(wall_ms)))))
+    turns = int(min(QUEUE_TURNS[1], max(QUEUE_TURNS[0], budget_ms / (count * min(wall_ms)))))
+    # The host queues a call in at most its wall time per call (max of host and GPU): hold that long, and more.
+    hold_ms = [QUEUE_HOLD_FACTOR * count * ms + 0.05 for ms in wall_ms]
+    per_call: list[list[float]] = [[] for _ in calls]
+    for turn in range(turns):
+        for side in _order(len(calls), turn):
+            per_call[side].append(_queued_block_ms(calls[side], inputs, count, hold_ms, side, turn) / count)
+    return [statistics.median(times) for times in per_call]
 
 
-def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> float:
+def _queued_block_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], count: int, hold_ms: list[float],
+                     side: int, turn: int) -> float:
+    """GPU ms of ``count`` calls queued behind a sleep of ``hold_ms[side]``; a block that the GPU reached
+    before the host had queued it is run again with twice the hold (kept for the later turns)."""
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    total = 0.0
-    for _ in range(count):
-        flush.zero_()
+    for _ in range(QUEUE_TRIES):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(_cycles(hold_ms[side]))
         begin.record()
-        graph.replay()
+        for j in range(count):
+            call(inputs[(turn * count + j) % len(inputs)])
+        caught_up = begin.query()  # the sleep ended before the last call was queued: host time got in
         end.record()
         end.synchronize()
-        total += begin.elapsed_time(end)
-    return total / count
+        if not caught_up:
+            return begin.elapsed_time(end)
+        hold_ms[side] *= 2
+    return begin.elapsed_time(end)  # the host never fell behind the GPU's sleep: as fast as it gets
+
+
+_CYCLES_PER_MS: list[float] = []
+
+
+def _cycles(ms: float) -> int:
+    """Clock cycles of ``torch.cuda._sleep`` that last about ``ms`` on this GPU (measured once)."""
+    if not _CYCLES_PER_MS:
+        probe = 1_000_000
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(probe)  # the first sleep loads its kernel
+        begin.record()
+        torch.cuda._sleep(probe)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_MS.append(probe / max(begin.elapsed_time(end), 1e-3))
+    return int(ms * _CYCLES_PER_MS[0])
 
 
 def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],

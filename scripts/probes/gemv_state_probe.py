@@ -81,7 +81,7 @@ def main() -> None:
                 print(f"[{repeat}] after {name:12} torch {theirs * 1e3:6.1f} us  ours({eager.get('VARIANT', 'tiled')}) "
                       f"{ours * 1e3:6.1f} us  {theirs / ours:.3f}x  | {state}", flush=True)
     # Is the slow state the host's? The host's issue time per call (no synchronize inside the loop: the
-    # queue takes them), the GPU's back-to-back time from a graph of calls (Bench.back_to_back), and the
+    # queue takes them), the GPU's back-to-back time (Bench.back_to_back: a graph of calls then, queued calls since 2026-11-26), and the
     # eager side by side, in turn.
     for repeat in range(args.repeats):
         issue = {}
