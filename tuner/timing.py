@@ -219,6 +219,19 @@ def _cycles(ms: float) -> int:
     return int(ms * _CYCLES_PER_MS[0])
 
 
+def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> float:
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    total = 0.0
+    for _ in range(count):
+        flush.zero_()
+        begin.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        total += begin.elapsed_time(end)
+    return total / count
+
+
 def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
                           total_ms: float = SIDE_EAGER_MS, block_ms: float = SIDE_BLOCK_MS,
                           before: Sequence[Callable[[], None] | None] | None = None) -> list[float]:
