@@ -67,9 +67,11 @@ DISPATCHED_BASELINE = ("matmul", "matmul_bias", "gated_matmul")
 # such winners, tuned on a slow host, ran at 0.63-0.75x on a fast one (docs/BENCHMARKS.md, ninth session).
 EAGER_GPU_MARGIN = 0.03
 # ... and back to back on the GPU (``holds_on_a_fast_host``), at most this much over cuBLAS: an eager loop on
-# a host that keeps the GPU busy pays each call's own launches and gaps, which a graph of calls hides in
-# part. bf16 1x2048x10944's split-K winner ran 1.5% behind cuBLAS in that graph and 5% behind in eager
-# loops where the host kept up (scripts/probes/gemv_state_probe.py, H100, 2026-11-25).
+# a host that keeps the GPU busy pays each call's own launches and gaps. Since 2026-11-26 back to back is
+# timed on calls queued behind a GPU sleep, launched as such a loop launches them; before, on a CUDA graph
+# of calls, which hid part of those gaps: bf16 1x2048x10944's split-K winner ran 1.5% behind cuBLAS in that
+# graph and 5% behind in eager loops where the host kept up (scripts/probes/gemv_state_probe.py, H100,
+# 2026-11-25), and the queued timer moved 12 of the H100 table's 64 eager Triton winners to cuBLAS.
 FAST_HOST_MARGIN = 0.01
 # A call whose cuBLAS takes at least this long on the GPU (back to back), or whose torch.matmul takes this
 # long eager, is GPU-bound on every box we met: torch.matmul's host time per call was 11.5-28 us on the
