@@ -97,3 +97,24 @@ def test_bench_back_to_back_times_a_config_and_cublas_on_the_rotation() -> None:
     # 16.8 MB of weight per call from HBM (nine sets rotate): at least 3.5 us each at the H200's 4.8 TB/s
     assert theirs >= 0.003, theirs
     bench.release()
+
+
+def test_an_eager_winner_is_contested_again_on_the_gpu() -> None:
+    """search.confirm_eager on the real bench: one more contest of a Triton config against our cuBLAS path and
+    torch.matmul, side by side; the record that comes back is the config's (beating both by WIN_MARGIN) or
+    cuBLAS's, with both times of this contest."""
+    from tuner import search
+
+    problem = Problem.from_key("matmul", "fp16:nt:8x2048x2048")
+    device = kernels.current_device()
+    bench = Bench(MATMUL, problem, device, side_by_side=SideBySide((5, 20), 20.0))
+    tiled = MATMUL.default_config(problem, device)
+    stored = search._winner_record(MATMUL, problem, device, (tiled, 0.001), 0.050, 7, "eager")
+    assert not kernels.is_baseline(kernels.Config.from_dict(stored.config)), "a made-up 50x win, to be contested"
+    again = search.confirm_eager(MATMUL, problem, device, bench, stored, None, passes=1, pause_s=0.0)
+    bench.release()
+    assert again is not stored and again.mode == "eager" and again.trials == 7
+    assert 0.002 < again.cublas_ms < 0.2, "torch.matmul's eager time of this contest, not the made-up one"
+    assert again.triton_ms > 0.002, "the config's time of this contest, not the made-up 0.001 ms"
+    if not kernels.is_baseline(kernels.Config.from_dict(again.config)):  # kept: it beat torch.matmul by the margin
+        assert again.triton_ms * (1 + search.WIN_MARGIN) <= again.cublas_ms and again.time_ms == again.triton_ms
