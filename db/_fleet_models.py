@@ -44,7 +44,7 @@ class JobModel(Base):
     problem_key: Mapped[str] = mapped_column(Text)
     budget_trials: Mapped[int] = mapped_column(Integer)
     budget_seconds: Mapped[float | None] = mapped_column(Float)
-    options: Mapped[str] = mapped_column(Text)  # JSON: sampler, seed, use_shipped, ahead
+    options: Mapped[str] = mapped_column(Text)  # JSON: sampler, seed, use_shipped, ahead, eager_passes
     priority: Mapped[float] = mapped_column(Float)  # higher first (recorded: the time the problem took)
     state: Mapped[str] = mapped_column(String(16), index=True)
     worker: Mapped[str | None] = mapped_column(String(255))

@@ -53,7 +53,7 @@ class JobSpec:
     problem_key: str
     budget_trials: int
     budget_seconds: float | None = None
-    options: dict[str, Any] = field(default_factory=dict)  # sampler, seed, use_shipped, ahead
+    options: dict[str, Any] = field(default_factory=dict)  # sampler, seed, use_shipped, ahead, eager_passes
     priority: float = 0.0
 
 

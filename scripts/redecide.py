@@ -43,6 +43,7 @@ from db import Record, Store, dump_document, load_document
 from kernels import MATMUL, MODES, Config, Problem
 from tuner.bench import Bench, SideBySide
 from tuner.quick import QUICK_CONTEST_EAGER_MS, QUICK_GRAPH_MS, recheck_eager, redecide
+from tuner.search import at_par_when_gpu_bound
 
 
 def candidates_by_problem(table: str, device_name: str) -> dict[str, list[Config]]:
@@ -171,6 +172,7 @@ def _recheck_one(store: Store, device: kernels.DeviceInfo, key: str, eager: Reco
         return f"not checked: {type(error).__name__}: {error}"
     if record is None:
         return "holds"
+    record = at_par_when_gpu_bound(record, graph.cublas_ms if graph is not None else None)
     store.put_many([record], on_conflict="replace")
     if kernels.is_baseline(Config.from_dict(record.config)):
         return f"cuBLAS now: {record.speedup:.3f}x (was {was:.3f}x)"

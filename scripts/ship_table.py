@@ -10,8 +10,9 @@ problem and mode; ``--only corpus-part`` keeps only problems of that corpus part
 mode names the same winner in both, so that a re-decision (scripts/redecide.py) refreshes the stored
 times without flipping winners on a contest's noise (host-bound eager contests moved 10-20% between
 processes on one H100 box, docs/BENCHMARKS.md "Fourteenth session").
-``--settle-gpu-bound``: every eager cuBLAS record of a GPU-bound call (base and databases) stores
-torch.matmul's time, as the tuner does since 2026-11-26 (tuner.search.at_par_when_gpu_bound):
+``--settle-gpu-bound``: every eager cuBLAS record of a GPU-bound call (torch.matmul at 50 us or more in the
+problem's graph record; base and databases) stores torch.matmul's eager time, as the tuner does since
+2026-11-26 (tuner.search.at_par_when_gpu_bound):
 
     PYTHONPATH=. python3 scripts/ship_table.py --device h100 --base kernels/tables/h100.json --settle-gpu-bound \
         -o kernels/tables/h100.json
@@ -61,12 +62,19 @@ def main() -> None:
     kept = _other_winners(records, found) if args.same_winners else set()
     records.update((key, record) for key, record in found.items() if key[:3] not in kept)
     if args.settle_gpu_bound:
-        from tuner.search import at_par_when_gpu_bound
-
-        records = {key: at_par_when_gpu_bound(record) for key, record in records.items()}
+        records = _settled(records)
     _write_atomically(Path(args.output), json.dumps(dump_document(list(records.values())), indent=1) + "\n")
     print(f"wrote {len(records)} records to {args.output}"
           + (f"; kept the base's records of {len(kept)} problems whose winners differ" if args.same_winners else ""))
+
+
+def _settled(records: dict[tuple, Record]) -> dict[tuple, Record]:
+    """``records`` with every eager cuBLAS record of a GPU-bound call at par (tuner.search.at_par_when_gpu_bound),
+    judged by torch.matmul's time in the same problem's graph record (none: left as it is)."""
+    from tuner.search import at_par_when_gpu_bound
+
+    graph_ms = {record.key[:3]: record.cublas_ms for record in records.values() if record.mode == "graph"}
+    return {key: at_par_when_gpu_bound(record, graph_ms.get(key[:3])) for key, record in records.items()}
 
 
 def _other_winners(base: dict[tuple, Record], found: dict[tuple, Record]) -> set[tuple]:

@@ -154,7 +154,7 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
     speed-up becomes what the user's call gets (scripts/redecide.py). As in ``search.decide_modes``:
     graph first; then eager, beside the graph winner, among the configs that ran within
     EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path."""
-    from .search import EAGER_GPU_MARGIN, _winner_record, eager_winner
+    from .search import EAGER_GPU_MARGIN, _winner_record, at_par_when_gpu_bound, eager_winner
 
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
@@ -197,6 +197,7 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
         records[mode] = _winner_record(spec, problem, device, found, baseline_ms, trials, mode,
                                        cublas_ms=ours_cublas_ms, cublas_won=cublas_won)
     bench.release()
+    records[kernels.EAGER] = at_par_when_gpu_bound(records[kernels.EAGER], records[GRAPH].cublas_ms)
     return records
 
 

@@ -73,10 +73,11 @@ EAGER_GPU_MARGIN = 0.03
 # graph and 5% behind in eager loops where the host kept up (scripts/probes/gemv_state_probe.py, H100,
 # 2026-11-25), and the queued timer moved 12 of the H100 table's 64 eager Triton winners to cuBLAS.
 FAST_HOST_MARGIN = 0.01
-# A call whose cuBLAS takes at least this long on the GPU (back to back), or whose torch.matmul takes this
-# long eager, is GPU-bound on every box we met: torch.matmul's host time per call was 11.5-28 us on the
-# H100 and H200 boxes (docs/BENCHMARKS.md, fifteenth and sixteenth sessions). There an eager time is the
-# GPU's time, so (1) an eager Triton winner must beat cuBLAS back to back by WIN_MARGIN, not merely hold
+# A call whose cuBLAS takes at least this long on the GPU (back to back, or torch.matmul's graph time) is
+# GPU-bound on every box we met: torch.matmul's host time per call was 11.5-28 us on the H100 and H200
+# boxes (docs/BENCHMARKS.md, fifteenth and sixteenth sessions). Always a GPU time, never an eager one, which
+# a slow host or a baseline of several launches (gated_matmul's) could push past this while host-bound.
+# There an eager time is the GPU's time, so (1) an eager Triton winner must beat cuBLAS back to back by WIN_MARGIN, not merely hold
 # within FAST_HOST_MARGIN: the H200 table's GPU-bound eager winners (M = 8 and 32 of 28672x8192), stored at
 # 1.045-1.078x on one box, within 1% of cuBLAS back to back, measured 0.945-1.016x on the next (2026-11-26,
 # docs/BENCHMARKS.md "Seventeenth session"); and (2) a cuBLAS eager winner stores torch.matmul's time:
@@ -504,7 +505,7 @@ def decide_modes(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: 
     eager = _decide(spec, problem, device, bench, study, EAGER, most, rounds, graph_winner=graph_winner,
                     gpu_limit_ms=graph.cublas_ms * (1 + EAGER_GPU_MARGIN) if graph.cublas_ms else None)
     eager = confirm_eager(spec, problem, device, bench, eager, graph_winner, eager_passes - 1)
-    return {GRAPH: graph, EAGER: eager}
+    return {GRAPH: graph, EAGER: at_par_when_gpu_bound(eager, graph.cublas_ms)}
 
 
 def confirm_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,
@@ -524,8 +525,9 @@ def confirm_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench:
         time.sleep(pause_s)  # another moment of the host, maybe another phase
         again = recontest_eager(spec, problem, device, bench, config, graph_winner, record.trials)
         if kernels.is_baseline(Config.from_dict(again.config)):
-            log.info("%s: eager winner %s lost recontest %d of %d (%.4f ms against torch.matmul %.4f ms): cuBLAS "
-                     "wins eager", problem, config, index + 2, passes + 1, again.triton_ms, again.cublas_ms)
+            log.info("%s: eager winner %s lost contest %d of %d (%.4f ms; torch.matmul %.4f ms, our cuBLAS path "
+                     "%.4f ms): cuBLAS wins eager", problem, config, index + 2, passes + 1, again.triton_ms,
+                     again.cublas_ms, again.time_ms)
             return again
         if again.speedup < record.speedup:
             record = again
@@ -634,7 +636,10 @@ def holds_on_a_fast_host(spec: KernelSpec, bench: Bench | IsolatedBench, config:
     if theirs >= GPU_BOUND_EAGER_MS:  # GPU-bound: the eager win must be a win on the GPU (GPU_BOUND_EAGER_MS)
         if ours * (1 + WIN_MARGIN) <= theirs:
             return True
-    elif ours <= theirs * (1 + FAST_HOST_MARGIN):
+        log.info("%s: eager winner %s runs %.4f ms back to back on the GPU, cuBLAS %.4f ms: not %.0f%% ahead on "
+                 "a GPU-bound call, cuBLAS wins eager", bench.problem, config, ours, theirs, 100 * WIN_MARGIN)
+        return False
+    if ours <= theirs * (1 + FAST_HOST_MARGIN):
         return True
     log.info("%s: eager winner %s runs %.4f ms back to back on the GPU, cuBLAS %.4f ms: cuBLAS wins eager "
              "(a fast host would see the kernels, not the launches)", bench.problem, config, ours, theirs)
@@ -987,10 +992,8 @@ def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found
     # A baseline that dispatch cannot run as timed (KernelSpec.baseline_dispatchable) is the yardstick only.
     baseline_wins = spec.baseline_dispatchable(problem) and (
         cublas_won or (cublas_cost < triton_ms * (1 + WIN_MARGIN) and not device.is_cpu))
-    if baseline_wins:
-        # On a GPU-bound eager call our cuBLAS path and torch.matmul run one kernel: 1.00x (GPU_BOUND_EAGER_MS).
-        gpu_bound = mode == EAGER and baseline_ms >= GPU_BOUND_EAGER_MS
-        config, time_ms = BASELINE, baseline_ms if gpu_bound else cublas_cost
+    if baseline_wins:  # on a GPU-bound eager call, see at_par_when_gpu_bound
+        config, time_ms = BASELINE, cublas_cost
     else:
         config, time_ms = triton_config, triton_ms
     return Record(
@@ -1003,14 +1006,16 @@ def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found
         cuda_version=torch.version.cuda or "" if not device.is_cpu else "", trials=trials, mode=mode)
 
 
-def at_par_when_gpu_bound(record: Record) -> Record:
-    """``record`` as ``_winner_record`` now writes it: an eager cuBLAS winner of a GPU-bound call
-    (torch.matmul at GPU_BOUND_EAGER_MS or more) stores torch.matmul's time, 1.00x. For records decided
-    before that rule (scripts/ship_table.py --settle-gpu-bound); any other record comes back as it is."""
-    if record.mode != EAGER or record.config.get("VARIANT") != "cublas" or not record.cublas_ms \
-            or record.cublas_ms < GPU_BOUND_EAGER_MS or record.time_ms == record.cublas_ms:
-        return record
-    return dataclasses.replace(record, time_ms=record.cublas_ms, tflops=record.tflops * record.time_ms / record.cublas_ms)
+def at_par_when_gpu_bound(eager: Record, graph_cublas_ms: float | None) -> Record:
+    """``eager``, a cuBLAS winner of a GPU-bound call (``graph_cublas_ms``, torch.matmul's time in the
+    problem's graph record, at GPU_BOUND_EAGER_MS or more), with torch.matmul's eager time as its own: our
+    path runs the same kernel, 1.00x. Any other record comes back as it is. Applied by ``decide_modes``,
+    ``tuner.quick.redecide``, scripts/redecide.py and, to records decided before the rule,
+    scripts/ship_table.py --settle-gpu-bound."""
+    if eager.mode != EAGER or eager.config.get("VARIANT") != "cublas" or not eager.cublas_ms \
+            or graph_cublas_ms is None or graph_cublas_ms < GPU_BOUND_EAGER_MS or eager.time_ms == eager.cublas_ms:
+        return eager
+    return dataclasses.replace(eager, time_ms=eager.cublas_ms, tflops=eager.tflops * eager.time_ms / eager.cublas_ms)
 
 
 def tune(spec: KernelSpec, problems: Sequence[Problem], device: DeviceInfo, store: Store, **options) -> list[Record]:

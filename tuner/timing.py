@@ -20,6 +20,7 @@ same host and the same clocks.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import statistics
 import time
@@ -30,6 +31,8 @@ import torch
 
 import kernels
 from kernels import Config, KernelSpec, Problem
+
+log = logging.getLogger(__name__)
 
 # do_bench's budgets: full (the search's default) and quick (the early stop's first look).
 FULL_MS = (25, 100)
@@ -139,9 +142,11 @@ def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, 
 
 
 # Back-to-back GPU time (``queued_ms_side_by_side``): blocks of at least this many calls and about this much
-# GPU work, at most this many calls (each may launch two kernels; the launch queue holds about a thousand),
-# in turns for about this long per side; the stream is held at least this much longer than the host's
-# estimated time to queue a block, and twice as long again whenever the GPU caught up with the host.
+# time per block as an eager loop takes it (wall time, host included: where the host bounds the call a
+# block holds less GPU work), at most this many calls (each may launch two kernels; the launch queue holds
+# about a thousand), in turns for about this long per side. The stream is held this much longer than the
+# host's estimated time to queue a block, twice as long again whenever the GPU caught up with the host, up
+# to QUEUE_TRIES tries and QUEUE_MAX_HOLD_MS.
 QUEUE_CALLS = 16
 QUEUE_BLOCK_MS = 2.0
 QUEUE_MAX_CALLS = 400
@@ -149,6 +154,7 @@ QUEUE_BUDGET_MS = 20.0
 QUEUE_TURNS = (4, 40)
 QUEUE_HOLD_FACTOR = 1.5
 QUEUE_TRIES = 4
+QUEUE_MAX_HOLD_MS = 200.0
 
 
 def queued_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
@@ -185,9 +191,13 @@ def queued_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequ
 def _queued_block_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], count: int, hold_ms: list[float],
                      side: int, turn: int) -> float:
     """GPU ms of ``count`` calls queued behind a sleep of ``hold_ms[side]``; a block that the GPU reached
-    before the host had queued it is run again with twice the hold (kept for the later turns)."""
+    before the host had queued it is run again with twice the hold (kept for the later turns, at most
+    QUEUE_MAX_HOLD_MS). Where every try was caught up (a host that waits on the GPU inside the call, or a
+    full launch queue), the last try's time is returned, host time in it, with a warning."""
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(QUEUE_TRIES):
+    for attempt in range(QUEUE_TRIES):
+        if attempt:
+            hold_ms[side] = min(2 * hold_ms[side], QUEUE_MAX_HOLD_MS)
         torch.cuda.synchronize()
         torch.cuda._sleep(_cycles(hold_ms[side]))
         begin.record()
@@ -198,8 +208,9 @@ def _queued_block_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], coun
         end.synchronize()
         if not caught_up:
             return begin.elapsed_time(end)
-        hold_ms[side] *= 2
-    return begin.elapsed_time(end)  # the host never fell behind the GPU's sleep: as fast as it gets
+    log.warning("back-to-back timing: the GPU caught up with the host in %d tries (hold %.1f ms for %d calls); "
+                "this block's time includes host time", QUEUE_TRIES, hold_ms[side], count)
+    return begin.elapsed_time(end)
 
 
 _CYCLES_PER_MS: list[float] = []

@@ -55,12 +55,16 @@ def test_same_winners_without_a_base_is_refused_with_the_fix(tmp_path: Path) -> 
 
 
 def test_settle_gpu_bound_stores_torch_matmuls_time_for_gpu_bound_cublas_eager_records(tmp_path: Path) -> None:
-    """A GPU-bound eager cuBLAS record (torch.matmul at 0.110 ms) stored the contest's spread (0.105 ms, 1.048x):
-    settled, it says 1.00x. A host-bound one keeps our path's time, and graph and Triton records stay as they are."""
+    """A GPU-bound eager cuBLAS record (torch.matmul at 0.110 ms in its graph record) stored the contest's spread
+    (0.105 ms, 1.048x): settled, it says 1.00x. Host-bound ones (by the graph record's time, or with none) keep
+    our path's time, and graph and Triton records stay as they are."""
     base = [make_record(8192, 2048, 2048, mode="eager", config=CUBLAS, time_ms=0.105, cublas_ms=0.110),
             make_record(8192, 2048, 2048, mode="graph", config=CUBLAS, time_ms=0.108, cublas_ms=0.110),
             make_record(1, 2048, 2048, mode="eager", config=CUBLAS, time_ms=0.018, cublas_ms=0.020),
-            make_record(8, 2048, 2048, mode="eager", config=TILED, time_ms=0.090, cublas_ms=0.110)]
+            make_record(8, 2048, 2048, mode="eager", config=TILED, time_ms=0.090, cublas_ms=0.110),
+            # 60 us eager, but 30 us on the GPU (its graph record): host-bound, our path's time stands
+            make_record(32, 2048, 2048, mode="eager", config=CUBLAS, time_ms=0.055, cublas_ms=0.060),
+            make_record(32, 2048, 2048, mode="graph", config=CUBLAS, time_ms=0.030, cublas_ms=0.030)]
     (tmp_path / "base.json").write_text(json.dumps(dump_document(base)))
     out = tmp_path / "table.json"
     done = _ship("--device", "NVIDIA H100 80GB HBM3", "--base", str(tmp_path / "base.json"), "--settle-gpu-bound",
@@ -73,6 +77,7 @@ def test_settle_gpu_bound_stores_torch_matmuls_time_for_gpu_bound_cublas_eager_r
     assert shipped[("fp16:nt:8192x2048x2048", "graph")].time_ms == 0.108
     assert shipped[("fp16:nt:1x2048x2048", "eager")].time_ms == 0.018
     assert shipped[("fp16:nt:8x2048x2048", "eager")].time_ms == 0.090
+    assert shipped[("fp16:nt:32x2048x2048", "eager")].time_ms == 0.055
 
 
 def test_ship_table_with_nothing_to_write_is_refused_with_the_fix(tmp_path: Path) -> None:

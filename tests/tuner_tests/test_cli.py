@@ -228,3 +228,11 @@ def test_search_stops_at_a_seconds_budget(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     [record] = _records(url, "graph")
     assert 1 <= record.trials < 50
+
+
+def test_the_eager_passes_default_is_the_searchs() -> None:
+    """The CLI keeps Optuna out of its import, so it spells the default out: it must be the search's."""
+    from tuner.cli import build_parser
+    from tuner.search import EAGER_PASSES
+
+    assert build_parser().parse_args(["search"]).eager_passes == EAGER_PASSES

@@ -186,3 +186,22 @@ def test_problems_file_lists_every_bad_line_and_creates_no_database(tmp_path: Pa
     err = capsys.readouterr().err
     assert "3 bad line(s)" in err and "line 3" in err and "line 4" in err and "line 5" in err
     assert not db.exists()
+
+
+def test_jobs_with_and_without_eager_passes_are_tuned(tmp_path: Path) -> None:
+    """A job queued now carries eager_passes to tune_problem; one queued by a version before the option (no
+    such key) gets tune_problem's default. Both finish, in this process's worker loop."""
+    from tuner.fleet import WorkerHooks, job_specs, run_worker
+    from tuner.search import Budget
+
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    new, old = (kernels.Problem.from_key("matmul", key) for key in ("fp16:nn:16x32x32", "fp16:nn:32x16x32"))
+    with Store(url) as store:
+        queue = JobQueue(store)
+        queue.enqueue(job_specs([new], CPU, Budget(2), {"seed": 0, "eager_passes": 2}))
+        queue.enqueue(job_specs([old], CPU, Budget(2), {"seed": 0}))
+        run_worker(store, CPU, lease_s=30, hooks=WorkerHooks())
+        jobs = {job.spec.problem_key: job for job in queue.jobs()}
+        assert jobs[new.key].spec.options["eager_passes"] == 2 and "eager_passes" not in jobs[old.key].spec.options
+        assert all(job.state == "done" for job in jobs.values()), [(j.spec.problem_key, j.state) for j in jobs.values()]
+        assert {(r.problem_key, r.mode) for r in store.records()} == {(p.key, m) for p in (new, old) for m in kernels.MODES}
