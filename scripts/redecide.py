@@ -8,6 +8,7 @@ already there are skipped). Merge them into the table with scripts/ship_table.py
 
     PYTHONPATH=. python3 scripts/redecide.py --table kernels/tables/h100.json --db sqlite:///re.db --every 5
 
+Each eager Triton winner must win three contests in all (tuner.search.confirm_eager), as in a search.
 ``--eager-only`` stores the eager records alone: for a change to what an eager call costs (a cheaper host
 path for some variant), where the graph winners stand. Merge those with scripts/ship_table.py --base TABLE.
 

@@ -146,15 +146,16 @@ def _add_trial(study: optuna.Study, space: kernels.SearchSpace, distributions: d
 
 
 def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates: Sequence[Config],
-             bench: Bench | None = None, trials: int = 1) -> dict[str, Record]:
+             bench: Bench | None = None, trials: int = 1, eager_passes: int = EAGER_PASSES) -> dict[str, Record]:
     """Each mode's winner of ``problem`` among ``candidates`` (a stored record's winners and best Triton
     configs) and cuBLAS, decided again by the side-by-side contest alone: no search, no study.
 
     For tables whose contests were timed the old way (sides seconds apart), so that the stored
     speed-up becomes what the user's call gets (scripts/redecide.py). As in ``search.decide_modes``:
     graph first; then eager, beside the graph winner, among the configs that ran within
-    EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path."""
-    from .search import EAGER_GPU_MARGIN, _winner_record, at_par_when_gpu_bound, eager_winner
+    EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path; an eager Triton winner must win
+    ``eager_passes`` contests in all (``search.confirm_eager``)."""
+    from .search import EAGER_GPU_MARGIN, _winner_record, at_par_when_gpu_bound, confirm_eager, eager_winner
 
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
@@ -196,8 +197,10 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
             found, cublas_won = winner or ranked[0], winner is None
         records[mode] = _winner_record(spec, problem, device, found, baseline_ms, trials, mode,
                                        cublas_ms=ours_cublas_ms, cublas_won=cublas_won)
+    graph_winner = Config.from_dict(records[GRAPH].config)
+    eager = confirm_eager(spec, problem, device, bench, records[kernels.EAGER], graph_winner, eager_passes - 1)
     bench.release()
-    records[kernels.EAGER] = at_par_when_gpu_bound(records[kernels.EAGER], records[GRAPH].cublas_ms)
+    records[kernels.EAGER] = at_par_when_gpu_bound(eager, records[GRAPH].cublas_ms)
     return records
 
 

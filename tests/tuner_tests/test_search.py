@@ -900,6 +900,16 @@ def test_an_eager_winner_that_wins_every_pass_stores_its_least_win() -> None:
     assert records["eager"].time_ms == 0.015 and once.phases == [0.0198], "one pass: the deciding contest alone"
 
 
+def test_the_quick_redecision_contests_an_eager_winner_again_too() -> None:
+    from tuner.quick import redecide
+
+    config = MATMUL.default_config(THIN, H100)
+    records = redecide(MATMUL, THIN, H100, [config], _PhasedBench(0.015, 0.0198, 0.015))
+    assert kernels.is_baseline(Config.from_dict(records["eager"].config)), "lost the second contest"
+    kept = redecide(MATMUL, THIN, H100, [config], _PhasedBench(0.015, 0.016, 0.017))
+    assert not kernels.is_baseline(Config.from_dict(kept["eager"].config)) and kept["eager"].time_ms == 0.017
+
+
 def test_confirm_eager_leaves_cublas_winners_and_the_cpu_alone() -> None:
     config = MATMUL.default_config(THIN, H100)
     bench = _PhasedBench(0.030)
