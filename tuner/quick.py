@@ -155,7 +155,7 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
     graph first; then eager, beside the graph winner, among the configs that ran within
     EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path; an eager Triton winner must win
     ``eager_passes`` contests in all (``search.confirm_eager``)."""
-    from .search import EAGER_GPU_MARGIN, _winner_record, at_par_when_gpu_bound, confirm_eager, eager_winner
+    from .search import EAGER_GPU_MARGIN, _winner_record, eager_winner, settle_eager
 
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
@@ -197,10 +197,9 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
             found, cublas_won = winner or ranked[0], winner is None
         records[mode] = _winner_record(spec, problem, device, found, baseline_ms, trials, mode,
                                        cublas_ms=ours_cublas_ms, cublas_won=cublas_won)
-    graph_winner = Config.from_dict(records[GRAPH].config)
-    eager = confirm_eager(spec, problem, device, bench, records[kernels.EAGER], graph_winner, eager_passes - 1)
+    records[kernels.EAGER] = settle_eager(spec, problem, device, bench, records[kernels.EAGER], records[GRAPH],
+                                          eager_passes)
     bench.release()
-    records[kernels.EAGER] = at_par_when_gpu_bound(eager, records[GRAPH].cublas_ms)
     return records
 
 

@@ -71,18 +71,19 @@ EAGER_GPU_MARGIN = 0.03
 # timed on calls queued behind a GPU sleep, launched as such a loop launches them; before, on a CUDA graph
 # of calls, which hid part of those gaps: bf16 1x2048x10944's split-K winner ran 1.5% behind cuBLAS in that
 # graph and 5% behind in eager loops where the host kept up (scripts/probes/gemv_state_probe.py, H100,
-# 2026-11-25), and the queued timer moved 12 of the H100 table's 64 eager Triton winners to cuBLAS.
+# 2026-11-25), and the queued timer moved 12 of the H100 table's 64 eager Triton winners to cuBLAS (H100,
+# 2026-11-26, docs/BENCHMARKS.md "Seventeenth session").
 FAST_HOST_MARGIN = 0.01
 # A call whose cuBLAS takes at least this long on the GPU (back to back, or torch.matmul's graph time) is
 # GPU-bound on every box we met: torch.matmul's host time per call was 11.5-28 us on the H100 and H200
 # boxes (docs/BENCHMARKS.md, fifteenth and sixteenth sessions). Always a GPU time, never an eager one, which
 # a slow host or a baseline of several launches (gated_matmul's) could push past this while host-bound.
-# There an eager time is the GPU's time, so (1) an eager Triton winner must beat cuBLAS back to back by WIN_MARGIN, not merely hold
-# within FAST_HOST_MARGIN: the H200 table's GPU-bound eager winners (M = 8 and 32 of 28672x8192), stored at
-# 1.045-1.078x on one box, within 1% of cuBLAS back to back, measured 0.945-1.016x on the next (2026-11-26,
-# docs/BENCHMARKS.md "Seventeenth session"); and (2) a cuBLAS eager winner stores torch.matmul's time:
+# There an eager time is the GPU's time, so (1) an eager Triton winner must beat cuBLAS back to back by
+# WIN_MARGIN, not merely hold within FAST_HOST_MARGIN: the H200 table's GPU-bound eager winners (M = 8 and
+# 32 of 28672x8192), stored at 1.045-1.078x on one box, within 1% of cuBLAS back to back, measured
+# 0.945-1.016x on the next (NVIDIA H200, 2026-11-26, docs/BENCHMARKS.md "Seventeenth session"); and (2) a cuBLAS eager winner stores torch.matmul's time:
 # our path runs the same at::mm, and contests had stored the two's spread as a speed-up (0.935-1.056x,
-# measured 1.00x in a fresh process).
+# measured 1.00-1.07x in a fresh process: the bench's own spread; NVIDIA H200, 2026-11-26).
 GPU_BOUND_EAGER_MS = 0.05
 
 # An eager Triton winner must win this many side-by-side contests in all (the deciding one and
@@ -504,8 +505,16 @@ def decide_modes(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: 
     graph_winner = Config.from_dict(graph.config)
     eager = _decide(spec, problem, device, bench, study, EAGER, most, rounds, graph_winner=graph_winner,
                     gpu_limit_ms=graph.cublas_ms * (1 + EAGER_GPU_MARGIN) if graph.cublas_ms else None)
-    eager = confirm_eager(spec, problem, device, bench, eager, graph_winner, eager_passes - 1)
-    return {GRAPH: graph, EAGER: at_par_when_gpu_bound(eager, graph.cublas_ms)}
+    return {GRAPH: graph, EAGER: settle_eager(spec, problem, device, bench, eager, graph, eager_passes)}
+
+
+def settle_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,
+                 eager: Record, graph: Record, eager_passes: int) -> Record:
+    """The eager record to store, given the deciding contest's ``eager`` and the problem's ``graph`` record:
+    a Triton winner after ``eager_passes - 1`` more contests (``confirm_eager``), a cuBLAS winner at par
+    where the call is GPU-bound (``at_par_when_gpu_bound``)."""
+    confirmed = confirm_eager(spec, problem, device, bench, eager, Config.from_dict(graph.config), eager_passes - 1)
+    return at_par_when_gpu_bound(confirmed, graph.cublas_ms)
 
 
 def confirm_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,

@@ -20,6 +20,7 @@ same host and the same clocks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import statistics
@@ -170,13 +171,8 @@ def queued_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequ
     when it did not, a split-K config at 21.7 and 22.7-25 us (scripts/probes/gemv_state_probe.py,
     2026-11-25). Until 2026-11-26 the blocks were CUDA graphs of calls; a graph's launches hide part of
     the gaps an eager loop pays, and bf16 32x1024x8192's split-K winner, within 1% of cuBLAS there, ran
-    6% behind it in eager loops on a fast host (docs/BENCHMARKS.md, "Seventeenth session")."""
-    wall_ms = []
-    for call in calls:  # warm-up (compiles, plans, the C++ hand-over), then the wall time per call
-        for x in inputs:
-            call(x)
-        torch.cuda.synchronize()
-        wall_ms.append(_estimate_ms(call, inputs))
+    6-7% behind it in eager loops on a fast host (H100, 2026-11-26, docs/BENCHMARKS.md "Seventeenth session")."""
+    wall_ms = [_warmed_estimate_ms(call, inputs) for call in calls]
     count = int(max(QUEUE_CALLS, min(QUEUE_MAX_CALLS, math.ceil(QUEUE_BLOCK_MS / min(wall_ms)))))
     turns = int(min(QUEUE_TURNS[1], max(QUEUE_TURNS[0], budget_ms / (count * min(wall_ms)))))
     # The host queues a call in at most its wall time per call (max of host and GPU): hold that long, and more.
@@ -213,21 +209,22 @@ def _queued_block_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], coun
     return begin.elapsed_time(end)
 
 
-_CYCLES_PER_MS: list[float] = []
-
-
 def _cycles(ms: float) -> int:
-    """Clock cycles of ``torch.cuda._sleep`` that last about ``ms`` on this GPU (measured once)."""
-    if not _CYCLES_PER_MS:
-        probe = 1_000_000
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(probe)  # the first sleep loads its kernel
-        begin.record()
-        torch.cuda._sleep(probe)
-        end.record()
-        end.synchronize()
-        _CYCLES_PER_MS.append(probe / max(begin.elapsed_time(end), 1e-3))
-    return int(ms * _CYCLES_PER_MS[0])
+    """Clock cycles of ``torch.cuda._sleep`` that last about ``ms`` on this GPU."""
+    return int(ms * _sleep_cycles_per_ms())
+
+
+@functools.cache
+def _sleep_cycles_per_ms() -> float:
+    """``torch.cuda._sleep``'s cycles per ms on this GPU, measured once per process."""
+    probe = 1_000_000
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(probe)  # the first sleep loads its kernel
+    begin.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    end.synchronize()
+    return probe / max(begin.elapsed_time(end), 1e-3)
 
 
 def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> float:
@@ -257,10 +254,7 @@ def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Seque
     for call, ready in zip(calls, enter):  # warm-up (compiles, plans, allocator), then a first estimate
         if ready is not None:
             ready()
-        for x in inputs:
-            call(x)
-        torch.cuda.synchronize()
-        one_ms.append(_estimate_ms(call, inputs))
+        one_ms.append(_warmed_estimate_ms(call, inputs))
     # One block length, in calls, for every side: a block's fixed cost (its events, the last
     # kernel's tail) is then spread over as many calls on each side. Sized by the fastest side; the
     # slowest side's block may be longer, up to SIDE_SLOW_BLOCKS blocks' time.
@@ -284,6 +278,14 @@ def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Seque
             position[side] = (i + per_block) % len(inputs)
     torch.cuda.synchronize()
     return [statistics.median(b.elapsed_time(e) / per_block for b, e in side) for side in events]
+
+
+def _warmed_estimate_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple]) -> float:
+    """``_estimate_ms`` after one warm-up pass over ``inputs`` (compiles, plans, the C++ hand-over, the allocator)."""
+    for x in inputs:
+        call(x)
+    torch.cuda.synchronize()
+    return _estimate_ms(call, inputs)
 
 
 def _estimate_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], at_least_ms: float = 2.0) -> float:
