@@ -9,6 +9,9 @@ decides the config as it would for the user (no config is forced); the source of
 reported. With --stored, each problem's stored record (its speed-up over cuBLAS) is set beside the
 speed-up measured here, in this fresh process. With --control, torch.matmul is timed against itself in
 the same way (an A/A run): how far from 1.00x the method reads where nothing differs, on this host now.
+With --passes N, the whole list is timed N times, 2 s apart, and each problem keeps its median pass (per
+mode): the host's speed moves from second to second on the GPU boxes, and one pass meets one phase of it.
+This is how a stamp (tuner/stamp.py, ``python -m tuner stamp``) times the records it stores.
 
     PYTHONPATH=. python3 scripts/bench_dispatch.py --corpus held_out --db sqlite:///fresh.db --json out.json
     PYTHONPATH=. python3 scripts/bench_dispatch.py --keys keys.txt --no-shipped --modes graph
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -98,6 +102,20 @@ def confirm(rows: list[dict], problems: list[Problem], device: kernels.DeviceInf
                 row[mode]["confirmed"] = again["speedup"]
 
 
+PASS_PAUSE_S = 2.0  # between passes (--passes), as tuner.stamp's
+
+
+def median_pass(readings: list[dict], modes: list[str]) -> dict:
+    """One problem's row from its row of each pass: per mode, the pass of median speed-up (the lower
+    middle of an even count), with every pass's speed-up beside it as ``passes``."""
+    row = dict(readings[0])
+    for mode in modes:
+        speedups = [reading[mode]["speedup"] for reading in readings]
+        median = statistics.median_low(speedups)
+        row[mode] = dict(readings[speedups.index(median)][mode], passes=speedups)
+    return row
+
+
 HOST_BOUND_MS = 0.030  # torch.matmul under this a call (eager): the host, not the GPU, sets the pace
 
 
@@ -141,6 +159,8 @@ def main() -> int:
                         help="measure each problem under this speed-up again, with 3x the rounds, and report both")
     parser.add_argument("--control", action="store_true",
                         help="time torch.matmul against itself (A/A): the method's own spread on this host")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="time the whole list this many times, 2 s apart; each problem keeps its median pass")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -149,7 +169,7 @@ def main() -> int:
     problems = problems_of(args)
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(problems)} problems, db {args.db}, shipped {'off' if args.no_shipped else 'on'}, "
-          f"{args.rounds} rounds" + (", CONTROL: torch.matmul against itself" if args.control else ""), flush=True)
+          f"{args.rounds} rounds, {args.passes} pass(es)" + (", CONTROL: torch.matmul against itself" if args.control else ""), flush=True)
     # What a process gets once the C++ path of cuBLAS plans is built (kernels/_native.py): wait for it
     # here, so that the figures do not depend on how far a background build got.
     print(f"# C++ path of cuBLAS plans: {kernels._native.start(block=True)}", flush=True)
@@ -164,17 +184,25 @@ def main() -> int:
     elif args.stored:
         with Store(args.db, create=False) as store:
             stored = {(r.problem_key, r.mode): r for r in store.records(device=device.name, kernel="matmul")}
-    rows = []
+    if args.passes < 1:
+        parser.error(f"--passes {args.passes}: give 1 or more")
     started = time.monotonic()
-    for index, problem in enumerate(problems, 1):
-        row = measure(problem, device, modes, args.rounds, args.control)
+    passes: list[list[dict]] = []
+    for pass_ in range(args.passes):
+        if pass_:
+            time.sleep(PASS_PAUSE_S)
+        passes.append([])
+        for index, problem in enumerate(problems, 1):
+            row = measure(problem, device, modes, args.rounds, args.control)
+            passes[-1].append(row)
+            text = "  ".join(f"{m} {row[m]['speedup']:.3f}x ({row[m]['source'][:24]})" for m in modes)
+            print(f"[{pass_ + 1}: {index}/{len(problems)}] {problem.key:28} {text}", flush=True)
+    rows = [median_pass(list(readings), modes) for readings in zip(*passes)]
+    for row in rows:
         for mode in modes:
-            record = stored.get((problem.key, mode))
+            record = stored.get((row["problem"], mode))
             if record is not None and record.speedup:
                 row[mode]["stored_speedup"] = record.speedup
-        rows.append(row)
-        text = "  ".join(f"{m} {row[m]['speedup']:.3f}x ({row[m]['source'][:24]})" for m in modes)
-        print(f"[{index}/{len(problems)}] {problem.key:28} {text}", flush=True)
     if args.confirm:
         confirm(rows, problems, device, modes, args)
     summary = {}

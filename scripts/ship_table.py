@@ -16,6 +16,11 @@ problem's graph record; base and databases) stores torch.matmul's eager time, as
 
     PYTHONPATH=. python3 scripts/ship_table.py --device h100 --base kernels/tables/h100.json --settle-gpu-bound \
         -o kernels/tables/h100.json
+
+``--stamp`` (on that GPU): every eager record of the device is timed again as the user's call runs, in
+``--stamp-passes`` passes, and stores its median pass (tuner.stamp; winners unchanged), so that the
+table's eager speed-ups are what a user's process measures. Winners slower than torch.matmul now are
+listed, to be decided again with scripts/redecide.py.
 """
 
 from __future__ import annotations
@@ -38,8 +43,13 @@ def main() -> None:
                         help="replace a base problem's records only where the databases name the same winners")
     parser.add_argument("--settle-gpu-bound", action="store_true",
                         help="eager cuBLAS records of GPU-bound calls store torch.matmul's time (1.00x)")
+    parser.add_argument("--stamp", action="store_true",
+                        help="time the device's eager records again on this GPU and store their median pass")
+    parser.add_argument("--stamp-passes", type=int, default=3, help="with --stamp: passes over the records")
     parser.add_argument("-o", "--output", required=True)
     args = parser.parse_args()
+    if args.stamp_passes < 1:
+        parser.error(f"--stamp-passes {args.stamp_passes}: give 1 or more")
     if not args.db and not args.base:
         parser.error("nothing to write: pass --db (a tuning database) or --base (a table), or both")
     if args.same_winners and not args.base:
@@ -63,6 +73,8 @@ def main() -> None:
     records.update((key, record) for key, record in found.items() if key[:3] not in kept)
     if args.settle_gpu_bound:
         records = _settled(records)
+    if args.stamp:
+        records = _stamped(records, args.device, args.stamp_passes)
     _write_atomically(Path(args.output), json.dumps(dump_document(list(records.values())), indent=1) + "\n")
     print(f"wrote {len(records)} records to {args.output}"
           + (f"; kept the base's records of {len(kept)} problems whose winners differ" if args.same_winners else ""))
@@ -75,6 +87,33 @@ def _settled(records: dict[tuple, Record]) -> dict[tuple, Record]:
 
     graph_ms = {record.key[:3]: record.cublas_ms for record in records.values() if record.mode == "graph"}
     return {key: at_par_when_gpu_bound(record, graph_ms.get(key[:3])) for key, record in records.items()}
+
+
+def _stamped(records: dict[tuple, Record], device_alias: str, passes: int) -> dict[tuple, Record]:
+    """``records`` with the eager ones of this GPU timed again (tuner.stamp.stamp_eager), which must be
+    the table's device."""
+    import kernels
+    from tuner.stamp import stamp_eager, stampable
+
+    device = kernels.current_device()
+    if device_alias not in (device.alias, device.name):
+        raise SystemExit(f"--stamp times on this GPU, {device.name} ({device.alias}), not on {device_alias}: "
+                         "run it on the table's GPU, or leave --stamp out")
+    count = sum(r.device_name == device.name and stampable(r) is None for r in records.values())
+
+    def progress(pass_: int, index: int, stamp, note: str) -> None:
+        if stamp is not None and pass_ == passes:
+            print(f"[{index}/{count}] {stamp.record.problem_key:28} {stamp.was or 0:.3f}x -> {stamp.speedup:.3f}x "
+                  + " ".join(f"{s:.3f}" for s in stamp.passes), flush=True)
+        elif note:
+            print(f"[{pass_}: {index}/{count}] {note}", flush=True)
+
+    stamps = stamp_eager(list(records.values()), device, passes=passes, progress=progress)
+    moved = sum(abs(s.moved - 1) > 0.03 for s in stamps)
+    losing = [s.record.problem_key for s in stamps if s.losing]
+    print(f"stamped {len(stamps)} eager records, {moved} moved by more than 3%"
+          + (f"; slower than torch.matmul now (decide them again): {', '.join(losing)}" if losing else ""))
+    return {**records, **{s.record.key: s.record for s in stamps}}
 
 
 def _other_winners(base: dict[tuple, Record], found: dict[tuple, Record]) -> set[tuple]:

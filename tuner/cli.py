@@ -126,6 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--kernel", default=None)
     ex.add_argument("-o", "--output", required=True, help="file to write")
 
+    sp = with_db(sub.add_parser("stamp", help="time this GPU's stored eager winners again, as the user's call "
+                                             "runs, and store what they get (winners unchanged)"))
+    sp.add_argument("--kernel", default=None, help="only this kernel's records")
+    sp.add_argument("--problem", action="append", default=None, metavar="KEY",
+                    help="only this problem key, e.g. bf16:nt:8x4096x4096 (repeatable)")
+    sp.add_argument("--passes", type=int, default=3,
+                    help="timings of each record, 2 s apart over all of them; the median is stored (default 3)")
+    sp.add_argument("--dry-run", action="store_true", help="time and print, but store nothing")
+
     im = with_db(sub.add_parser("import", help="read tuned records from a JSON file"))
     im.add_argument("file")
     im.add_argument("--on-conflict", default="faster",

@@ -296,3 +296,43 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"imported {args.file} into {store.url}: {summary.inserted} new, "
               f"{summary.replaced} replaced, {summary.kept} kept")
     return 0
+
+
+def cmd_stamp(args: argparse.Namespace) -> int:
+    from .stamp import stamp_eager, stampable
+
+    if _no_gpu():
+        raise UserError("stamp times the stored winners on the GPU they were tuned for, and this machine has "
+                        "none; run it there (nothing was read or written)")
+    if args.passes < 1:
+        raise UserError(f"--passes {args.passes}: give 1 or more (timings per record, the median is stored)")
+    device = kernels.current_device()
+    with _open_reader(args.db) as store:
+        records = store.records(device=device.name, kernel=args.kernel)
+    if args.problem:
+        records = [r for r in records if r.problem_key in args.problem]
+    chosen = [r for r in records if r.mode == kernels.EAGER and stampable(r) is None]
+    if not chosen:
+        print(f"no stored eager record to stamp for {device.name}"
+              + (f" ({args.kernel})" if args.kernel else "") + "; `python -m tuner list` shows what is stored")
+        return 1
+    print(f"stamping {len(chosen)} eager record(s) of {device.name}, {args.passes} pass(es)", flush=True)
+
+    def progress(pass_: int, index: int, stamp, note: str) -> None:
+        if pass_ == args.passes:
+            shown = note or f"{stamp.was or 0:.3f}x stored -> {stamp.speedup:.3f}x"
+            record = chosen[index - 1]
+            print(f"  [{index}/{len(chosen)}] {record.kernel} {record.problem_key}  {shown}", flush=True)
+
+    stamps = stamp_eager(records, device, passes=args.passes, progress=progress)
+    off = sum(abs(s.moved - 1) > 0.03 for s in stamps)
+    losing = [s for s in stamps if s.losing]
+    print(f"{len(stamps)} stamped, {off} moved by more than 3%"
+          + (f"; {len(losing)} Triton winner(s) now slower than the baseline, decide them again with "
+             f"`python -m tuner search` (or scripts/redecide.py): "
+             + ", ".join(s.record.problem_key for s in losing) if losing else ""))
+    if args.dry_run or not stamps:
+        return 0
+    with _open_store(args.db) as store:
+        store.put_many([s.record for s in stamps], on_conflict="replace")
+    return 0

@@ -1,0 +1,181 @@
+"""Stamping stored eager records (tuner/stamp.py, ``python -m tuner stamp``): each record's winner is timed
+again through the public call, pass after pass, and the median pass is stored; winners never change.
+
+On the CPU the real kernels run under the interpreter through the real Bench and the public call, and a
+test double stands in for the GPU's eager timer (there is none here): it runs the call and returns the
+times each pass scripts, so that which pass is stored can be checked. On the GPU (marked) the CLI stamps a
+real SQLite file with real timings."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+import kernels
+from db import Record, Store, plausibility_problems
+from kernels import MATMUL, Problem
+from tuner.bench import Bench
+from tuner.stamp import stamp_eager, stampable
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBLEM = Problem.from_key("matmul", "fp16:nt:16x32x32")
+CUBLAS = {"VARIANT": "cublas", "num_warps": 4, "num_stages": 3}
+LONG_AGO = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _record(device: kernels.DeviceInfo, config: dict, mode: str = "eager", time_ms: float = 0.010,
+            cublas_ms: float = 0.020, key: str = PROBLEM.key) -> Record:
+    problem = Problem.from_key("matmul", key)
+    tiled = MATMUL.default_config(problem, device).as_dict()
+    return Record(device_name=device.name, device_alias=device.alias, compute_capability=device.compute_capability,
+                  sm_count=device.sm_count, kernel="matmul", problem_key=key, dtype=problem.dtype,
+                  layout=problem.layout, shapes=problem.shapes, config=config, time_ms=time_ms,
+                  tflops=problem.flops / (time_ms * 1e-3) / 1e12, cublas_ms=cublas_ms, triton_config=tiled,
+                  triton_ms=time_ms if config == tiled else 0.03, torch_version="2.9.0", triton_version="3.4.0",
+                  cuda_version="", trials=20, created_at=LONG_AGO, mode=mode)
+
+
+class ScriptedTimer:
+    """Stands in for the GPU's eager timer (timing.eager_ms_side_by_side has no CPU form): runs the call,
+    then returns the baseline's ms, or ours for the pass under way (``ours_ms[pass]``); or raises in the
+    passes listed in ``fail``."""
+
+    def __init__(self, ours_ms: list[float], baseline_ms: float, fail: tuple[int, ...] = ()) -> None:
+        self.ours_ms, self.baseline_ms, self.fail = ours_ms, baseline_ms, fail
+        self.benches = 0
+        self.calls: list[str] = []
+
+    def make_bench(self, device: kernels.DeviceInfo):
+        def make(spec, problem) -> Bench:
+            self.benches += 1
+            return Bench(spec, problem, device, eager_timer=self.eager_timer, timer=lambda fn: 1.0)
+        return make
+
+    def eager_timer(self, call, inputs) -> float:
+        call(inputs[0])
+        if call is MATMUL.baseline:
+            self.calls.append("baseline")
+            return self.baseline_ms
+        self.calls.append("ours")
+        pass_ = self.benches - 1
+        if pass_ in self.fail:
+            raise RuntimeError("CUDA out of memory (scripted)")
+        return self.ours_ms[pass_]
+
+
+@pytest.fixture
+def device(torch_device) -> kernels.DeviceInfo:
+    return kernels.current_device(torch_device)
+
+
+def test_the_median_pass_is_stored_and_the_winner_kept(device) -> None:
+    tiled = MATMUL.default_config(PROBLEM, device).as_dict()
+    eager, graph = _record(device, tiled), _record(device, tiled, mode="graph", time_ms=0.008)
+    timer = ScriptedTimer(ours_ms=[0.020, 0.010, 0.015], baseline_ms=0.030)  # 1.5x, 3.0x, 2.0x
+    before = datetime.now(timezone.utc) - timedelta(seconds=1)
+    pauses: list[float] = []
+    (stamp,) = stamp_eager([eager, graph], device, passes=3, pause_s=0.25, make_bench=timer.make_bench(device),
+                           sleep=pauses.append)
+    assert stamp.passes == pytest.approx((1.5, 3.0, 2.0))
+    assert pauses == [0.25, 0.25], "the passes are spread in time"
+    stamped = stamp.record
+    assert stamped.config == tiled and stamped.key == eager.key
+    assert (stamped.time_ms, stamped.cublas_ms, stamped.triton_ms) == pytest.approx((0.015, 0.030, 0.015))
+    assert stamp.speedup == pytest.approx(2.0) and stamp.was == pytest.approx(2.0) and not stamp.losing
+    assert plausibility_problems(stamped) == [], "the stamped record agrees with itself (tflops from its time)"
+    assert stamped.created_at > before and stamped.torch_version != "2.9.0"
+    assert "ours" in timer.calls and "baseline" in timer.calls
+
+
+def test_a_winner_that_no_longer_wins_is_reported_and_stored_as_it_runs(device) -> None:
+    tiled = MATMUL.default_config(PROBLEM, device).as_dict()
+    timer = ScriptedTimer(ours_ms=[0.025], baseline_ms=0.020)
+    (stamp,) = stamp_eager([_record(device, tiled, time_ms=0.010, cublas_ms=0.015)], device, passes=1,
+                           make_bench=timer.make_bench(device))
+    assert stamp.losing and stamp.speedup == pytest.approx(0.8) and stamp.record.config == tiled
+    assert stamp.moved == pytest.approx(0.8 / 1.5)
+
+
+def test_a_failed_reading_costs_only_that_pass_and_a_record_never_read_is_left_out(device, caplog) -> None:
+    tiled = MATMUL.default_config(PROBLEM, device).as_dict()
+    timer = ScriptedTimer(ours_ms=[0.010, 0.0, 0.020], baseline_ms=0.030, fail=(1,))
+    (stamp,) = stamp_eager([_record(device, tiled)], device, passes=3, pause_s=0,
+                           make_bench=timer.make_bench(device), sleep=lambda s: None)
+    assert stamp.passes == pytest.approx((3.0, 1.5)) and stamp.speedup == pytest.approx(1.5)
+    assert "CUDA out of memory" in caplog.text
+    never = ScriptedTimer(ours_ms=[0.0], baseline_ms=0.030, fail=(0,))
+    assert stamp_eager([_record(device, tiled)], device, passes=1, make_bench=never.make_bench(device)) == []
+
+
+def test_a_gpu_bound_cublas_winner_is_stamped_at_par(device) -> None:
+    """Judged by its graph record's baseline time (50 us or more: search.GPU_BOUND_EAGER_MS): our path runs
+    torch's kernel, so the reading's difference from 1.00x is the method's noise."""
+    bound = "fp16:nt:16x32x64"
+    records = [_record(device, CUBLAS, key=bound), _record(device, CUBLAS, mode="graph", key=bound, cublas_ms=0.08),
+               _record(device, CUBLAS), _record(device, CUBLAS, mode="graph", cublas_ms=0.01)]
+    timer = ScriptedTimer(ours_ms=[0.018, 0.018], baseline_ms=0.020)
+    stamps = {s.record.problem_key: s for s in stamp_eager(records, device, passes=1, make_bench=timer.make_bench(device))}
+    assert stamps[bound].record.time_ms == stamps[bound].record.cublas_ms == pytest.approx(0.020)
+    assert stamps[PROBLEM.key].speedup == pytest.approx(0.020 / 0.018), "a host-bound one keeps its reading"
+
+
+def test_only_eager_records_of_this_device_with_a_pinnable_call_are_stamped(device) -> None:
+    tiled = MATMUL.default_config(PROBLEM, device).as_dict()
+    other = dataclasses.replace(_record(device, tiled), device_name="NVIDIA H200", device_alias="h200")
+    grouped = dataclasses.replace(_record(device, tiled), kernel="grouped_matmul")
+    assert "graph record" in stampable(_record(device, tiled, mode="graph"))
+    assert "cannot be pinned" in stampable(grouped)
+    assert "no baseline" in stampable(dataclasses.replace(_record(device, tiled), cublas_ms=None))
+    timer = ScriptedTimer(ours_ms=[0.010], baseline_ms=0.030)
+    assert stamp_eager([other, grouped, _record(device, tiled, mode="graph")], device, passes=1,
+                       make_bench=timer.make_bench(device)) == []
+    assert timer.benches == 0
+    with pytest.raises(ValueError, match="passes=0"):
+        stamp_eager([], device, passes=0, make_bench=timer.make_bench(device))
+
+
+def test_stamping_on_a_cpu_without_a_timer_says_where_to_run_it() -> None:
+    with pytest.raises(ValueError, match="run it on that GPU"):
+        stamp_eager([], kernels.current_device("cpu"))
+
+
+def _tuner(*args: str, db: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_DB": f"sqlite:///{db}"}
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_the_cli_without_a_gpu_names_where_to_run_and_creates_nothing(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the machine without a GPU")
+    done = _tuner("stamp", db=tmp_path / "none.db")
+    assert done.returncode == 2 and "run it there" in done.stderr
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.gpu
+def test_the_cli_stamps_a_real_database_on_the_gpu(tmp_path: Path) -> None:
+    """A stored eager record with a made-up speed-up (9x) is timed for real and comes back with what the
+    call gets; its winner and its graph record stay as they were."""
+    device = kernels.current_device()
+    key = "bf16:nt:16x4096x4096"
+    tiled = MATMUL.default_config(Problem.from_key("matmul", key), device).as_dict()
+    eager = _record(device, tiled, key=key, time_ms=0.002, cublas_ms=0.018)
+    graph = _record(device, tiled, mode="graph", key=key, time_ms=0.015, cublas_ms=0.018)
+    with Store(f"sqlite:///{tmp_path / 't.db'}") as store:
+        store.put_many([eager, graph], on_conflict="replace")
+    done = _tuner("stamp", "--passes", "2", db=tmp_path / "t.db")
+    assert done.returncode == 0, done.stderr
+    assert "1 stamped, 1 moved by more than 3%" in done.stdout
+    with Store(f"sqlite:///{tmp_path / 't.db'}") as store:
+        after = {r.mode: r for r in store.records(device=device.name)}
+    assert after["eager"].config == tiled and 0.3 < after["eager"].speedup < 3.0
+    assert after["graph"] == graph

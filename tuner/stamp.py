@@ -1,0 +1,148 @@
+"""Stamp stored eager records with what the user's call gets, timed again in this process.
+
+Why: a search decides an eager winner in side-by-side contests and, for a Triton winner, stores the pass
+where it won least: safe for deciding, but a low reading of what the call gets. Tables decided under
+earlier timers still carry those timers' figures. In a fresh process on the H100 (2026-11-26, seventeenth
+session, call 4) 61 of 406 eager records of the shipped table read more than 3% off what they stored, from
+0.49x to 1.69x of it. A stamp times each record's winner again, through the public call (with the graph
+winner held beside it, as dispatch holds it) against the baseline (torch.matmul), side by side as the
+contest and scripts/bench_dispatch.py time them. It does so in several passes over all the records,
+spread in time, because the host's speed moves from second to second on the GPU boxes and a pass meets
+one phase of it. The record keeps the times of its median pass.
+
+The winner never changes here. A Triton winner that no longer beats the baseline is reported
+(``Stamp.losing``), for scripts/redecide.py to decide again, and is stored with the time it got.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import time
+from datetime import datetime, timezone
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import triton
+
+import kernels
+from db import Record
+from kernels import EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem
+
+from . import timing
+from .bench import Bench, SideBySide
+from .search import at_par_when_gpu_bound
+
+log = logging.getLogger(__name__)
+
+# Three passes make a median that one phase of the host cannot move; 2 s apart, as confirm_eager's contests.
+STAMP_PASSES = 3
+STAMP_PAUSE_S = 2.0
+# The eager ms per side of one record's timing: the bench's per problem (bench_dispatch.py, 2 rounds).
+STAMP_EAGER_MS = 40.0
+
+MakeBench = Callable[[KernelSpec, Problem], Bench]
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """One eager record stamped: the record as now stored, what it stored before, each pass's speed-up."""
+
+    record: Record
+    was: float | None  # the speed-up stored before
+    passes: tuple[float, ...]  # the speed-up measured in each pass that ran
+
+    @property
+    def speedup(self) -> float:
+        return self.record.speedup or 0.0
+
+    @property
+    def moved(self) -> float:
+        """Stamped over stored speed-up (1.0: the record had it right)."""
+        return self.speedup / self.was if self.was else float("nan")
+
+    @property
+    def losing(self) -> bool:
+        """A Triton winner slower than the baseline now: a case for deciding the problem again."""
+        return not kernels.is_baseline(Config.from_dict(self.record.config)) and self.speedup < 1.0
+
+
+def stampable(record: Record) -> str | None:
+    """Why ``record`` cannot be stamped, or None. Only eager records of a kernel whose public call the
+    timing can pin (matmul, matmul_bias, gated_matmul, moe_matmul) are: grouped_matmul's dispatch caches
+    its launches by operand address, so no timing of it is the user's call."""
+    if record.mode != EAGER:
+        return "a graph record (its time is the GPU's, from a CUDA-graph replay)"
+    spec = kernels.KERNELS.get(record.kernel)
+    if spec is None:
+        return f"kernel {record.kernel!r} is not one of {', '.join(sorted(kernels.KERNELS))}"
+    if timing._public(spec) is None:
+        return f"{record.kernel}'s public call cannot be pinned to a config"
+    if not record.cublas_ms:
+        return "no baseline time stored (nothing to compare with)"
+    return None
+
+
+def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = STAMP_PASSES,
+                pause_s: float = STAMP_PAUSE_S, make_bench: MakeBench | None = None,
+                sleep: Callable[[float], None] = time.sleep,
+                progress: Callable[[int, int, Stamp | None, str], None] | None = None) -> list[Stamp]:
+    """Each stampable eager record of ``device`` in ``records``, timed ``passes`` times and stored with its
+    median pass (``Stamp.record``; winners unchanged). A record whose timing fails in every pass is left
+    out (logged). ``make_bench``: how a problem is timed (default: a side-by-side Bench on this GPU;
+    a test passes one with its own timer). ``progress(pass, index, stamp, note)`` after each timing."""
+    if passes < 1:
+        raise ValueError(f"passes={passes}: give 1 or more (passes over the records, median kept)")
+    if device.is_cpu and make_bench is None:
+        raise ValueError("stamping times the user's call on the GPU its records are for; run it on that GPU "
+                         "(a CPU's interpreter times nothing a user runs)")
+    make_bench = make_bench or (lambda spec, problem: Bench(spec, problem, device,
+                                                            side_by_side=SideBySide(eager_ms=STAMP_EAGER_MS)))
+    graphs = {r.key[:3]: r for r in records if r.mode == GRAPH and r.device_name == device.name}
+    graph_winner = {key: Config.from_dict(r.config) for key, r in graphs.items()}
+    graph_cublas_ms = {key: r.cublas_ms for key, r in graphs.items()}
+    chosen = [r for r in records if r.device_name == device.name and stampable(r) is None]
+    readings: dict[tuple, list[tuple[float, float]]] = {r.key: [] for r in chosen}  # (ours ms, baseline ms)
+    for pass_ in range(passes):
+        if pass_:
+            sleep(pause_s)  # another moment, maybe another phase of the host
+        for index, record in enumerate(chosen, 1):
+            note = ""
+            try:
+                readings[record.key].append(_time_once(record, graph_winner.get(record.key[:3]), make_bench))
+            except Exception as error:  # one record's failure (out of memory) costs only its reading
+                note = f"not timed: {type(error).__name__}: {error}"
+                log.warning("stamp: %s %s %s", record.kernel, record.problem_key, note)
+            if progress is not None:
+                progress(pass_ + 1, index, None if note else _stamp(record, readings[record.key],
+                                                                 graph_cublas_ms.get(record.key[:3])), note)
+    return [_stamp(record, readings[record.key], graph_cublas_ms.get(record.key[:3]))
+            for record in chosen if readings[record.key]]
+
+
+def _time_once(record: Record, graph: Config | None, make_bench: MakeBench) -> tuple[float, float]:
+    spec = kernels.get_kernel(record.kernel)
+    bench = make_bench(spec, Problem.from_key(record.kernel, record.problem_key))
+    try:
+        (ours,), theirs = bench.contest([Config.from_dict(record.config)], mode=EAGER, graph=graph)
+    finally:
+        bench.release()
+    if not (ours > 0 and theirs > 0):
+        raise ValueError(f"timed {ours!r} ms against {theirs!r} ms")
+    return ours, theirs
+
+
+def _stamp(record: Record, readings: list[tuple[float, float]], graph_cublas_ms: float | None) -> Stamp:
+    """``record`` with the times of its median reading (by speed-up; the lower middle of an even count).
+    A cuBLAS winner of a GPU-bound call then stores the baseline's time (search.at_par_when_gpu_bound):
+    our path runs the same kernel, and what its reading adds is the method's noise."""
+    speedups = [theirs / ours for ours, theirs in readings]
+    ours, theirs = readings[speedups.index(statistics.median_low(speedups))]
+    winner_is_triton = record.triton_config is not None and record.config == record.triton_config
+    stamped = dataclasses.replace(
+        record, time_ms=ours, cublas_ms=theirs, tflops=record.tflops * record.time_ms / ours,
+        triton_ms=ours if winner_is_triton else record.triton_ms,
+        torch_version=torch.__version__, triton_version=triton.__version__, created_at=datetime.now(timezone.utc))
+    return Stamp(at_par_when_gpu_bound(stamped, graph_cublas_ms), record.speedup, tuple(speedups))
