@@ -19,8 +19,8 @@ problem's graph record; base and databases) stores torch.matmul's eager time, as
 
 ``--stamp`` (on that GPU): every eager record of the device is timed again as the user's call runs, in
 ``--stamp-passes`` passes, and stores its median pass (tuner.stamp; winners unchanged), so that the
-table's eager speed-ups are what a user's process measures. Winners slower than torch.matmul now are
-listed, to be decided again with scripts/redecide.py.
+table's eager speed-ups are what a user's process measures. A Triton winner slower than torch.matmul
+now gives its place to cuBLAS (timed the same way).
 """
 
 from __future__ import annotations
@@ -110,9 +110,11 @@ def _stamped(records: dict[tuple, Record], device_alias: str, passes: int) -> di
 
     stamps = stamp_eager(list(records.values()), device, passes=passes, progress=progress)
     moved = sum(abs(s.moved - 1) > 0.03 for s in stamps)
+    demoted = [s.record.problem_key for s in stamps if s.demoted_from]
     losing = [s.record.problem_key for s in stamps if s.losing]
     print(f"stamped {len(stamps)} eager records, {moved} moved by more than 3%"
-          + (f"; slower than torch.matmul now (decide them again): {', '.join(losing)}" if losing else ""))
+          + (f"; cuBLAS in place of Triton winners slower than torch.matmul now: {', '.join(demoted)}" if demoted else "")
+          + (f"; slower than torch.matmul, not replaced (decide them again): {', '.join(losing)}" if losing else ""))
     return {**records, **{s.record.key: s.record for s in stamps}}
 
 

@@ -326,11 +326,13 @@ def cmd_stamp(args: argparse.Namespace) -> int:
 
     stamps = stamp_eager(records, device, passes=args.passes, progress=progress)
     off = sum(abs(s.moved - 1) > 0.03 for s in stamps)
-    losing = [s for s in stamps if s.losing]
+    demoted = [s.record.problem_key for s in stamps if s.demoted_from]
+    losing = [s.record.problem_key for s in stamps if s.losing]
     print(f"{len(stamps)} stamped, {off} moved by more than 3%"
-          + (f"; {len(losing)} Triton winner(s) now slower than the baseline, decide them again with "
-             f"`python -m tuner search` (or scripts/redecide.py): "
-             + ", ".join(s.record.problem_key for s in losing) if losing else ""))
+          + (f"; {len(demoted)} Triton winner(s) slower than the baseline now, cuBLAS in their place: "
+             + ", ".join(demoted) if demoted else "")
+          + (f"; {len(losing)} slower than the baseline with no cuBLAS reading, decide them again with "
+             "`python -m tuner search`: " + ", ".join(losing) if losing else ""))
     if args.dry_run or not stamps:
         return 0
     with _open_store(args.db) as store:

@@ -10,8 +10,9 @@ contest and scripts/bench_dispatch.py time them. It does so in several passes ov
 spread in time, because the host's speed moves from second to second on the GPU boxes and a pass meets
 one phase of it. The record keeps the times of its median pass.
 
-The winner never changes here. A Triton winner that no longer beats the baseline is reported
-(``Stamp.losing``), for scripts/redecide.py to decide again, and is stored with the time it got.
+A winner changes in one case only: a Triton winner whose median pass is slower than the baseline gives
+its place to cuBLAS, timed through our dispatch path in as many passes (``Stamp.demoted_from``), because a
+stored winner must never lose to torch.matmul. Nothing is promoted here: a stamp is no search.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import triton
 
 import kernels
 from db import Record
-from kernels import EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem
+from kernels import BASELINE, EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem
 
 from . import timing
 from .bench import Bench, SideBySide
@@ -53,6 +54,8 @@ class Stamp:
     record: Record
     was: float | None  # the speed-up stored before
     passes: tuple[float, ...]  # the speed-up measured in each pass that ran
+    # Where the stored Triton winner lost to the baseline and cuBLAS took its place: the winner's readings.
+    demoted_from: tuple[float, ...] = ()
 
     @property
     def speedup(self) -> float:
@@ -90,7 +93,8 @@ def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = 
                 sleep: Callable[[float], None] = time.sleep,
                 progress: Callable[[int, int, Stamp | None, str], None] | None = None) -> list[Stamp]:
     """Each stampable eager record of ``device`` in ``records``, timed ``passes`` times and stored with its
-    median pass (``Stamp.record``; winners unchanged). A record whose timing fails in every pass is left
+    median pass (``Stamp.record``); a Triton winner slower than the baseline there is replaced by cuBLAS,
+    timed in as many passes again (``Stamp.demoted_from``). A record whose timing fails in every pass is left
     out (logged). ``make_bench``: how a problem is timed (default: a side-by-side Bench on this GPU;
     a test passes one with its own timer). ``progress(pass, index, stamp, note)`` after each timing."""
     if passes < 1:
@@ -104,22 +108,40 @@ def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = 
     graph_winner = {key: Config.from_dict(r.config) for key, r in graphs.items()}
     graph_cublas_ms = {key: r.cublas_ms for key, r in graphs.items()}
     chosen = [r for r in records if r.device_name == device.name and stampable(r) is None]
-    readings: dict[tuple, list[tuple[float, float]]] = {r.key: [] for r in chosen}  # (ours ms, baseline ms)
-    for pass_ in range(passes):
-        if pass_:
-            sleep(pause_s)  # another moment, maybe another phase of the host
-        for index, record in enumerate(chosen, 1):
-            note = ""
-            try:
-                readings[record.key].append(_time_once(record, graph_winner.get(record.key[:3]), make_bench))
-            except Exception as error:  # one record's failure (out of memory) costs only its reading
-                note = f"not timed: {type(error).__name__}: {error}"
-                log.warning("stamp: %s %s %s", record.kernel, record.problem_key, note)
-            if progress is not None:
-                progress(pass_ + 1, index, None if note else _stamp(record, readings[record.key],
-                                                                 graph_cublas_ms.get(record.key[:3])), note)
-    return [_stamp(record, readings[record.key], graph_cublas_ms.get(record.key[:3]))
-            for record in chosen if readings[record.key]]
+
+    def stamp_of(record: Record, readings: list[tuple[float, float]]) -> Stamp:
+        return _stamp(record, readings, graph_cublas_ms.get(record.key[:3]))
+
+    def read(chosen: list[Record], first_pass: int) -> dict[tuple, list[tuple[float, float]]]:
+        readings: dict[tuple, list[tuple[float, float]]] = {r.key: [] for r in chosen}  # (ours ms, baseline ms)
+        for pass_ in range(passes):
+            if pass_ or first_pass:
+                sleep(pause_s)  # another moment, maybe another phase of the host
+            for index, record in enumerate(chosen, 1):
+                note = ""
+                try:
+                    readings[record.key].append(_time_once(record, graph_winner.get(record.key[:3]), make_bench))
+                except Exception as error:  # one record's failure (out of memory) costs only its reading
+                    note = f"not timed: {type(error).__name__}: {error}"
+                    log.warning("stamp: %s %s %s", record.kernel, record.problem_key, note)
+                if progress is not None:
+                    progress(first_pass + pass_ + 1, index, None if note else stamp_of(record, readings[record.key]),
+                             note)
+        return readings
+
+    readings = read(chosen, 0)
+    stamps = {r.key: stamp_of(r, readings[r.key]) for r in chosen if readings[r.key]}
+    # A Triton winner the user's call now gets slower than the baseline gives its place to cuBLAS, timed the
+    # same way: a stored winner must never lose to torch.matmul (where dispatch can run the baseline at all).
+    losing = [s for s in stamps.values() if s.losing and kernels.get_kernel(s.record.kernel).baseline_dispatchable(
+        Problem.from_key(s.record.kernel, s.record.problem_key))]
+    fallbacks = [dataclasses.replace(s.record, config=BASELINE.as_dict()) for s in losing]
+    fallback_readings = read(fallbacks, passes) if fallbacks else {}
+    for stamp, fallback in zip(losing, fallbacks):
+        if fallback_readings[fallback.key]:
+            demoted = stamp_of(fallback, fallback_readings[fallback.key])
+            stamps[fallback.key] = Stamp(demoted.record, stamp.was, demoted.passes, demoted_from=stamp.passes)
+    return [stamps[r.key] for r in chosen if r.key in stamps]
 
 
 def _time_once(record: Record, graph: Config | None, make_bench: MakeBench) -> tuple[float, float]:
