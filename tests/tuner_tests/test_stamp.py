@@ -182,8 +182,8 @@ def test_the_cli_stamps_a_real_database_on_the_gpu(tmp_path: Path) -> None:
     device = kernels.current_device()
     key = "bf16:nt:16x4096x4096"
     tiled = MATMUL.default_config(Problem.from_key("matmul", key), device).as_dict()
-    eager = _record(device, tiled, key=key, time_ms=0.002, cublas_ms=0.018)
-    graph = _record(device, tiled, mode="graph", key=key, time_ms=0.015, cublas_ms=0.018)
+    eager = _record(device, tiled, key=key, time_ms=0.020, cublas_ms=0.180)
+    graph = _record(device, tiled, mode="graph", key=key, time_ms=0.020, cublas_ms=0.025)
     with Store(f"sqlite:///{tmp_path / 't.db'}") as store:
         store.put_many([eager, graph], on_conflict="replace")
     done = _tuner("stamp", "--passes", "2", db=tmp_path / "t.db")
