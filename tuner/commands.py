@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import statistics
 
 import optuna
 
@@ -326,7 +327,8 @@ def cmd_stamp(args: argparse.Namespace) -> int:
 
     stamps = stamp_eager(records, device, passes=args.passes, progress=progress)
     off = sum(abs(s.moved - 1) > 0.03 for s in stamps)
-    demoted = [s.record.problem_key for s in stamps if s.demoted_from]
+    demoted = [f"{s.record.problem_key} ({statistics.median_low(s.demoted_from):.3f}x, cuBLAS {s.speedup:.3f}x)"
+               for s in stamps if s.demoted_from]
     losing = [s.record.problem_key for s in stamps if s.losing]
     print(f"{len(stamps)} stamped, {off} moved by more than 3%"
           + (f"; {len(demoted)} Triton winner(s) slower than the baseline now, cuBLAS in their place: "
