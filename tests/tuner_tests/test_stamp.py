@@ -165,14 +165,20 @@ def _tuner(*args: str, db: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_the_cli_without_a_gpu_names_where_to_run_and_creates_nothing(tmp_path: Path) -> None:
-    import torch
+@pytest.mark.parametrize("args", [[], ["--dry-run"], ["--passes", "0"]])
+def test_the_cli_on_a_missing_database_or_without_a_gpu_is_one_error_and_creates_nothing(
+        args: list[str], tmp_path: Path, monkeypatch, capsys) -> None:
+    """Without a GPU: where to run it; with one, on a database that is not there: that it is not there (or
+    the bad --passes). Either way one line, exit 2, and no file."""
+    from tuner.cli import main
 
-    if torch.cuda.is_available():
-        pytest.skip("checks the machine without a GPU")
-    done = _tuner("stamp", db=tmp_path / "none.db")
-    assert done.returncode == 2 and "run it there" in done.stderr
-    assert not (tmp_path / "none.db").exists()
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    assert main(["stamp", *args, "--db", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert "run it there" in err or "does not exist" in err or "--passes 0" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.gpu
