@@ -154,6 +154,9 @@ def test_only_eager_records_of_this_device_with_a_pinnable_call_are_stamped(devi
 
 
 def test_stamping_on_a_cpu_without_a_timer_says_where_to_run_it() -> None:
+    import tuner
+
+    assert tuner.stamp_eager is stamp_eager, "part of the library's public names, usable without the CLI"
     with pytest.raises(ValueError, match="run it on that GPU"):
         stamp_eager([], kernels.current_device("cpu"))
 
