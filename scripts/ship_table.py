@@ -106,7 +106,7 @@ def _stamped(records: dict[tuple, Record], device_alias: str, passes: int) -> di
             print(f"[{index}/{count}] {stamp.record.problem_key:28} {stamp.was or 0:.3f}x -> {stamp.speedup:.3f}x "
                   + " ".join(f"{s:.3f}" for s in stamp.passes), flush=True)
         elif note:
-            print(f"[{pass_}: {index}/{count}] {note}", flush=True)
+            print(f"[pass {pass_}] {note}", flush=True)
 
     stamps = stamp_eager(list(records.values()), device, passes=passes, progress=progress)
     moved = sum(abs(s.moved - 1) > 0.03 for s in stamps)
@@ -114,7 +114,8 @@ def _stamped(records: dict[tuple, Record], device_alias: str, passes: int) -> di
     losing = [s.record.problem_key for s in stamps if s.losing]
     print(f"stamped {len(stamps)} eager records, {moved} moved by more than 3%"
           + (f"; cuBLAS in place of Triton winners slower than torch.matmul now: {', '.join(demoted)}" if demoted else "")
-          + (f"; slower than torch.matmul, not replaced (decide them again): {', '.join(losing)}" if losing else ""))
+          + (f"; slower than torch.matmul, cuBLAS no faster or not timed (decide them again): {', '.join(losing)}"
+             if losing else ""))
     return {**records, **{s.record.key: s.record for s in stamps}}
 
 

@@ -159,5 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: finished trials are saved; run the same command again to resume", file=sys.stderr)
+        if args.command == "stamp":  # it writes once, at the end
+            print("interrupted: nothing was stored; run the same command again", file=sys.stderr)
+        else:
+            print("interrupted: finished trials are saved; run the same command again to resume", file=sys.stderr)
         return 130

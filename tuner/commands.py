@@ -300,7 +300,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_stamp(args: argparse.Namespace) -> int:
-    from .stamp import stamp_eager, stampable
+    from .stamp import stamp_eager, stampable, store_stamps
 
     if _no_gpu():
         raise UserError("stamp times the stored winners on the GPU they were tuned for, and this machine has "
@@ -321,9 +321,9 @@ def cmd_stamp(args: argparse.Namespace) -> int:
 
     def progress(pass_: int, index: int, stamp, note: str) -> None:
         if pass_ == args.passes:
-            shown = note or f"{stamp.was or 0:.3f}x stored -> {stamp.speedup:.3f}x"
-            record = chosen[index - 1]
-            print(f"  [{index}/{len(chosen)}] {record.kernel} {record.problem_key}  {shown}", flush=True)
+            record = chosen[index - 1]  # the passes over ``chosen`` (those after them time cuBLAS stand-ins)
+            shown = note or f"{record.kernel} {record.problem_key}  {stamp.was or 0:.3f}x stored -> {stamp.speedup:.3f}x"
+            print(f"  [{index}/{len(chosen)}] {shown}", flush=True)
 
     stamps = stamp_eager(records, device, passes=args.passes, progress=progress)
     off = sum(abs(s.moved - 1) > 0.03 for s in stamps)
@@ -333,10 +333,13 @@ def cmd_stamp(args: argparse.Namespace) -> int:
     print(f"{len(stamps)} stamped, {off} moved by more than 3%"
           + (f"; {len(demoted)} Triton winner(s) slower than the baseline now, cuBLAS in their place: "
              + ", ".join(demoted) if demoted else "")
-          + (f"; {len(losing)} slower than the baseline with no cuBLAS reading, decide them again with "
+          + (f"; {len(losing)} slower than the baseline, with cuBLAS no faster or not timed; decide them again with "
              "`python -m tuner search`: " + ", ".join(losing) if losing else ""))
     if args.dry_run or not stamps:
         return 0
     with _open_store(args.db) as store:
-        store.put_many([s.record for s in stamps], on_conflict="replace")
+        unchanged = store_stamps(store, stamps, records)
+    if len(unchanged) < len(stamps):
+        print(f"{len(stamps) - len(unchanged)} record(s) changed in the database while they were timed (a search or "
+              "a worker stored them): left as they are now; stamp them again to time those")
     return 0

@@ -11,8 +11,9 @@ spread in time, because the host's speed moves from second to second on the GPU 
 one phase of it. The record keeps the times of its median pass.
 
 A winner changes in one case only: a Triton winner whose median pass is slower than the baseline gives
-its place to cuBLAS, timed through our dispatch path in as many passes (``Stamp.demoted_from``), because a
-stored winner must never lose to torch.matmul. Nothing is promoted here: a stamp is no search.
+its place to cuBLAS, timed through our dispatch path in as many passes (``Stamp.demoted_from``), where
+cuBLAS reads no slower: a stored winner must never lose to torch.matmul. Nothing is promoted here: a
+stamp is no search.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 import triton
 
 import kernels
-from db import Record
+from db import Record, Store, plausibility_problems
 from kernels import BASELINE, EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem
 
 from . import timing
@@ -94,7 +95,7 @@ def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = 
                 progress: Callable[[int, int, Stamp | None, str], None] | None = None) -> list[Stamp]:
     """Each stampable eager record of ``device`` in ``records``, timed ``passes`` times and stored with its
     median pass (``Stamp.record``); a Triton winner slower than the baseline there is replaced by cuBLAS,
-    timed in as many passes again (``Stamp.demoted_from``). A record whose timing fails in every pass is left
+    timed in as many passes again, where cuBLAS's median is no lower (``Stamp.demoted_from``). A record whose timing fails in every pass is left
     out (logged). ``make_bench``: how a problem is timed (default: a side-by-side Bench on this GPU;
     a test passes one with its own timer). ``progress(pass, index, stamp, note)`` after each timing."""
     if passes < 1:
@@ -122,8 +123,8 @@ def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = 
                 try:
                     readings[record.key].append(_time_once(record, graph_winner.get(record.key[:3]), make_bench))
                 except Exception as error:  # one record's failure (out of memory) costs only its reading
-                    note = f"not timed: {type(error).__name__}: {error}"
-                    log.warning("stamp: %s %s %s", record.kernel, record.problem_key, note)
+                    note = f"{record.kernel} {record.problem_key} not timed: {type(error).__name__}: {error}"
+                    log.warning("stamp: %s", note)
                 if progress is not None:
                     progress(first_pass + pass_ + 1, index, None if note else stamp_of(record, readings[record.key]),
                              note)
@@ -138,10 +139,38 @@ def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = 
     fallbacks = [dataclasses.replace(s.record, config=BASELINE.as_dict()) for s in losing]
     fallback_readings = read(fallbacks, passes) if fallbacks else {}
     for stamp, fallback in zip(losing, fallbacks):
-        if fallback_readings[fallback.key]:
-            demoted = stamp_of(fallback, fallback_readings[fallback.key])
+        if not fallback_readings[fallback.key]:
+            continue
+        demoted = stamp_of(fallback, fallback_readings[fallback.key])
+        # cuBLAS takes the place only where it is no slower than the winner it replaces, read the same way.
+        if statistics.median_low(demoted.passes) >= statistics.median_low(stamp.passes):
             stamps[fallback.key] = Stamp(demoted.record, stamp.was, demoted.passes, demoted_from=stamp.passes)
-    return [stamps[r.key] for r in chosen if r.key in stamps]
+    return [stamps[r.key] for r in chosen if r.key in stamps and _plausible(stamps[r.key])]
+
+
+def _plausible(stamp: Stamp) -> bool:
+    """Whether the database will take the stamped record (db.plausibility_problems); one that it would
+    refuse is left out, logged, so that it cannot make a whole batch's write fail."""
+    problems = plausibility_problems(stamp.record)
+    if problems:
+        log.warning("stamp: %s %s left as stored: %s", stamp.record.kernel, stamp.record.problem_key,
+                    "; ".join(problems))
+    return not problems
+
+
+def store_stamps(store: Store, stamps: Sequence[Stamp], read: Sequence[Record]) -> list[Record]:
+    """Store the stamped records whose problem's record in ``store`` is still the one ``read`` before the
+    timing (same winner, same time of writing); returns those stored. Why: a stamp takes minutes, and a
+    search or a fleet worker may store a newer record of a problem meanwhile; that one stays (its winner
+    may differ), and the problem can be stamped again."""
+    before = {r.key: (r.config, r.created_at) for r in read}
+    unchanged = []
+    for stamp in stamps:
+        now = store.get(*stamp.record.key)
+        if now is not None and (now.config, now.created_at) == before.get(stamp.record.key):
+            unchanged.append(stamp.record)
+    store.put_many(unchanged, on_conflict="replace")
+    return unchanged
 
 
 def _time_once(record: Record, graph: Config | None, make_bench: MakeBench) -> tuple[float, float]:
@@ -163,8 +192,10 @@ def _stamp(record: Record, readings: list[tuple[float, float]], graph_cublas_ms:
     speedups = [theirs / ours for ours, theirs in readings]
     ours, theirs = readings[speedups.index(statistics.median_low(speedups))]
     winner_is_triton = record.triton_config is not None and record.config == record.triton_config
+    flops = Problem.from_key(record.kernel, record.problem_key).flops
     stamped = dataclasses.replace(
-        record, time_ms=ours, cublas_ms=theirs, tflops=record.tflops * record.time_ms / ours,
-        triton_ms=ours if winner_is_triton else record.triton_ms,
-        torch_version=torch.__version__, triton_version=triton.__version__, created_at=datetime.now(timezone.utc))
+        record, time_ms=ours, cublas_ms=theirs, tflops=flops / (ours * 1e-3) / 1e12,
+        triton_ms=ours if winner_is_triton else record.triton_ms, torch_version=torch.__version__,
+        triton_version=triton.__version__, cuda_version=torch.version.cuda or record.cuda_version,
+        created_at=datetime.now(timezone.utc))
     return Stamp(at_par_when_gpu_bound(stamped, graph_cublas_ms), record.speedup, tuple(speedups))

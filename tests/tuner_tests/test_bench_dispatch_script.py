@@ -39,10 +39,10 @@ def test_median_pass_keeps_each_modes_middle_pass_with_every_reading_beside_it()
     """--passes N: per mode, the pass of median speed-up (lower middle of an even count) with its own times."""
     script = _script()
     cublas = "VARIANT: cublas, num_warps: 4, num_stages: 3"
-    passes = [_row(0.012, cublas, 1.10, None), _row(0.020, cublas, 0.90, None), _row(0.015, cublas, 1.00, None)]
-    passes[0]["graph"] = dict(passes[0]["graph"], speedup=1.5)
+    passes = [_row(0.015, cublas, 1.00, None), _row(0.012, cublas, 1.10, None), _row(0.020, cublas, 0.90, None)]
+    passes[2]["graph"] = dict(passes[2]["graph"], speedup=1.5)
     row = script.median_pass(passes, ["eager", "graph"])
-    assert row["eager"]["speedup"] == 1.00 and row["eager"]["cublas_ms"] == 0.015
-    assert row["eager"]["passes"] == [1.10, 0.90, 1.00]
-    assert row["graph"]["speedup"] == 1.00 and row["graph"]["passes"] == [1.5, 0.90, 1.00]
-    assert script.median_pass(passes[:2], ["eager"])["eager"]["speedup"] == 0.90
+    assert row["eager"]["speedup"] == 1.00 and row["eager"]["cublas_ms"] == 0.015, "the first pass: the median"
+    assert row["eager"]["passes"] == [1.00, 1.10, 0.90]
+    assert row["graph"]["speedup"] == 1.10 and row["graph"]["passes"] == [1.00, 1.10, 1.5]
+    assert script.median_pass(passes[1:], ["eager"])["eager"]["speedup"] == 0.90, "the lower middle of two"

@@ -21,7 +21,7 @@ import kernels
 from db import Record, Store, plausibility_problems
 from kernels import MATMUL, Config, Problem
 from tuner.bench import Bench
-from tuner.stamp import stamp_eager, stampable
+from tuner.stamp import stamp_eager, stampable, store_stamps
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = Problem.from_key("matmul", "fp16:nt:16x32x32")
@@ -50,11 +50,20 @@ class ScriptedTimer:
         self.ours_ms, self.baseline_ms, self.fail = ours_ms, baseline_ms, fail
         self.benches = 0
         self.calls: list[str] = []
+        self.graphs: list[Config | None] = []  # the graph winner each contest was asked to hold beside
 
     def make_bench(self, device: kernels.DeviceInfo):
         def make(spec, problem) -> Bench:
             self.benches += 1
-            return Bench(spec, problem, device, eager_timer=self.eager_timer, timer=lambda fn: 1.0)
+            bench = Bench(spec, problem, device, eager_timer=self.eager_timer, timer=lambda fn: 1.0)
+            contest = bench.contest
+
+            def noting_the_graph_winner(configs, rounds=3, mode="graph", graph=None):
+                self.graphs.append(graph)
+                return contest(configs, rounds, mode, graph)
+
+            bench.contest = noting_the_graph_winner
+            return bench
         return make
 
     def eager_timer(self, call, inputs) -> float:
@@ -77,12 +86,13 @@ def device(torch_device) -> kernels.DeviceInfo:
 def test_the_median_pass_is_stored_and_the_winner_kept(device) -> None:
     tiled = MATMUL.default_config(PROBLEM, device).as_dict()
     eager, graph = _record(device, tiled), _record(device, tiled, mode="graph", time_ms=0.008)
-    timer = ScriptedTimer(ours_ms=[0.020, 0.010, 0.015], baseline_ms=0.030)  # 1.5x, 3.0x, 2.0x
+    timer = ScriptedTimer(ours_ms=[0.015, 0.020, 0.010], baseline_ms=0.030)  # 2.0x, 1.5x, 3.0x
     before = datetime.now(timezone.utc) - timedelta(seconds=1)
     pauses: list[float] = []
     (stamp,) = stamp_eager([eager, graph], device, passes=3, pause_s=0.25, make_bench=timer.make_bench(device),
                            sleep=pauses.append)
-    assert stamp.passes == pytest.approx((1.5, 3.0, 2.0))
+    assert stamp.passes == pytest.approx((2.0, 1.5, 3.0))
+    assert timer.graphs == [Config.from_dict(graph.config)] * 3, "timed beside its graph winner, as dispatch holds it"
     assert pauses == [0.25, 0.25], "the passes are spread in time"
     stamped = stamp.record
     assert stamped.config == tiled and stamped.key == eager.key
@@ -106,6 +116,14 @@ def test_a_winner_that_no_longer_wins_gives_its_place_to_cublas_timed_the_same_w
     assert stamp.record.triton_config == tiled and stamp.record.triton_ms == pytest.approx(0.025)
     assert not stamp.losing and stamp.was == pytest.approx(1.5)
     assert plausibility_problems(stamp.record) == []
+
+
+def test_a_losing_winner_stays_where_cublas_reads_slower_still(device) -> None:
+    tiled = MATMUL.default_config(PROBLEM, device).as_dict()
+    timer = ScriptedTimer(ours_ms=[0.0202, 0.0206], baseline_ms=0.020)  # Triton 0.99x, then cuBLAS 0.97x
+    (stamp,) = stamp_eager([_record(device, tiled)], device, passes=1, make_bench=timer.make_bench(device),
+                           sleep=lambda s: None)
+    assert timer.benches == 2 and stamp.record.config == tiled and stamp.losing and stamp.demoted_from == ()
 
 
 def test_a_winner_that_holds_is_not_timed_again(device) -> None:
@@ -151,6 +169,27 @@ def test_only_eager_records_of_this_device_with_a_pinnable_call_are_stamped(devi
     assert timer.benches == 0
     with pytest.raises(ValueError, match="passes=0"):
         stamp_eager([], device, passes=0, make_bench=timer.make_bench(device))
+
+
+def test_only_records_unchanged_since_they_were_read_are_stored(device, db_url) -> None:
+    """A real SQLite file: while a stamp timed two problems, a search stored a newer record of one of them;
+    that one stays as the search left it, and the other is replaced by its stamp."""
+    tiled = MATMUL.default_config(PROBLEM, device).as_dict()
+    other = "fp16:nt:16x32x64"
+    read = [_record(device, tiled), _record(device, CUBLAS, key=other)]
+    with Store(db_url) as store:
+        store.put_many(read, on_conflict="replace")
+    timer = ScriptedTimer(ours_ms=[0.010, 0.010], baseline_ms=0.030)
+    stamps = stamp_eager(read, device, passes=1, make_bench=timer.make_bench(device))
+    newer = dataclasses.replace(read[1], time_ms=0.012, tflops=read[1].tflops * 0.010 / 0.012,
+                                created_at=datetime.now(timezone.utc))
+    with Store(db_url) as store:
+        store.put_many([newer], on_conflict="replace")  # the search's, during the stamp
+        stored = store_stamps(store, stamps, read)
+        after = {r.problem_key: r for r in store.records(device=device.name)}
+    assert [r.problem_key for r in stored] == [PROBLEM.key]
+    assert after[PROBLEM.key].speedup == pytest.approx(3.0) and after[PROBLEM.key].created_at > LONG_AGO
+    assert after[other].time_ms == pytest.approx(0.012), "the search's newer record stays"
 
 
 def test_stamping_on_a_cpu_without_a_timer_says_where_to_run_it() -> None:
