@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from db import Store
 from kernels import MATMUL, Problem
 from tuner import timing
 from tuner.bench import Bench, relative_error, TOLERANCE
+from tuner.stamp import STAMP_PAUSE_S
 
 
 GRAPH_BUDGET = timing.FULL_MS
@@ -102,17 +102,13 @@ def confirm(rows: list[dict], problems: list[Problem], device: kernels.DeviceInf
                 row[mode]["confirmed"] = again["speedup"]
 
 
-PASS_PAUSE_S = 2.0  # between passes (--passes), as tuner.stamp's
-
-
 def median_pass(readings: list[dict], modes: list[str]) -> dict:
     """One problem's row from its row of each pass: per mode, the pass of median speed-up (the lower
     middle of an even count), with every pass's speed-up beside it as ``passes``."""
     row = dict(readings[0])
     for mode in modes:
         speedups = [reading[mode]["speedup"] for reading in readings]
-        median = statistics.median_low(speedups)
-        row[mode] = dict(readings[speedups.index(median)][mode], passes=speedups)
+        row[mode] = dict(readings[timing.median_pass(speedups)][mode], passes=speedups)
     return row
 
 
@@ -190,7 +186,7 @@ def main() -> int:
     passes: list[list[dict]] = []
     for pass_ in range(args.passes):
         if pass_:
-            time.sleep(PASS_PAUSE_S)
+            time.sleep(STAMP_PAUSE_S)  # as far apart as a stamp's passes
         passes.append([])
         for index, problem in enumerate(problems, 1):
             row = measure(problem, device, modes, args.rounds, args.control)

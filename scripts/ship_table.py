@@ -93,7 +93,7 @@ def _stamped(records: dict[tuple, Record], device_alias: str, passes: int) -> di
     """``records`` with the eager ones of this GPU timed again (tuner.stamp.stamp_eager), which must be
     the table's device."""
     import kernels
-    from tuner.stamp import stamp_eager, stampable
+    from tuner.stamp import stamp_eager, stampable, summary
 
     device = kernels.current_device()
     if device_alias not in (device.alias, device.name):
@@ -109,13 +109,7 @@ def _stamped(records: dict[tuple, Record], device_alias: str, passes: int) -> di
             print(f"[pass {pass_}] {note}", flush=True)
 
     stamps = stamp_eager(list(records.values()), device, passes=passes, progress=progress)
-    moved = sum(abs(s.moved - 1) > 0.03 for s in stamps)
-    demoted = [s.record.problem_key for s in stamps if s.demoted_from]
-    losing = [s.record.problem_key for s in stamps if s.losing]
-    print(f"stamped {len(stamps)} eager records, {moved} moved by more than 3%"
-          + (f"; cuBLAS in place of Triton winners slower than torch.matmul now: {', '.join(demoted)}" if demoted else "")
-          + (f"; slower than torch.matmul, cuBLAS no faster or not timed (decide them again): {', '.join(losing)}"
-             if losing else ""))
+    print(summary(stamps))
     return {**records, **{s.record.key: s.record for s in stamps}}
 
 

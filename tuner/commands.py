@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 
 import optuna
 
@@ -300,7 +299,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_stamp(args: argparse.Namespace) -> int:
-    from .stamp import stamp_eager, stampable, store_stamps
+    from .stamp import stamp_eager, stampable, store_stamps, summary
 
     if _no_gpu():
         raise UserError("stamp times the stored winners on the GPU they were tuned for, and this machine has "
@@ -326,15 +325,7 @@ def cmd_stamp(args: argparse.Namespace) -> int:
             print(f"  [{index}/{len(chosen)}] {shown}", flush=True)
 
     stamps = stamp_eager(records, device, passes=args.passes, progress=progress)
-    off = sum(abs(s.moved - 1) > 0.03 for s in stamps)
-    demoted = [f"{s.record.problem_key} ({statistics.median_low(s.demoted_from):.3f}x, cuBLAS {s.speedup:.3f}x)"
-               for s in stamps if s.demoted_from]
-    losing = [s.record.problem_key for s in stamps if s.losing]
-    print(f"{len(stamps)} stamped, {off} moved by more than 3%"
-          + (f"; {len(demoted)} Triton winner(s) slower than the baseline now, cuBLAS in their place: "
-             + ", ".join(demoted) if demoted else "")
-          + (f"; {len(losing)} slower than the baseline, with cuBLAS no faster or not timed; decide them again with "
-             "`python -m tuner search`: " + ", ".join(losing) if losing else ""))
+    print(summary(stamps))
     if args.dry_run or not stamps:
         return 0
     with _open_store(args.db) as store:

@@ -13,7 +13,6 @@ import hashlib
 import importlib
 import logging
 import math
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -30,6 +29,7 @@ from db import Outage, Record, Store, StoreUnreachable, plausibility_problems, s
 from kernels import BASELINE, EAGER, GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
 from kernels.dispatch import Dispatcher
 
+from . import timing
 from .bench import Bench, EagerTimer, Measurement, Timer
 from .space import config_of, narrowed, params_of, suggest_config
 from .workers import CheckPool, IsolatedBench
@@ -543,8 +543,7 @@ def confirm_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench:
                      again.cublas_ms, again.time_ms)
             return again
         won.append(again)
-    speedups = [r.speedup or 0.0 for r in won]
-    return won[speedups.index(statistics.median_low(speedups))]
+    return won[timing.median_pass([r.speedup or 0.0 for r in won])]
 
 
 def recontest_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,

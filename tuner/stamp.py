@@ -35,13 +35,13 @@ from kernels import BASELINE, EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Prob
 
 from . import timing
 from .bench import Bench, SideBySide
-from .search import at_par_when_gpu_bound
+from .search import EAGER_PASS_PAUSE_S, at_par_when_gpu_bound
 
 log = logging.getLogger(__name__)
 
-# Three passes make a median that one phase of the host cannot move; 2 s apart, as confirm_eager's contests.
+# Three passes make a median that one phase of the host cannot move, as far apart as confirm_eager's contests.
 STAMP_PASSES = 3
-STAMP_PAUSE_S = 2.0
+STAMP_PAUSE_S = EAGER_PASS_PAUSE_S
 # The eager ms per side of one record's timing: the bench's per problem (bench_dispatch.py, 2 rounds).
 STAMP_EAGER_MS = 40.0
 
@@ -158,6 +158,20 @@ def _plausible(stamp: Stamp) -> bool:
     return not problems
 
 
+def summary(stamps: Sequence[Stamp]) -> str:
+    """One line for a person: how many were stamped and moved by more than 3%, which Triton winners gave their
+    place to cuBLAS (both readings), and which are slower than the baseline still."""
+    moved = sum(abs(s.moved - 1) > 0.03 for s in stamps)
+    demoted = [f"{s.record.problem_key} ({statistics.median_low(s.demoted_from):.3f}x, cuBLAS {s.speedup:.3f}x)"
+               for s in stamps if s.demoted_from]
+    losing = [s.record.problem_key for s in stamps if s.losing]
+    return (f"{len(stamps)} stamped, {moved} moved by more than 3%"
+            + (f"; {len(demoted)} Triton winner(s) slower than the baseline now, cuBLAS in their place: "
+               + ", ".join(demoted) if demoted else "")
+            + (f"; {len(losing)} slower than the baseline, with cuBLAS no faster or not timed; decide them again "
+               "with `python -m tuner search` or scripts/redecide.py: " + ", ".join(losing) if losing else ""))
+
+
 def store_stamps(store: Store, stamps: Sequence[Stamp], read: Sequence[Record]) -> list[Record]:
     """Store the stamped records whose problem's record in ``store`` is still the one ``read`` before the
     timing (same winner, same time of writing); returns those stored. Why: a stamp takes minutes, and a
@@ -190,7 +204,7 @@ def _stamp(record: Record, readings: list[tuple[float, float]], graph_cublas_ms:
     A cuBLAS winner of a GPU-bound call then stores the baseline's time (search.at_par_when_gpu_bound):
     our path runs the same kernel, and what its reading adds is the method's noise."""
     speedups = [theirs / ours for ours, theirs in readings]
-    ours, theirs = readings[speedups.index(statistics.median_low(speedups))]
+    ours, theirs = readings[timing.median_pass(speedups)]
     winner_is_triton = record.triton_config is not None and record.config == record.triton_config
     flops = Problem.from_key(record.kernel, record.problem_key).flops
     stamped = dataclasses.replace(

@@ -288,6 +288,13 @@ def _warmed_estimate_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple]) -
     return _estimate_ms(call, inputs)
 
 
+def median_pass(speedups: Sequence[float]) -> int:
+    """Index of the median of ``speedups`` (the lower middle of an even count; the first of equal ones): the
+    pass kept where a figure is read in several passes (search.confirm_eager, tuner.stamp,
+    scripts/bench_dispatch.py --passes)."""
+    return list(speedups).index(statistics.median_low(speedups))
+
+
 def _estimate_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple], at_least_ms: float = 2.0) -> float:
     """Wall ms per call over whole passes of ``inputs``, for at least ``at_least_ms`` (a handful of
     calls is mostly the synchronize)."""

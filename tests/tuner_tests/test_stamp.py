@@ -21,7 +21,7 @@ import kernels
 from db import Record, Store, plausibility_problems
 from kernels import MATMUL, Config, Problem
 from tuner.bench import Bench
-from tuner.stamp import stamp_eager, stampable, store_stamps
+from tuner.stamp import stamp_eager, stampable, store_stamps, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = Problem.from_key("matmul", "fp16:nt:16x32x32")
@@ -115,6 +115,8 @@ def test_a_winner_that_no_longer_wins_gives_its_place_to_cublas_timed_the_same_w
     assert stamp.speedup == pytest.approx(0.020 / 0.021), "the lower middle of two passes"
     assert stamp.record.triton_config == tiled and stamp.record.triton_ms == pytest.approx(0.025)
     assert not stamp.losing and stamp.was == pytest.approx(1.5)
+    assert "1 stamped, 1 moved by more than 3%; 1 Triton winner(s) slower than the baseline now, cuBLAS in their " \
+           f"place: {PROBLEM.key} (0.800x, cuBLAS 0.952x)" == summary([stamp])
     assert plausibility_problems(stamp.record) == []
 
 
@@ -124,6 +126,7 @@ def test_a_losing_winner_stays_where_cublas_reads_slower_still(device) -> None:
     (stamp,) = stamp_eager([_record(device, tiled)], device, passes=1, make_bench=timer.make_bench(device),
                            sleep=lambda s: None)
     assert timer.benches == 2 and stamp.record.config == tiled and stamp.losing and stamp.demoted_from == ()
+    assert summary([stamp]).endswith(f"decide them again with `python -m tuner search` or scripts/redecide.py: {PROBLEM.key}")
 
 
 def test_a_winner_that_holds_is_not_timed_again(device) -> None:
