@@ -14,12 +14,15 @@ host's speed wanders by up to 1.7x between 10 ms rounds seconds apart (torch.mat
 call ranged 14.5-24.8 us over 9 rounds, docs/BENCHMARKS.md), and a large GEMM lowers the GPU's clocks
 as it runs; timed seconds apart, two runs of the very same cuBLAS kernel came out 0.68x-0.97x of
 each other (the held-out benchmark of 2026-11-24). Interleaved at this grain, both sides meet the
-same host and the same clocks.
+same host and the same clocks. The host also slows in bursts of a tenth of a second or so; an eager
+reading sets aside the turns inside one (``eager_side_by_side``, HOST_NOMINAL_SLACK), so that what it
+reads is what the same call reads a second later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -240,15 +243,81 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> 
     return total / count
 
 
+# The host's own speed, read between the turns of ``eager_side_by_side``. On the lent KVM machines a pure-Python
+# loop ran 1.2-1.8x slower in bursts of about 0.1-0.2 s, 10-20% of the time, and torch.matmul's eager time per
+# call rose with it while a GPU-bound call's did not (H100, 2026-11-26, scripts/probes/host_phase_probe.py,
+# docs/BENCHMARKS.md "Nineteenth session"). A contest of 60 ms a side can fall wholly inside such a burst, and
+# a host-bound figure read there is not the one the same call reads a second later. So each turn is bracketed
+# by a short spin of the host, and the figure is read over the turns at the host's nominal speed: the spins on
+# either side within HOST_NOMINAL_SLACK of the fastest spin this process has seen. Our calls cost less host
+# time than torch.matmul's (scripts/host_cost.py), so a slower host widens our lead: the nominal figure is the
+# one a user's call can count on. While too few turns are nominal the turns go on, up to HOST_EXTRA_TURNS
+# times those asked; with fewer than HOST_MIN_NOMINAL_TURNS nominal turns, every turn counts.
+HOST_SPIN_LOOPS = 2000  # about 70 us of pure Python on the lent machines' hosts
+HOST_NOMINAL_SLACK = 1.2
+HOST_EXTRA_TURNS = 3
+HOST_MIN_NOMINAL_TURNS = 3
+
+
+class HostSpeed:
+    """The time of a fixed pure-Python loop (no GPU in it), and the least seen in this process: the host's
+    speed when nothing holds it back."""
+
+    def __init__(self, loops: int = HOST_SPIN_LOOPS) -> None:
+        self.loops = loops
+        self.fastest_us = math.inf
+
+    def spin_us(self) -> float:
+        started = time.perf_counter()
+        total = 0
+        for i in range(self.loops):
+            total += i & 7
+        spent = (time.perf_counter() - started) * 1e6
+        self.fastest_us = min(self.fastest_us, spent)
+        return spent
+
+
+HOST = HostSpeed()
+
+
+def nominal_turns(spins: Sequence[float], fastest_us: float, slack: float = HOST_NOMINAL_SLACK) -> list[bool]:
+    """Turn ``t`` ran between ``spins[t]`` and ``spins[t + 1]``: it is at the host's nominal speed where both
+    are within ``slack`` of ``fastest_us``."""
+    limit = slack * min(fastest_us, min(spins, default=math.inf))
+    return [max(before, after) <= limit for before, after in zip(spins, spins[1:])]
+
+
+@dataclasses.dataclass(frozen=True)
+class EagerReading:
+    """``eager_side_by_side``'s figures: per side, the median ms per call over the turns at the host's
+    nominal speed (``nominal_ms``, what the tuner stores and the bench reports) and over every turn
+    (``all_ms``, as this run's host gave it), with how many turns each is read over."""
+
+    nominal_ms: list[float]
+    all_ms: list[float]
+    nominal_turns: int
+    turns: int
+
+
 def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
                           total_ms: float = SIDE_EAGER_MS, block_ms: float = SIDE_BLOCK_MS,
                           before: Sequence[Callable[[], None] | None] | None = None) -> list[float]:
+    """``eager_side_by_side``'s figure at the host's nominal speed, per side."""
+    return eager_side_by_side(calls, inputs, total_ms, block_ms, before).nominal_ms
+
+
+def eager_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
+                       total_ms: float = SIDE_EAGER_MS, block_ms: float = SIDE_BLOCK_MS,
+                       before: Sequence[Callable[[], None] | None] | None = None,
+                       host: HostSpeed | None = None) -> EagerReading:
     """Median ms per call of each ``call(inputs[i % len(inputs)])``, back to back as ``eager_ms`` times
     them, in blocks of about ``block_ms`` taken in turn: each block is timed by events around it, so a
     block sees max(host, GPU) per call, and neighbouring blocks of the sides meet the same host speed.
+    A spin of the host between turns tells the turns at its nominal speed (HOST_NOMINAL_SLACK above).
 
     ``before[i]``, where given, runs ahead of each of side i's blocks, untimed (``public_calls``'s
     installers: several configs of one call signature take turns)."""
+    host = host or HOST
     enter = list(before) if before is not None else [None] * len(calls)
     one_ms = []
     for call, ready in zip(calls, enter):  # warm-up (compiles, plans, allocator), then a first estimate
@@ -260,14 +329,17 @@ def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Seque
     # slowest side's block may be longer, up to SIDE_SLOW_BLOCKS blocks' time.
     per_block = max(1, min(EAGER_MAX_CALLS, math.ceil(block_ms / min(one_ms)),
                            math.ceil(SIDE_SLOW_BLOCKS * block_ms / max(one_ms))))
-    turns = _turns(per_block * sum(one_ms), total_ms * len(calls))
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(turns)]
-              for _ in calls]
+    wanted = _turns(per_block * sum(one_ms), total_ms * len(calls))
+    events: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in calls]
     position = [0] * len(calls)  # each side walks its own way round the inputs
     torch.cuda.synchronize()
-    for turn in range(turns):
+    spins = [host.spin_us()]
+    turn = 0
+    while turn < wanted or (sum(nominal_turns(spins, host.fastest_us)) < wanted
+                            and turn < HOST_EXTRA_TURNS * wanted):
         for side in _order(len(calls), turn):
-            call, begin, end = calls[side], *events[side][turn]
+            call = calls[side]
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             i = position[side]
             if enter[side] is not None:
                 enter[side]()
@@ -275,9 +347,18 @@ def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Seque
             for j in range(i, i + per_block):
                 call(inputs[j % len(inputs)])
             end.record()
+            events[side].append((begin, end))
             position[side] = (i + per_block) % len(inputs)
+        spins.append(host.spin_us())
+        turn += 1
     torch.cuda.synchronize()
-    return [statistics.median(b.elapsed_time(e) / per_block for b, e in side) for side in events]
+    per_turn = [[b.elapsed_time(e) / per_block for b, e in side] for side in events]
+    nominal = nominal_turns(spins, host.fastest_us)
+    all_ms = [statistics.median(times) for times in per_turn]
+    if sum(nominal) < HOST_MIN_NOMINAL_TURNS:
+        return EagerReading(all_ms, all_ms, 0, turn)
+    nominal_ms = [statistics.median(t for t, keep in zip(times, nominal) if keep) for times in per_turn]
+    return EagerReading(nominal_ms, all_ms, sum(nominal), turn)
 
 
 def _warmed_estimate_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple]) -> float:

@@ -4,6 +4,8 @@ are CUDA events around real launches."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -46,6 +48,48 @@ def test_eager_side_by_side_sees_host_time_that_a_graph_replay_hides() -> None:
     one, ten = timing.eager_ms_side_by_side(
         [lambda x: torch.mm(*x), lambda x: [torch.mm(*x) for _ in range(10)]], inputs, 40.0)
     assert ten / one >= 5, (one, ten)
+
+
+class _BurstyHost(timing.HostSpeed):
+    """A host slowed for real in bursts: three spins of every five (and the turns after them) run while
+    ``slowed`` is set, when each call of the test's side busy-waits 30 us more and the spin runs three
+    times the loop. Only which turns are slow is scripted; every time read is real."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spins = 0
+        self.slowed = False
+
+    def spin_us(self) -> float:
+        self.slowed = self.spins % 5 >= 2
+        self.spins += 1
+        if not self.slowed:
+            return super().spin_us()
+        started = time.perf_counter()
+        timing.HostSpeed(3 * self.loops).spin_us()
+        return (time.perf_counter() - started) * 1e6
+
+
+def _busy_wait_us(us: float) -> None:
+    until = time.perf_counter() + us * 1e-6
+    while time.perf_counter() < until:
+        pass
+
+
+def test_an_eager_reading_sets_aside_turns_in_a_slow_host_burst() -> None:
+    inputs = [_operands(64, 64, 64) for _ in range(4)]
+    host = _BurstyHost()
+
+    def call(x: tuple) -> torch.Tensor:
+        if host.slowed:
+            _busy_wait_us(30.0)
+        return torch.mm(*x)
+
+    clean = timing.eager_side_by_side([lambda x: torch.mm(*x)], inputs, 20.0)
+    reading = timing.eager_side_by_side([call], inputs, 20.0, host=host)
+    assert 0 < reading.nominal_turns < reading.turns
+    assert reading.nominal_ms[0] <= 1.15 * clean.nominal_ms[0], (reading, clean)
+    assert reading.all_ms[0] >= reading.nominal_ms[0] + 0.02, reading  # the burst's 30 us show over every turn
 
 
 def test_a_gpu_contest_times_its_sides_together_and_installs_each_config() -> None:
