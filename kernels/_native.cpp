@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <tuple>
@@ -314,6 +315,256 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
   return THPVariable_Wrap(std::move(c));
 }
 
+// ---- cublasLt: a cuBLAS signature's plan, made once ----------------------------------------------------
+// at::mm asks cuBLAS for its kernel on every call (cublasGemmEx: descriptors and the algorithm's heuristic,
+// then the launch). cublasLt splits the two: the descriptors and the algorithm are made once per signature
+// and operand alignment, and each call is one cublasLtMatmul. On the H100 box one call from Python cost
+// 0.82-0.84x of torch.matmul's host time this way, against 0.96-0.98x through at::mm, with the same time on
+// the GPU where the GPU bounds the call (scripts/probes/cublaslt_host_probe.py, 2026-11-26). Served only where
+// at::mm would do nothing more: fp16/bf16 operands with no gradient to record, on the default stream of the
+// current device (it cannot be capturing; the kept workspace belongs to it), with torch's default reduced-
+// precision reductions. Anything else, or any failure, takes at::mm. KERNELS_NATIVE_LT=0 switches it off.
+// Like the driver's, cublasLt's entry points are looked up in the library torch loaded: no CUDA headers.
+namespace lt {
+
+constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;  // cudaDataType_t
+constexpr int kCompute32F = 68;                   // cublasComputeType_t CUBLAS_COMPUTE_32F
+constexpr int kOpN = 0, kOpT = 1;                 // cublasOperation_t
+constexpr int kDescTransA = 3, kDescTransB = 4;   // cublasLtMatmulDescAttributes_t
+constexpr int kPrefMaxWorkspace = 1, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7, kPrefAlignD = 8;
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kMaxPlans = 4096;  // ever-new shapes stop getting plans here (plans are never freed)
+
+struct Algo { uint64_t data[8]; };
+struct Heuristic { Algo algo; size_t workspace; int state; float waves; int reserved[4]; };
+using Create = int (*)(void**);
+using DescCreate = int (*)(void**, int, int);
+using SetAttribute = int (*)(void*, int, const void*, size_t);
+using LayoutCreate = int (*)(void**, int, uint64_t, uint64_t, int64_t);
+using Destroy = int (*)(void*);
+using GetHeuristic = int (*)(void*, void*, void*, void*, void*, void*, void*, int, Heuristic*, int*);
+using Matmul = int (*)(void*, void*, const void*, const void*, void*, const void*, void*, const void*, const void*,
+                       void*, void*, void*, const Algo*, void*, size_t, void*);
+
+struct Api {
+  Create create = nullptr;
+  DescCreate desc_create = nullptr;
+  SetAttribute desc_set = nullptr;
+  LayoutCreate layout_create = nullptr;
+  Create pref_create = nullptr;
+  SetAttribute pref_set = nullptr;
+  Destroy pref_destroy = nullptr;
+  GetHeuristic heuristic = nullptr;
+  Matmul matmul = nullptr;
+};
+Api api;
+int state = 0;  // 0 not looked up yet, 1 found, -1 not here or switched off
+
+bool found() {
+  if (state != 0) return state == 1;
+  state = -1;
+  const char* setting = std::getenv("KERNELS_NATIVE_LT");
+  if (setting != nullptr && std::strcmp(setting, "0") == 0) return false;
+  void* library = nullptr;
+  for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"}) {
+    library = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
+    if (library != nullptr) break;
+  }
+  if (library == nullptr) return false;
+  api.create = reinterpret_cast<Create>(dlsym(library, "cublasLtCreate"));
+  api.desc_create = reinterpret_cast<DescCreate>(dlsym(library, "cublasLtMatmulDescCreate"));
+  api.desc_set = reinterpret_cast<SetAttribute>(dlsym(library, "cublasLtMatmulDescSetAttribute"));
+  api.layout_create = reinterpret_cast<LayoutCreate>(dlsym(library, "cublasLtMatrixLayoutCreate"));
+  api.pref_create = reinterpret_cast<Create>(dlsym(library, "cublasLtMatmulPreferenceCreate"));
+  api.pref_set = reinterpret_cast<SetAttribute>(dlsym(library, "cublasLtMatmulPreferenceSetAttribute"));
+  api.pref_destroy = reinterpret_cast<Destroy>(dlsym(library, "cublasLtMatmulPreferenceDestroy"));
+  api.heuristic = reinterpret_cast<GetHeuristic>(dlsym(library, "cublasLtMatmulAlgoGetHeuristic"));
+  api.matmul = reinterpret_cast<Matmul>(dlsym(library, "cublasLtMatmul"));
+  if (api.create && api.desc_create && api.desc_set && api.layout_create && api.pref_create && api.pref_set &&
+      api.pref_destroy && api.heuristic && api.matmul) {
+    state = 1;
+  }
+  return state == 1;
+}
+
+// The column-major product cublasLt computes: c^T[N,M] = op(b)^T op(a)^T, its "A" being b and its "B" a.
+struct Operands {
+  int trans_a, trans_b;          // of cublasLt's A (our b) and B (our a)
+  uint64_t a_rows, a_cols;       // cublasLt's A layout, as stored
+  int64_t lda;
+  uint64_t b_rows, b_cols;
+  int64_t ldb;
+};
+
+// How b [K,N] and a [M,K] sit in memory as column-major matrices; false where neither is dense in a row or a
+// column (at::mm copies those).
+bool operands_of(const at::Tensor& a, const at::Tensor& b, Operands& out) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (b.stride(1) == 1 && (b.stride(0) >= n || k == 1)) {  // b row-major: A = b^T, [N,K] column-major
+    out.trans_a = kOpN; out.a_rows = n; out.a_cols = k; out.lda = k == 1 ? n : b.stride(0);
+  } else if (b.stride(0) == 1 && (b.stride(1) >= k || n == 1)) {  // b column-major (w.t()): [K,N], transposed
+    out.trans_a = kOpT; out.a_rows = k; out.a_cols = n; out.lda = n == 1 ? k : b.stride(1);
+  } else {
+    return false;
+  }
+  if (a.stride(1) == 1 && (a.stride(0) >= k || m == 1)) {  // a row-major: B = a^T, [K,M] column-major
+    out.trans_b = kOpN; out.b_rows = k; out.b_cols = m; out.ldb = m == 1 ? k : a.stride(0);
+  } else if (a.stride(0) == 1 && (a.stride(1) >= m || k == 1)) {  // a column-major: [M,K], transposed
+    out.trans_b = kOpT; out.b_rows = m; out.b_cols = k; out.ldb = k == 1 ? m : a.stride(1);
+  } else {
+    return false;
+  }
+  return out.lda >= 1 && out.ldb >= 1;
+}
+
+uint16_t alignment(const void* address) {
+  uint16_t bytes = 256;
+  while (bytes > 1 && reinterpret_cast<uintptr_t>(address) % bytes != 0) bytes >>= 1;
+  return bytes;
+}
+
+struct Key {
+  Signature signature;
+  uint16_t align_a, align_b;
+  bool operator==(const Key& other) const {
+    return signature == other.signature && align_a == other.align_a && align_b == other.align_b;
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    return SignatureHash()(key.signature) ^ (static_cast<size_t>(key.align_a) << 20) ^ key.align_b;
+  }
+};
+
+struct Plan {
+  void* op = nullptr;
+  void* layout_a = nullptr;
+  void* layout_b = nullptr;
+  void* layout_c = nullptr;
+  Algo algo{};
+  size_t workspace = 0;
+};
+
+struct DeviceState {
+  void* handle = nullptr;
+  at::Tensor workspace;  // used on the device's default stream only, so one serves every call
+};
+
+std::unordered_map<Key, Plan, KeyHash> plans;       // every access holds the GIL; never freed (no call
+std::unordered_set<Key, KeyHash> refused;           // in flight with the GIL released can lose its plan)
+std::unordered_map<int, DeviceState> devices;
+int64_t served = 0;  // calls served by cublasLt from here (the GPU tests read it)
+
+// The plan for (a, b) on the current device, made now if need be; nullptr where cublasLt cannot serve them.
+const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState*& device_state) {
+  auto known = plans.find(key);
+  auto& state_of_device = devices[a.device().index()];
+  device_state = &state_of_device;
+  if (known != plans.end()) return &known->second;
+  if (refused.count(key) || plans.size() >= kMaxPlans) return nullptr;
+  refused.insert(key);  // until the plan below is made whole
+  Operands operands{};
+  if (!operands_of(a, b, operands)) return nullptr;
+  if (state_of_device.handle == nullptr) {
+    void* handle = nullptr;
+    if (api.create(&handle) != 0 || handle == nullptr) return nullptr;
+    state_of_device.handle = handle;
+  }
+  if (!state_of_device.workspace.defined()) {
+    state_of_device.workspace = at::empty({static_cast<int64_t>(kWorkspaceBytes)}, a.options().dtype(at::kByte));
+  }
+  const int type = a.scalar_type() == at::kHalf ? kR16F : kR16BF;
+  Plan plan;
+  if (api.desc_create(&plan.op, kCompute32F, kR32F) != 0 ||
+      api.desc_set(plan.op, kDescTransA, &operands.trans_a, sizeof(int)) != 0 ||
+      api.desc_set(plan.op, kDescTransB, &operands.trans_b, sizeof(int)) != 0 ||
+      api.layout_create(&plan.layout_a, type, operands.a_rows, operands.a_cols, operands.lda) != 0 ||
+      api.layout_create(&plan.layout_b, type, operands.b_rows, operands.b_cols, operands.ldb) != 0 ||
+      api.layout_create(&plan.layout_c, type, b.size(1), a.size(0), b.size(1)) != 0) {
+    return nullptr;  // what was made is left (a few bytes, once per refused key)
+  }
+  void* preference = nullptr;
+  if (api.pref_create(&preference) != 0) return nullptr;
+  const uint64_t workspace = kWorkspaceBytes;
+  const uint32_t align_a = key.align_b, align_b = key.align_a, align_c = 256;  // cublasLt's A is our b
+  Heuristic result{};
+  int returned = 0;
+  const bool ok = api.pref_set(preference, kPrefMaxWorkspace, &workspace, sizeof(workspace)) == 0 &&
+                  api.pref_set(preference, kPrefAlignA, &align_a, sizeof(align_a)) == 0 &&
+                  api.pref_set(preference, kPrefAlignB, &align_b, sizeof(align_b)) == 0 &&
+                  api.pref_set(preference, kPrefAlignC, &align_c, sizeof(align_c)) == 0 &&
+                  api.pref_set(preference, kPrefAlignD, &align_c, sizeof(align_c)) == 0 &&
+                  api.heuristic(state_of_device.handle, plan.op, plan.layout_a, plan.layout_b, plan.layout_c,
+                                plan.layout_c, preference, 1, &result, &returned) == 0 &&
+                  returned > 0 && result.state == 0;
+  api.pref_destroy(preference);
+  if (!ok) return nullptr;
+  plan.algo = result.algo;
+  plan.workspace = result.workspace;
+  refused.erase(key);
+  return &plans.emplace(key, plan).first->second;
+}
+
+// Whether at::mm would run (a, b) as one cuBLAS GEMM with nothing else to record or honour.
+bool eligible(const at::Tensor& a, const at::Tensor& b) {
+  const auto dtype = a.scalar_type();
+  if ((dtype != at::kHalf && dtype != at::kBFloat16) || b.scalar_type() != dtype) return false;
+  const c10::Device device = a.device();
+  if (!device.is_cuda() || b.device() != device || a.size(0) == 0 || a.size(1) == 0 || b.size(1) == 0) return false;
+  if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) return false;
+  if (!a.has_storage() || !b.has_storage() || a.is_neg() || b.is_neg()) return false;
+  const auto reduction = dtype == at::kHalf ? at::globalContext().allowFP16ReductionCuBLAS()
+                                            : at::globalContext().allowBF16ReductionCuBLAS();
+  if (reduction != at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK) return false;
+  return on_default_stream(device) && is_current(device);
+}
+
+}  // namespace lt
+
+// (a, b) by cublasLt's kept plan, into a fresh C on the device's default stream; nullptr where not served
+// here (then at::mm runs it), or a Python object (the product, or None where an exception was swallowed).
+PyObject* run_lt(const Signature& signature, const at::Tensor& a, const at::Tensor& b) {
+  if (!lt::found() || !lt::eligible(a, b)) return nullptr;
+  const void* a_data = nullptr;
+  const void* b_data = nullptr;
+  try {
+    a_data = a.const_data_ptr();
+    b_data = b.const_data_ptr();
+  } catch (...) {
+    return nullptr;
+  }
+  const lt::Key key{signature, lt::alignment(a_data), lt::alignment(b_data)};
+  lt::DeviceState* device_state = nullptr;
+  const lt::Plan* found = lt::plan_for(key, a, b, device_state);
+  if (found == nullptr) return nullptr;
+  const lt::Plan plan = *found;  // copied while the GIL is held
+  void* handle = device_state->handle;
+  const at::Tensor workspace = device_state->workspace;
+  const int64_t m = a.size(0), n = b.size(1);
+  at::Tensor c;
+  int status = 0;
+  bool failed = false;
+  Py_BEGIN_ALLOW_THREADS
+  try {
+    c = at::empty({m, n}, a.options());
+    const float alpha = 1.0f, beta = 0.0f;
+    status = lt::api.matmul(handle, plan.op, &alpha, b_data, plan.layout_a, a_data, plan.layout_b, &beta,
+                            c.data_ptr(), plan.layout_c, c.data_ptr(), plan.layout_c, &plan.algo,
+                            workspace.data_ptr(), plan.workspace, nullptr);
+  } catch (...) {
+    failed = true;
+  }
+  Py_END_ALLOW_THREADS
+  if (failed || status != 0) {
+    lt::refused.insert(key);
+    lt::plans.erase(key);  // never again for this key; its descriptors are left (a few bytes)
+    return nullptr;
+  }
+  ++lt::served;
+  return THPVariable_Wrap(std::move(c));
+}
+
 PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   // A torch function mode would see torch.mm's call on the Python path: leave the call to it.
   if (nargs != 2 || !plain(args[0]) || !plain(args[1]) ||
@@ -333,6 +584,7 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const int eager = serve_if(eager_now(a.device()));
     if (eager != 1) return eager < 0 ? nullptr : Py_NewRef(Py_None);
   }
+  if (PyObject* served = run_lt(signature, a, b)) return served;
   return run_released([&] { return at::mm(a, b); });
 }
 
@@ -438,6 +690,10 @@ bool add_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device devi
 
 int64_t launches() { return launched; }
 
+int64_t lt_served() { return lt::served; }
+
+size_t lt_plans() { return lt::plans.size(); }
+
 size_t launch_size() { return launch_plans.size(); }
 
 // A matmul_bias signature that dispatch sends to torch.addmm in every mode, as the dispatcher's ``changes``
@@ -502,6 +758,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("use_launch_check", &use_launch_check);
   m.def("launches", &launches);
   m.def("launch_size", &launch_size);
+  m.def("lt_served", &lt_served);
+  m.def("lt_plans", &lt_plans);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));
   m.attr("try_addmm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_addmm_def, nullptr));
   py::object parameter = py::module_::import("torch.nn.parameter").attr("Parameter");

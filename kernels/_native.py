@@ -314,5 +314,11 @@ def launches() -> int:
         return NATIVE.module.launches() if NATIVE.module is not None else 0
 
 
-__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "launches", "remember", "remember_addmm",
+def lt_served() -> int:
+    """How many calls the C++ path has served by a kept cublasLt plan (for tests and probes)."""
+    with _LOCK:
+        return NATIVE.module.lt_served() if NATIVE.module is not None else 0
+
+
+__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "launches", "lt_served", "remember", "remember_addmm",
            "remember_launch", "resume", "served", "start", "suspend", "wanted"]

@@ -169,6 +169,87 @@ def test_while_the_stream_captures_an_eager_only_signature_is_left_to_the_python
     assert seen == [None], "capturing: the graph plan's, in Python"
 
 
+def _lt_cases(dtype: torch.dtype) -> list[tuple[str, torch.Tensor, torch.Tensor, bool]]:
+    """(name, a, b, aligned): the layouts the cublasLt plans take, and two that are odd."""
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    misaligned = randn(33 * 64 + 1)[1:].view(33, 64)  # 2 bytes past an allocation: a 2-byte-aligned operand
+    return [
+        ("nt (nn.Linear's w.t())", randn(33, 64), randn(40, 64).t(), True),
+        ("nn", randn(33, 64), randn(64, 40), True),
+        ("tn (a column-major)", randn(64, 33).t(), randn(64, 40), True),
+        ("a with rows 80 apart", randn(33, 80)[:, :64], randn(40, 64).t(), True),
+        ("one row", randn(1, 64), randn(40, 64).t(), True),
+        ("misaligned a", misaligned, randn(40, 64).t(), False),
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_cublas_signature_on_the_gpu_runs_a_kept_cublaslt_plan_with_torch_s_result(native, dtype) -> None:
+    for name, a, b, aligned in _lt_cases(dtype):
+        _cublas_signature(a, b)
+        before, plans = _native.lt_served(), native.module.lt_plans()
+        for _ in range(2):
+            out = native.try_mm(a, b)
+            assert out is not None, name
+            torch.testing.assert_close(out, torch.mm(a, b), atol=2e-2, rtol=2e-2, msg=name)
+            assert out.shape == (a.shape[0], b.shape[1]) and out.is_contiguous() and out.dtype == dtype
+        if aligned:
+            assert _native.lt_served() == before + 2, f"{name}: both calls ran the kept cublasLt plan"
+            assert native.module.lt_plans() == plans + 1, f"{name}: one plan, made on the first call"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_what_at_mm_does_more_than_a_gemm_stays_at_mm_s(native) -> None:
+    """A gradient to record, another stream, fp32: at::mm serves them, not the cublasLt plan."""
+    a = torch.randn(16, 32, device="cuda", dtype=torch.float16, requires_grad=True)
+    b = torch.randn(24, 32, device="cuda", dtype=torch.float16).t()
+    _cublas_signature(a, b)
+    before = _native.lt_served()
+    out = native.try_mm(a, b)
+    assert out is not None and out.grad_fn is not None, "autograd recorded the product"
+    out.float().sum().backward()
+    torch.testing.assert_close(a.grad, torch.ones(16, 24, device="cuda", dtype=torch.float16) @ b.t(), atol=1e-2, rtol=1e-2)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert native.try_mm(a.detach(), b) is not None
+    torch.cuda.synchronize()
+    a32, b32 = torch.randn(16, 32, device="cuda"), torch.randn(32, 24, device="cuda")
+    _cublas_signature(a32, b32)
+    assert native.try_mm(a32, b32) is not None
+    assert _native.lt_served() == before, "none of these went through cublasLt"
+    with torch.no_grad():  # no gradient to record: the plan's
+        assert native.try_mm(a, b) is not None
+    assert _native.lt_served() == before + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_kernels_native_lt_0_keeps_every_cublas_call_on_at_mm() -> None:
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, kernels\n"
+        "from kernels import _native, _plans\n"
+        "assert _native.start(block=True) == 'ready'\n"
+        "a = torch.randn(8, 64, device='cuda', dtype=torch.float16); b = torch.randn(32, 64, device='cuda', dtype=torch.float16).t()\n"
+        "_plans.put(_plans.signature(a, b), _plans.ModePlans(_plans._CUBLAS, _plans._CUBLAS))\n"
+        "assert _native.NATIVE.try_mm(a, b) is not None\n"
+        "print(_native.lt_served())\n")
+    root = Path(__file__).resolve().parents[2]
+    for setting, expected in (("0", "0"), ("1", "1")):
+        env = dict(os.environ, KERNELS_NATIVE_LT=setting, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.strip().splitlines()[-1] == expected, (setting, result.stdout)
+
+
 def test_a_matmul_bias_signature_on_addmm_is_served_by_at_addmm_while_the_dispatcher_stands(native) -> None:
     """kernels.matmul_bias's signatures that dispatch sends to torch.addmm in both modes are served from
     C++, until the dispatcher's answers change (a pin, a clear): then Python decides and puts them again."""
