@@ -63,7 +63,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         fast = _learn_cublas_everywhere()
     if fast and out is None:  # nothing tuned for any GPU here: cuBLAS from the first call, at torch.mm's cost
         try:
-            if a.dtype in _TAKEN:
+            # Once the C++ path is ready, GPU calls take the plans below instead: their cuBLAS plans are
+            # served from C++ by a kept cublasLt plan, at less host time than torch.mm's (kernels/_native.cpp).
+            if a.dtype in _TAKEN and (_NATIVE.try_mm is None or not a.is_cuda):
                 return _MM(a, b)
         except AttributeError:
             pass  # not a tensor: the checked path below says so
@@ -122,6 +124,8 @@ def _learn_cublas_everywhere() -> bool:
     with _plans._LOCK:
         if not _FAST.pins:
             _FAST.cublas_everywhere = fast
+    if fast and torch.cuda.is_available() and _native.NATIVE.state == "idle":
+        _native.start()  # in the background: no plan is put meanwhile, so nothing else would start it
     return fast
 
 

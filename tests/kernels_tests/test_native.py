@@ -229,6 +229,29 @@ def test_what_at_mm_does_more_than_a_gemm_stays_at_mm_s(native) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_with_nothing_tuned_gpu_calls_run_the_cublaslt_plan_once_the_cpp_path_is_ready(native, tmp_path) -> None:
+    """A GPU with no table: torch.mm from the first call while the C++ path builds; once it is ready, each
+    signature's first call puts its cuBLAS plan and the calls after it run the kept cublasLt plan."""
+    kernels.use_database(f"sqlite:///{tmp_path / 'none.db'}", use_shipped=False)
+    try:
+        a = torch.randn(8, 64, device="cuda", dtype=torch.float16)
+        b = torch.randn(32, 64, device="cuda", dtype=torch.float16).t()
+        kernels.matmul(a, b)
+        assert _plans.FAST.cublas_everywhere is True, "nothing tuned for any GPU here"
+        assert _plans.get(_plans.signature(a, b)) is not None, "the C++ path is ready: the call put a plan"
+        before = _native.lt_served()
+        out = kernels.matmul(a, b)
+        assert _native.lt_served() == before + 1
+        torch.testing.assert_close(out, torch.mm(a, b), atol=2e-2, rtol=2e-2)
+        cpu_a, cpu_b = a.cpu().float(), b.cpu().float()
+        kernels.matmul(cpu_a, cpu_b)
+        assert _plans.get(_plans.signature(cpu_a, cpu_b)) is None, "CPU operands: torch.mm at once, no plan"
+    finally:
+        kernels.use_database(None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
 def test_kernels_native_lt_0_keeps_every_cublas_call_on_at_mm() -> None:
     import os
     import subprocess
