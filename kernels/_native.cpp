@@ -18,6 +18,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <unordered_map>
@@ -324,13 +325,16 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
 // at::mm would do nothing more: fp16/bf16 operands with no gradient to record, on the default stream of the
 // current device (it cannot be capturing; the kept workspace belongs to it), with torch's default reduced-
 // precision reductions. Anything else, or any failure, takes at::mm. KERNELS_NATIVE_LT=0 switches it off.
+// torch.addmm's signatures (try_addmm) take a plan of their own, the bias added by its epilogue
+// (CUBLASLT_EPILOGUE_BIAS, as torch's own addmm does for a 1-D bias), where the bias is one aligned row.
 // Like the driver's, cublasLt's entry points are looked up in the library torch loaded: no CUDA headers.
 namespace lt {
 
 constexpr int kR32F = 0, kR16F = 2, kR16BF = 14;  // cudaDataType_t
 constexpr int kCompute32F = 68;                   // cublasComputeType_t CUBLAS_COMPUTE_32F
 constexpr int kOpN = 0, kOpT = 1;                 // cublasOperation_t
-constexpr int kDescTransA = 3, kDescTransB = 4;   // cublasLtMatmulDescAttributes_t
+constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPointer = 8;  // cublasLtMatmulDescAttributes_t
+constexpr int kEpilogueBias = 4;                  // cublasLtEpilogue_t CUBLASLT_EPILOGUE_BIAS
 constexpr int kPrefMaxWorkspace = 1, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7, kPrefAlignD = 8;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr size_t kMaxPlans = 4096;  // ever-new shapes stop getting plans here (plans are never freed)
@@ -426,14 +430,17 @@ uint16_t alignment(const void* address) {
 struct Key {
   Signature signature;
   uint16_t align_a, align_b;
+  bool bias;  // torch.addmm's: a bias row added by the epilogue
   bool operator==(const Key& other) const {
-    return signature == other.signature && align_a == other.align_a && align_b == other.align_b;
+    return signature == other.signature && align_a == other.align_a && align_b == other.align_b &&
+           bias == other.bias;
   }
 };
 
 struct KeyHash {
   size_t operator()(const Key& key) const {
-    return SignatureHash()(key.signature) ^ (static_cast<size_t>(key.align_a) << 20) ^ key.align_b;
+    return SignatureHash()(key.signature) ^ (static_cast<size_t>(key.align_a) << 20) ^
+           (static_cast<size_t>(key.align_b) << 4) ^ static_cast<size_t>(key.bias);
   }
 };
 
@@ -444,6 +451,8 @@ struct Plan {
   void* layout_c = nullptr;
   Algo algo{};
   size_t workspace = 0;
+  // A bias plan sets the bias's address on its descriptor before each call: one call at a time per plan.
+  std::shared_ptr<std::mutex> bias_lock;
 };
 
 struct DeviceState {
@@ -476,9 +485,11 @@ const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, D
   }
   const int type = a.scalar_type() == at::kHalf ? kR16F : kR16BF;
   Plan plan;
+  const int epilogue = kEpilogueBias;
   if (api.desc_create(&plan.op, kCompute32F, kR32F) != 0 ||
       api.desc_set(plan.op, kDescTransA, &operands.trans_a, sizeof(int)) != 0 ||
       api.desc_set(plan.op, kDescTransB, &operands.trans_b, sizeof(int)) != 0 ||
+      (key.bias && api.desc_set(plan.op, kDescEpilogue, &epilogue, sizeof(int)) != 0) ||
       api.layout_create(&plan.layout_a, type, operands.a_rows, operands.a_cols, operands.lda) != 0 ||
       api.layout_create(&plan.layout_b, type, operands.b_rows, operands.b_cols, operands.ldb) != 0 ||
       api.layout_create(&plan.layout_c, type, b.size(1), a.size(0), b.size(1)) != 0) {
@@ -502,6 +513,7 @@ const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, D
   if (!ok) return nullptr;
   plan.algo = result.algo;
   plan.workspace = result.workspace;
+  if (key.bias) plan.bias_lock = std::make_shared<std::mutex>();
   refused.erase(key);
   return &plans.emplace(key, plan).first->second;
 }
@@ -522,19 +534,30 @@ bool eligible(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace lt
 
-// (a, b) by cublasLt's kept plan, into a fresh C on the device's default stream; nullptr where not served
-// here (then at::mm runs it), or a Python object (the product, or None where an exception was swallowed).
-PyObject* run_lt(const Signature& signature, const at::Tensor& a, const at::Tensor& b) {
+// (a, b) by cublasLt's kept plan, plus ``bias`` (a row of N, or nullptr) by its epilogue, into a fresh C on the
+// device's default stream; nullptr where not served here (then at::mm or at::addmm runs it), or the product.
+PyObject* run_lt(const Signature& signature, const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
   if (!lt::found() || !lt::eligible(a, b)) return nullptr;
   const void* a_data = nullptr;
   const void* b_data = nullptr;
+  const void* bias_data = nullptr;
   try {
+    if (bias != nullptr) {
+      // torch.addmm's bias as the epilogue takes it: one contiguous row of N, 16-byte aligned, nothing to record.
+      if (bias->dim() != 1 || bias->size(0) != b.size(1) || (bias->size(0) > 1 && bias->stride(0) != 1) ||
+          bias->scalar_type() != a.scalar_type() || bias->device() != a.device() || !bias->has_storage() ||
+          bias->is_neg() || (at::GradMode::is_enabled() && bias->requires_grad())) {
+        return nullptr;
+      }
+      bias_data = bias->const_data_ptr();
+      if (lt::alignment(bias_data) < 16) return nullptr;
+    }
     a_data = a.const_data_ptr();
     b_data = b.const_data_ptr();
   } catch (...) {
     return nullptr;
   }
-  const lt::Key key{signature, lt::alignment(a_data), lt::alignment(b_data)};
+  const lt::Key key{signature, lt::alignment(a_data), lt::alignment(b_data), bias != nullptr};
   lt::DeviceState* device_state = nullptr;
   const lt::Plan* found = lt::plan_for(key, a, b, device_state);
   if (found == nullptr) return nullptr;
@@ -549,9 +572,16 @@ PyObject* run_lt(const Signature& signature, const at::Tensor& a, const at::Tens
   try {
     c = at::empty({m, n}, a.options());
     const float alpha = 1.0f, beta = 0.0f;
-    status = lt::api.matmul(handle, plan.op, &alpha, b_data, plan.layout_a, a_data, plan.layout_b, &beta,
-                            c.data_ptr(), plan.layout_c, c.data_ptr(), plan.layout_c, &plan.algo,
-                            workspace.data_ptr(), plan.workspace, nullptr);
+    std::unique_lock<std::mutex> hold;
+    if (plan.bias_lock) {
+      hold = std::unique_lock<std::mutex>(*plan.bias_lock);
+      status = lt::api.desc_set(plan.op, lt::kDescBiasPointer, &bias_data, sizeof(bias_data));
+    }
+    if (status == 0) {
+      status = lt::api.matmul(handle, plan.op, &alpha, b_data, plan.layout_a, a_data, plan.layout_b, &beta,
+                              c.data_ptr(), plan.layout_c, c.data_ptr(), plan.layout_c, &plan.algo,
+                              workspace.data_ptr(), plan.workspace, nullptr);
+    }
   } catch (...) {
     failed = true;
   }
@@ -584,7 +614,7 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const int eager = serve_if(eager_now(a.device()));
     if (eager != 1) return eager < 0 ? nullptr : Py_NewRef(Py_None);
   }
-  if (PyObject* served = run_lt(signature, a, b)) return served;
+  if (PyObject* served = run_lt(signature, a, b, nullptr)) return served;
   return run_released([&] { return at::mm(a, b); });
 }
 
@@ -606,10 +636,13 @@ PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   const at::Tensor a = THPVariable_Unpack(args[0]);
   const at::Tensor b = THPVariable_Unpack(args[1]);
-  if (a.dim() != 2 || b.dim() != 2 || !addmm_signatures.count(make_signature(a, b))) Py_RETURN_NONE;
+  if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
+  const Signature signature = make_signature(a, b);
+  if (!addmm_signatures.count(signature)) Py_RETURN_NONE;
   const int current = serve_if(addmm_current());
   if (current != 1) return current < 0 ? nullptr : Py_NewRef(Py_None);
   const at::Tensor bias = THPVariable_Unpack(args[2]);
+  if (PyObject* served = run_lt(signature, a, b, &bias)) return served;
   return run_released([&] { return at::addmm(bias, a, b); });
 }
 

@@ -307,6 +307,30 @@ def test_a_matmul_bias_signature_on_addmm_is_served_by_at_addmm_while_the_dispat
         torch.testing.assert_close(x.grad, torch.ones(8, 12) @ w.detach())
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_matmul_bias_signature_on_addmm_runs_a_kept_cublaslt_plan_with_the_bias_in_its_epilogue(native, dtype) -> None:
+    from kernels import BASELINE, epilogue
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=dtype)
+
+    a, b, bias = randn(33, 64), randn(40, 64).t(), randn(40)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)  # learnt: addmm in both modes, put in C++
+        before = _native.lt_served()
+        for bias_now in (bias, randn(40)):  # the bias's address is set per call
+            out = native.try_addmm(a, b, bias_now)
+            torch.testing.assert_close(out, torch.addmm(bias_now, a, b), atol=2e-2, rtol=2e-2)
+        assert _native.lt_served() == before + 2, "both calls ran the kept plan, bias in the epilogue"
+        for other in (randn(41)[1:], randn(1, 40)):  # misaligned, 2-D: at::addmm's
+            torch.testing.assert_close(native.try_addmm(a, b, other), torch.addmm(other, a, b), atol=2e-2, rtol=2e-2)
+        assert _native.lt_served() == before + 2, "a bias the epilogue does not take stays on at::addmm"
+    torch.cuda.synchronize()
+
+
 def test_addmm_signatures_learnt_before_the_build_are_served_once_it_is_ready(native) -> None:
     """A process's first layers run before the extension is built (a daemon thread): what matmul_bias
     learnt meanwhile waits, and is put when the build is done. The real build runs here (from the cache)."""
