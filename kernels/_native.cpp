@@ -9,6 +9,9 @@
 // the Python path decides as before. Only torch.Tensor and nn.Parameter objects are served, with no torch
 // function mode active: another subclass or a mode takes the Python path, where torch.mm's overrides apply.
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -360,6 +363,8 @@ struct Api {
   Destroy pref_destroy = nullptr;
   GetHeuristic heuristic = nullptr;
   Matmul matmul = nullptr;
+  Destroy desc_destroy = nullptr;
+  Destroy layout_destroy = nullptr;
 };
 Api api;
 int state = 0;  // 0 not looked up yet, 1 found, -1 not here or switched off
@@ -384,8 +389,10 @@ bool found() {
   api.pref_destroy = reinterpret_cast<Destroy>(dlsym(library, "cublasLtMatmulPreferenceDestroy"));
   api.heuristic = reinterpret_cast<GetHeuristic>(dlsym(library, "cublasLtMatmulAlgoGetHeuristic"));
   api.matmul = reinterpret_cast<Matmul>(dlsym(library, "cublasLtMatmul"));
+  api.desc_destroy = reinterpret_cast<Destroy>(dlsym(library, "cublasLtMatmulDescDestroy"));
+  api.layout_destroy = reinterpret_cast<Destroy>(dlsym(library, "cublasLtMatrixLayoutDestroy"));
   if (api.create && api.desc_create && api.desc_set && api.layout_create && api.pref_create && api.pref_set &&
-      api.pref_destroy && api.heuristic && api.matmul) {
+      api.pref_destroy && api.heuristic && api.matmul && api.desc_destroy && api.layout_destroy) {
     state = 1;
   }
   return state == 1;
@@ -460,18 +467,60 @@ struct DeviceState {
   at::Tensor workspace;  // used on the device's default stream only, so one serves every call
 };
 
-std::unordered_map<Key, Plan, KeyHash> plans;       // every access holds the GIL; never freed (no call
-std::unordered_set<Key, KeyHash> refused;           // in flight with the GIL released can lose its plan)
+std::unordered_map<Key, Plan, KeyHash> plans;  // every access below holds the GIL
+std::unordered_set<Key, KeyHash> refused;
 std::unordered_map<int, DeviceState> devices;
+// Plans dropped (the map full, or a call that failed) whose descriptors a call running with the GIL released
+// may still use: destroyed once no call is in flight.
+std::vector<Plan> retired;
+int64_t in_flight = 0;
 int64_t served = 0;  // calls served by cublasLt from here (the GPU tests read it)
 
+void destroy(const Plan& plan) {
+  if (plan.layout_c) api.layout_destroy(plan.layout_c);
+  if (plan.layout_b) api.layout_destroy(plan.layout_b);
+  if (plan.layout_a) api.layout_destroy(plan.layout_a);
+  if (plan.op) api.desc_destroy(plan.op);
+}
+
+void retire(const Key& key) {
+  auto found = plans.find(key);
+  if (found == plans.end()) return;
+  retired.push_back(found->second);
+  plans.erase(found);
+}
+
+void destroy_retired() {
+  if (in_flight != 0) return;
+  for (const Plan& plan : retired) destroy(plan);
+  retired.clear();
+}
+
 // The plan for (a, b) on the current device, made now if need be; nullptr where cublasLt cannot serve them.
+const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState& state_of_device);
+
 const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState*& device_state) {
   auto known = plans.find(key);
   auto& state_of_device = devices[a.device().index()];
   device_state = &state_of_device;
   if (known != plans.end()) return &known->second;
-  if (refused.count(key) || plans.size() >= kMaxPlans) return nullptr;
+  if (refused.count(key)) return nullptr;
+  destroy_retired();
+  if (plans.size() >= kMaxPlans) {  // ever-new shapes: start again rather than grow for ever
+    for (const auto& entry : plans) retired.push_back(entry.second);
+    plans.clear();
+    refused.clear();
+    destroy_retired();
+  }
+  try {
+    return make_plan(key, a, b, state_of_device);
+  } catch (...) {  // out of memory for the workspace, say: at::mm serves the call, and the key is tried again
+    refused.erase(key);
+    return nullptr;
+  }
+}
+
+const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState& state_of_device) {
   refused.insert(key);  // until the plan below is made whole
   Operands operands{};
   if (!operands_of(a, b, operands)) return nullptr;
@@ -493,7 +542,8 @@ const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, D
       api.layout_create(&plan.layout_a, type, operands.a_rows, operands.a_cols, operands.lda) != 0 ||
       api.layout_create(&plan.layout_b, type, operands.b_rows, operands.b_cols, operands.ldb) != 0 ||
       api.layout_create(&plan.layout_c, type, b.size(1), a.size(0), b.size(1)) != 0) {
-    return nullptr;  // what was made is left (a few bytes, once per refused key)
+    destroy(plan);
+    return nullptr;
   }
   void* preference = nullptr;
   if (api.pref_create(&preference) != 0) return nullptr;
@@ -510,12 +560,24 @@ const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, D
                                 plan.layout_c, preference, 1, &result, &returned) == 0 &&
                   returned > 0 && result.state == 0;
   api.pref_destroy(preference);
-  if (!ok) return nullptr;
+  if (!ok) {
+    destroy(plan);
+    return nullptr;
+  }
   plan.algo = result.algo;
   plan.workspace = result.workspace;
   if (key.bias) plan.bias_lock = std::make_shared<std::mutex>();
   refused.erase(key);
   return &plans.emplace(key, plan).first->second;
+}
+
+// The dispatch keys of a plain dense tensor on ``a``'s device, learnt once per device type.
+c10::DispatchKeySet plain_keys(const at::Tensor& a) {
+  static const c10::DispatchKeySet cuda = [&] {
+    c10::InferenceMode normal(false);  // a tensor made in inference mode has no autograd keys
+    return at::empty({0}, a.options().dtype(at::kByte)).key_set();
+  }();
+  return cuda;
 }
 
 // Whether at::mm would run (a, b) as one cuBLAS GEMM with nothing else to record or honour.
@@ -525,7 +587,17 @@ bool eligible(const at::Tensor& a, const at::Tensor& b) {
   const c10::Device device = a.device();
   if (!device.is_cuda() || b.device() != device || a.size(0) == 0 || a.size(1) == 0 || b.size(1) == 0) return false;
   if (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())) return false;
-  if (!a.has_storage() || !b.has_storage() || a.is_neg() || b.is_neg()) return false;
+  // Plain dense CUDA tensors alone (no ZeroTensor, conjugate or negative bit, functional or Python key), with no
+  // forward-mode tangent to carry.
+  if (a.key_set() != b.key_set() || a.key_set() != plain_keys(a)) return false;
+  if (!a.has_storage() || !b.has_storage() || a._fw_grad(0).defined() || b._fw_grad(0).defined()) return false;
+  // What the dispatcher would do around at::mm: a dispatch mode or a profiler sees aten::mm, autocast casts,
+  // deterministic mode checks cuBLAS's workspace setting, fp16 accumulation changes the kernel.
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set() || at::hasCallbacks() ||
+      at::autocast::is_autocast_enabled(at::kCUDA) || at::globalContext().deterministicAlgorithms() ||
+      at::globalContext().allowFP16AccumulationCuBLAS()) {
+    return false;
+  }
   const auto reduction = dtype == at::kHalf ? at::globalContext().allowFP16ReductionCuBLAS()
                                             : at::globalContext().allowBF16ReductionCuBLAS();
   if (reduction != at::CuBLASReductionOption::AllowReducedPrecisionWithSplitK) return false;
@@ -546,7 +618,8 @@ PyObject* run_lt(const Signature& signature, const at::Tensor& a, const at::Tens
       // torch.addmm's bias as the epilogue takes it: one contiguous row of N, 16-byte aligned, nothing to record.
       if (bias->dim() != 1 || bias->size(0) != b.size(1) || (bias->size(0) > 1 && bias->stride(0) != 1) ||
           bias->scalar_type() != a.scalar_type() || bias->device() != a.device() || !bias->has_storage() ||
-          bias->is_neg() || (at::GradMode::is_enabled() && bias->requires_grad())) {
+          bias->key_set() != a.key_set() || bias->_fw_grad(0).defined() ||
+          (at::GradMode::is_enabled() && bias->requires_grad())) {
         return nullptr;
       }
       bias_data = bias->const_data_ptr();
@@ -568,6 +641,7 @@ PyObject* run_lt(const Signature& signature, const at::Tensor& a, const at::Tens
   at::Tensor c;
   int status = 0;
   bool failed = false;
+  ++lt::in_flight;  // the plan's descriptors stay until every call that copied them is back
   Py_BEGIN_ALLOW_THREADS
   try {
     c = at::empty({m, n}, a.options());
@@ -586,11 +660,12 @@ PyObject* run_lt(const Signature& signature, const at::Tensor& a, const at::Tens
     failed = true;
   }
   Py_END_ALLOW_THREADS
-  if (failed || status != 0) {
+  --lt::in_flight;
+  if (status != 0) {  // cublasLt refused the plan: never again for this key
     lt::refused.insert(key);
-    lt::plans.erase(key);  // never again for this key; its descriptors are left (a few bytes)
-    return nullptr;
+    lt::retire(key);
   }
+  if (failed || status != 0) return nullptr;  // an exception (out of memory for C): at::mm runs the call
   ++lt::served;
   return THPVariable_Wrap(std::move(c));
 }
