@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <unordered_set>
@@ -368,16 +369,19 @@ struct Api {
 };
 Api api;
 int state = 0;  // 0 not looked up yet, 1 found, -1 not here or switched off
+std::string soname;  // the libcublasLt of torch's CUDA major (use_cuda_major), looked for first
 
 bool found() {
   if (state != 0) return state == 1;
   state = -1;
   const char* setting = std::getenv("KERNELS_NATIVE_LT");
   if (setting != nullptr && std::strcmp(setting, "0") == 0) return false;
-  void* library = nullptr;
+  // The cublasLt that torch loaded: its own CUDA major's first (another library may have loaded a cublasLt
+  // of another major into this process), then any.
+  void* library = soname.empty() ? nullptr : dlopen(soname.c_str(), RTLD_NOW | RTLD_NOLOAD);
   for (const char* name : {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"}) {
-    library = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
     if (library != nullptr) break;
+    library = dlopen(name, RTLD_NOW | RTLD_NOLOAD);
   }
   if (library == nullptr) return false;
   api.create = reinterpret_cast<Create>(dlsym(library, "cublasLtCreate"));
@@ -800,6 +804,12 @@ int64_t launches() { return launched; }
 
 int64_t lt_served() { return lt::served; }
 
+// torch.version.cuda's major (0: a torch without CUDA): which libcublasLt the plans are made with.
+void use_cuda_major(int64_t major) {
+  lt::soname = major > 0 ? "libcublasLt.so." + std::to_string(major) : "";
+  lt::state = 0;
+}
+
 size_t lt_plans() { return lt::plans.size(); }
 
 size_t launch_size() { return launch_plans.size(); }
@@ -867,6 +877,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("launches", &launches);
   m.def("launch_size", &launch_size);
   m.def("lt_served", &lt_served);
+  m.def("use_cuda_major", &use_cuda_major);
   m.def("lt_plans", &lt_plans);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));
   m.attr("try_addmm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_addmm_def, nullptr));

@@ -103,6 +103,15 @@ def start(block: bool = False) -> str:
     return NATIVE.state
 
 
+def _cuda_major() -> int:
+    """torch's CUDA major version (0 without CUDA): the C++ path makes its cublasLt plans with that libcublasLt."""
+    import torch
+
+    version = torch.version.cuda or ""
+    head = version.split(".")[0]
+    return int(head) if head.isdigit() else 0
+
+
 def _build() -> None:
     try:
         from torch.utils.cpp_extension import load
@@ -114,6 +123,7 @@ def _build() -> None:
             module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], extra_ldflags=["-ldl"],
                           verbose=False)
         module.use_modes(_modes)
+        module.use_cuda_major(_cuda_major())
         from . import _launch
 
         module.use_launch_check(_launch.native_allowed)
