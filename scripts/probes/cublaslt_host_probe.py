@@ -27,7 +27,7 @@ import triton
 from torch.utils.cpp_extension import load_inline
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cublas_floor_probe import cublas_library, cuda_include_dirs  # noqa: E402
+from cublas_floor_probe import cublas_library, cuda_include_dirs, python_us  # noqa: E402
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -186,14 +186,6 @@ def build():
                        extra_include_paths=includes,
                        extra_ldflags=[f"-L{torch_lib}", "-ltorch_cuda", "-lc10_cuda", library, lt_library],
                        verbose=False)
-
-
-def python_us(call, calls: int) -> float:
-    started = time.perf_counter()
-    for _ in range(calls):
-        call()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) * 1e6 / calls
 
 
 def lt_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
