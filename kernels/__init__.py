@@ -61,18 +61,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     fast = _FAST.cublas_everywhere
     if fast is None:
         fast = _learn_cublas_everywhere()
+    native = _NATIVE.try_mm
     if fast and out is None:  # nothing tuned for any GPU here: cuBLAS from the first call, at torch.mm's cost
         try:
             # Once the C++ path is ready, GPU calls take the plans below instead: their cuBLAS plans are
             # served from C++ by a kept cublasLt plan, at less host time than torch.mm's (kernels/_native.cpp).
-            if a.dtype in _TAKEN and (_NATIVE.try_mm is None or not a.is_cuda):
+            if a.dtype in _TAKEN and (native is None or not a.is_cuda):
                 return _MM(a, b)
         except AttributeError:
             pass  # not a tensor: the checked path below says so
         except RuntimeError:  # b of another dtype or device, not 2-D...: say so as check_operands does
             check_operands(a, b)
             raise
-    native = _NATIVE.try_mm
     if native is not None and out is None:  # a cuBLAS signature, served from C++ (kernels/_native.py)
         c = native(a, b)
         if c is not None:

@@ -5,7 +5,8 @@
 // Python builds a plan key per call (shapes, strides, dtype, device of two tensors), about 1.1 us of host
 // time on the H100 box, 8% of a host-bound 13 us call (scripts/host_cost.py). Here the same key is read
 // from the tensors directly and looked up in a set of the signatures kernels/_plans.py resolved to cuBLAS;
-// a hit runs at::mm (what torch.mm runs, autograd and grad mode included), anything else returns None and
+// a hit runs a kept cublasLt plan where at::mm would do nothing more (``lt`` below), else at::mm (what torch.mm
+// runs, autograd and grad mode included); anything else returns None and
 // the Python path decides as before. Only torch.Tensor and nn.Parameter objects are served, with no torch
 // function mode active: another subclass or a mode takes the Python path, where torch.mm's overrides apply.
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -341,7 +342,7 @@ constexpr int kDescTransA = 3, kDescTransB = 4, kDescEpilogue = 7, kDescBiasPoin
 constexpr int kEpilogueBias = 4;                  // cublasLtEpilogue_t CUBLASLT_EPILOGUE_BIAS
 constexpr int kPrefMaxWorkspace = 1, kPrefAlignA = 5, kPrefAlignB = 6, kPrefAlignC = 7, kPrefAlignD = 8;
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-constexpr size_t kMaxPlans = 4096;  // ever-new shapes stop getting plans here (plans are never freed)
+constexpr size_t kMaxPlans = 4096;  // ever-new shapes: past this many plans, the map starts again
 
 struct Algo { uint64_t data[8]; };
 struct Heuristic { Algo algo; size_t workspace; int state; float waves; int reserved[4]; };
@@ -500,30 +501,7 @@ void destroy_retired() {
   retired.clear();
 }
 
-// The plan for (a, b) on the current device, made now if need be; nullptr where cublasLt cannot serve them.
-const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState& state_of_device);
-
-const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState*& device_state) {
-  auto known = plans.find(key);
-  auto& state_of_device = devices[a.device().index()];
-  device_state = &state_of_device;
-  if (known != plans.end()) return &known->second;
-  if (refused.count(key)) return nullptr;
-  destroy_retired();
-  if (plans.size() >= kMaxPlans) {  // ever-new shapes: start again rather than grow for ever
-    for (const auto& entry : plans) retired.push_back(entry.second);
-    plans.clear();
-    refused.clear();
-    destroy_retired();
-  }
-  try {
-    return make_plan(key, a, b, state_of_device);
-  } catch (...) {  // out of memory for the workspace, say: at::mm serves the call, and the key is tried again
-    refused.erase(key);
-    return nullptr;
-  }
-}
-
+// A new plan for (a, b), kept in ``plans``; nullptr (the key refused) where cublasLt cannot serve them.
 const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState& state_of_device) {
   refused.insert(key);  // until the plan below is made whole
   Operands operands{};
@@ -550,7 +528,10 @@ const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, 
     return nullptr;
   }
   void* preference = nullptr;
-  if (api.pref_create(&preference) != 0) return nullptr;
+  if (api.pref_create(&preference) != 0) {
+    destroy(plan);
+    return nullptr;
+  }
   const uint64_t workspace = kWorkspaceBytes;
   const uint32_t align_a = key.align_b, align_b = key.align_a, align_c = 256;  // cublasLt's A is our b
   Heuristic result{};
@@ -573,6 +554,28 @@ const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, 
   if (key.bias) plan.bias_lock = std::make_shared<std::mutex>();
   refused.erase(key);
   return &plans.emplace(key, plan).first->second;
+}
+
+// The plan for (a, b) on the current device, made now if need be; nullptr where cublasLt cannot serve them.
+const Plan* plan_for(const Key& key, const at::Tensor& a, const at::Tensor& b, DeviceState*& device_state) {
+  auto known = plans.find(key);
+  auto& state_of_device = devices[a.device().index()];
+  device_state = &state_of_device;
+  if (known != plans.end()) return &known->second;
+  if (refused.count(key)) return nullptr;
+  destroy_retired();
+  if (plans.size() >= kMaxPlans) {  // ever-new shapes: start again rather than grow for ever
+    for (const auto& entry : plans) retired.push_back(entry.second);
+    plans.clear();
+    refused.clear();
+    destroy_retired();
+  }
+  try {
+    return make_plan(key, a, b, state_of_device);
+  } catch (...) {  // out of memory for the workspace, say: at::mm serves the call, and the key is tried again
+    refused.erase(key);
+    return nullptr;
+  }
 }
 
 // The dispatch keys of a plain dense tensor on ``a``'s device, learnt once per device type.

@@ -43,12 +43,8 @@ def core_khz(cpu: int) -> int | None:
 
 
 def spin_us(loops: int = 20000) -> float:
-    """Microseconds for a fixed pure-Python loop: the host's speed, with no GPU in it."""
-    started = time.perf_counter()
-    total = 0
-    for i in range(loops):
-        total += i & 7
-    return (time.perf_counter() - started) * 1e6
+    """Microseconds for a fixed pure-Python loop: the host's speed, with no GPU in it (timing.HostSpeed's spin)."""
+    return timing.HostSpeed(loops).spin_us()
 
 
 def gpu_cpus() -> tuple[list[int], int | None]:
