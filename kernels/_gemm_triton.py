@@ -1,4 +1,4 @@
-"""The dense GEMM's Triton code: tile order, the tiled, split-K and persistent TMA kernels.
+"""The dense GEMM's Triton code: tile order, the tiled, split-K, one-row (gemv) and persistent TMA kernels.
 
 The search space, constraints and launchers that use these live in ``gemm.py``.
 """
@@ -149,6 +149,51 @@ def _splitk_kernel(a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr, M, N, K,
             total += tl.load(tile_base + s * (BLOCK_M * BLOCK_N) + local, cache_modifier=".cg")
         _store_tile(c_ptr, total, M, N, stride_cm, stride_cn, pid_m, pid_n, BLOCK_M, BLOCK_N, INDEX_64, C_ALIGN)
         tl.atomic_xchg(arrivals_ptr + tile_id, 0)
+
+
+@triton.jit
+def _gemv_row(a_row_ptr, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, k_begin, k_end,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
+    """fp32 dot products of one row of A with BLOCK_N columns of B over K in [k_begin, k_end): a multiply
+    and a sum per element, no tensor cores. One row streams B once; what bounds it is how many loads are
+    in flight, so the tile is thin in N and long in K, and the sum over K waits until the end."""
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        offs_n = offs_n.to(tl.int64)
+    # Columns past the edge wrap back into range: every load stays in bounds without a mask on N
+    # (the wrapped sums are never stored).
+    offs_bn = offs_n % N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if INDEX_64:
+            offs_k = offs_k.to(tl.int64)
+        a_ptrs = a_row_ptr + offs_k * stride_ak
+        b_ptrs = b_ptr + offs_k[None, :] * stride_bk + offs_bn[:, None] * stride_bn
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k < K, other=0.0)
+            b = tl.load(b_ptrs, mask=offs_k[None, :] < K, other=0.0)
+        acc += b.to(tl.float32) * a.to(tl.float32)[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gemv_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                 stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
+    """C = A @ B one row of A at a time (grid: column blocks x rows), each program over all of K: a thin
+    block of columns per program makes thousands of programs, and so many loads in flight."""
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    if INDEX_64:
+        row = row.to(tl.int64)
+    acc = _gemv_row(a_ptr + row * stride_am, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, 0, K,
+                    BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(c_ptr + row * stride_cm + offs_n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=offs_n < N)
 
 
 @triton.jit

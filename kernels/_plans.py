@@ -152,7 +152,7 @@ class _Handed(_Fitted):
 
 
 class _Direct(_Handed):
-    """Tiled or split-K on operands shaped like the first call's: allocate C, launch, done."""
+    """Tiled, split-K or gemv on operands shaped like the first call's: allocate C, launch, done."""
 
     __slots__ = ("config", "launch", "args", "c_shape", "workspace", "b_dtype", "b_index")
 
@@ -311,7 +311,7 @@ def build(config: Config, a: torch.Tensor, b: torch.Tensor) -> Plan:
     variant = config.get("VARIANT", "tiled")
     if not (a.is_cuda and min(m, n, k) > 0) or (a.data_ptr() | b.data_ptr()) & 15:
         return _Checked(config)
-    if variant in ("tiled", "splitk"):
+    if variant in ("tiled", "splitk", "gemv"):
         return _Direct(config, a, b)
     c = a.new_empty((m, n))
     if variant == "tma" and gemm._tma_ready(a, b, c):

@@ -214,10 +214,15 @@ def fold_to_least_covering(config: Config, name: str, values: Sequence[int], bou
 
 @dataclass(frozen=True)
 class Param:
-    """One tunable: a name and the values it may take, smallest first where that means anything."""
+    """One tunable: a name and the values it may take, smallest first where that means anything.
+
+    ``default``, for a parameter added after configs were stored: the value it had in effect in those
+    configs, which may leave it out (a record, a trial or an export written before it existed).
+    """
 
     name: str
     values: tuple[Value, ...]
+    default: Value | None = None
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,15 @@ class SearchSpace:
     def canonical(self, config: Config, problem: Problem | None = None) -> Config:
         """The one representative of the configs that launch the same kernel as ``config``; with a
         problem, of those that launch the same programs over it (see ``folds``)."""
-        fixed = self.fixed_by(config.as_dict())
+        values = config.as_dict()
+        fixed = self.fixed_by(values)
+        # A parameter with a default that this variant ignores is left out, as configs stored before
+        # it existed leave it out: one form for both.
+        dropped = [name for name in self.fixed_by({**dict.fromkeys(self.names), **values})
+                   if name in values and name in self._defaulted]
+        if dropped:
+            config = Config.from_dict({k: v for k, v in values.items() if k not in dropped})
+            fixed = {k: v for k, v in fixed.items() if k not in dropped}
         if not all(config.get(k) == v for k, v in fixed.items()):
             config = config.replace(**fixed)
         # A config outside the space (cuBLAS's, or a record from an older space) has nothing to fold.
@@ -285,6 +298,10 @@ class SearchSpace:
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
+    @property
+    def _defaulted(self) -> frozenset[str]:
+        return frozenset(p.name for p in self.params if p.default is not None)
+
     def param(self, name: str) -> Param:
         for p in self.params:
             if p.name == name:
@@ -299,6 +316,8 @@ class SearchSpace:
             return f"unknown parameter(s) {', '.join(unknown)}; the space has {', '.join(self.names)}"
         for p in self.params:
             if p.name not in values:
+                if p.default is not None:
+                    continue  # a config stored before the parameter existed
                 return f"parameter {p.name} is missing"
             if values[p.name] not in p.values:
                 allowed = ", ".join(str(v) for v in p.values)
@@ -315,10 +334,12 @@ class SearchSpace:
         for switch_values in itertools.product(*(p.values for p in switches)):
             chosen = dict(zip((p.name for p in switches), switch_values))
             fixed = self.fixed_by({**{p.name: None for p in self.params}, **chosen})
+            kept = [p for p in self.params if not (p.name in fixed and p.default is not None)]  # as canonical
             axes = [(chosen[p.name],) if p.name in chosen else (fixed[p.name],) if p.name in fixed else p.values
-                    for p in self.params]
+                    for p in kept]
+            names = [p.name for p in kept]
             for values in itertools.product(*axes):
-                config = Config.from_dict(dict(zip(self.names, values)))
+                config = Config.from_dict(dict(zip(names, values)))
                 if self._first_violation(config, problem, device) is None and self._is_folded(config, problem):
                     yield config
 

@@ -13,6 +13,12 @@ Three variants, chosen by the ``VARIANT`` parameter like any other tunable:
 - ``repack``: for rows that are not 16-byte aligned (K = 4099), copy A and B into zero-padded
   aligned buffers, then run ``tiled`` (``SPLIT_K=1``) or ``splitk`` with wide, pipelined loads. In
   the space only for such problems.
+- ``gemv``: one row of A (a decode step's single token) against a K-major B (``w.t()`` of an
+  ``nn.Linear`` weight): each program multiplies ``GEMV_BLOCK_N`` columns of B (1-8) by the row over
+  ``GEMV_BLOCK_K``-long runs of K and sums at the end, no tensor cores. In the space only for M = 1:
+  the call streams B once, a tile of tensor-core rows would be 15/16 empty, and thin column blocks
+  make thousands of programs, so many loads in flight (scripts/probes/gemv_probe.py: 1.04-1.40x
+  cuBLAS on the H100 where 32-64 columns per program with a split K reached 0.95-1.10x).
 
 Rows that are 16-byte aligned but not multiples of 16 elements (1000) get the ALIGN hints
 (``alignment_hints``), which let ``tiled`` and ``splitk`` use 16-byte loads there.
@@ -33,7 +39,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._gemm_triton import _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
+from ._gemm_triton import _gemv_kernel, _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
 from ._launch import SLOT_A, SLOT_B, SLOT_C, DirectLaunch, LruCache, NativeLaunch, _raw_stream
 from ._memory import kept_empty
 from ._modes import capturing as _capturing
@@ -52,7 +58,7 @@ _INT32_LIMIT = 2**31 - 1
 # Search space
 # ----------------------------------------------------------------------------------------------
 
-VARIANTS = ("tiled", "splitk", "tma", "repack")
+VARIANTS = ("tiled", "splitk", "tma", "repack", "gemv")
 
 SPACE_PARAMS = (
     Param("VARIANT", VARIANTS),
@@ -66,15 +72,26 @@ SPACE_PARAMS = (
     Param("EPILOGUE_SUBTILE", (False, True)),
     Param("num_warps", (2, 4, 8)),
     Param("num_stages", (2, 3, 4, 5, 6)),
+    # gemv's own block: columns of B per program, and the run of K each step multiplies. Added after
+    # tables were shipped: a config stored before then leaves them out (Param.default).
+    Param("GEMV_BLOCK_N", (1, 2, 4, 8), default=1),
+    Param("GEMV_BLOCK_K", (256, 512, 1024, 2048, 4096), default=256),
 )
+
+_NOT_GEMV = {"GEMV_BLOCK_N": 1, "GEMV_BLOCK_K": 256}
 
 # Values a variant ignores are folded to one representative, so the search never pays twice.
 _IGNORED_BY_VARIANT = {
-    "tiled": {"SPLIT_K": 1, "NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
-    "splitk": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
-    "tma": {"SPLIT_K": 1},
-    "repack": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False},
+    "tiled": {"SPLIT_K": 1, "NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False, **_NOT_GEMV},
+    "splitk": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False, **_NOT_GEMV},
+    "tma": {"SPLIT_K": 1, **_NOT_GEMV},
+    "repack": {"NUM_SM": 132, "FLATTEN": False, "EPILOGUE_SUBTILE": False, **_NOT_GEMV},
+    "gemv": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_SIZE_M": 1, "SPLIT_K": 1, "NUM_SM": 132,
+             "FLATTEN": False, "EPILOGUE_SUBTILE": False},
 }
+
+# gemv's fp32 partial sums are a GEMV_BLOCK_N x GEMV_BLOCK_K tile in registers: at most this many per thread.
+GEMV_SUMS_PER_THREAD = 128
 
 
 def _element_size(problem: Problem) -> int:
@@ -82,6 +99,8 @@ def _element_size(problem: Problem) -> int:
 
 
 def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    if config["VARIANT"] == "gemv":  # plain loads into registers: no tiles staged in shared memory
+        return None
     bm, bn, bk = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"]
     size = _element_size(problem)
     need = config.num_stages * (bm * bk + bk * bn) * size
@@ -95,6 +114,12 @@ def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) ->
 
 
 def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    if config["VARIANT"] == "gemv":
+        sums = config["GEMV_BLOCK_N"] * config["GEMV_BLOCK_K"] // (32 * config.num_warps)
+        if sums > GEMV_SUMS_PER_THREAD:
+            return (f"{sums} fp32 partial sums per thread (GEMV_BLOCK_N*GEMV_BLOCK_K/(32*num_warps)), over gemv's "
+                    f"{GEMV_SUMS_PER_THREAD}: fewer columns, a shorter K run or more warps")
+        return None
     # Measured on triton 3.6: above ~256 fp32 accumulators per thread the kernel spills.
     per_thread = config["BLOCK_M"] * config["BLOCK_N"] // (32 * config.num_warps)
     if per_thread > 256:
@@ -104,6 +129,11 @@ def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str
 
 def _tile_near_problem(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     m, n, k = problem.shape
+    if config["VARIANT"] == "gemv":
+        for name, size, least in (("GEMV_BLOCK_N", n, 1), ("GEMV_BLOCK_K", k, 256)):
+            limit = max(least, _next_power_of_2(size))
+            if config[name] > limit:
+                return f"{name}={config[name]} is larger than the problem needs ({limit})"
     if config["VARIANT"] in ("splitk", "repack"):
         k = max(1, math.ceil(k / config["SPLIT_K"]))
     for name, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
@@ -129,6 +159,10 @@ def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str |
         return "VARIANT=repack only helps rows that are not 16-byte aligned; this problem's rows all are"
     if variant == "splitk" and config["SPLIT_K"] == 1:
         return "VARIANT=splitk with SPLIT_K=1 is the tiled kernel; tune SPLIT_K >= 2"
+    if variant == "gemv":
+        reason = _gemv_unsupported(problem)
+        if reason:
+            return reason
     if variant in ("splitk", "repack"):
         if config["SPLIT_K"] > _cdiv(k, config["BLOCK_K"]):
             return f"SPLIT_K={config['SPLIT_K']} is more than the {_cdiv(k, config['BLOCK_K'])} K blocks"
@@ -140,6 +174,17 @@ def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str |
             return f"NUM_SM={config['NUM_SM']} is over twice the device's {device.sm_count} SMs"
         if config["EPILOGUE_SUBTILE"] and config["BLOCK_N"] < 32:
             return "EPILOGUE_SUBTILE needs BLOCK_N >= 32"
+    return None
+
+
+def _gemv_unsupported(problem: Problem) -> str | None:
+    m = problem.shape[0]
+    if m != 1:
+        return (f"VARIANT=gemv is for one row of A (M = 1); this problem has M = {m}, where tensor-core tiles "
+                "(tiled, splitk) read B once for all rows")
+    if problem.layout[1] != "t":
+        return ("VARIANT=gemv reads B along K and needs a K-major B (w.t() of a row-major weight, layout "
+                f"'?t'); this problem's layout is {problem.layout!r}")
     return None
 
 
@@ -289,8 +334,10 @@ def _tiled_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Ten
 
 def direct_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
                   ) -> tuple[DirectLaunch, Callable[[], tuple[torch.Tensor, torch.Tensor]] | None]:
-    """A tiled or split-K launch for operands like these (a call plan keeps it, kernels/_plans.py),
-    and for split-K the function that hands out its workspace; the runtime arguments are the caller's."""
+    """A tiled, split-K or gemv launch for operands like these (a call plan keeps it, kernels/_plans.py),
+    and for a split K the function that hands out its workspace; the runtime arguments are the caller's."""
+    if config["VARIANT"] == "gemv":
+        return _gemv_launch(config, a, b, c), None
     if config["VARIANT"] == "tiled" or (config["VARIANT"] == "repack" and config["SPLIT_K"] == 1):
         return _tiled_launch(config, a, b, c), None
     m, n = a.shape[0], b.shape[1]
@@ -395,6 +442,29 @@ def _launch_splitk(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     launch = LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: DirectLaunch(
         _splitk_kernel, (tiles, split), _constexprs(config, a, b, c, SPLIT_K=split)))
     launch(a, b, c, partial, arrivals, m, n, k,
+           a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
+
+
+# gemv runs a row of programs per row of A, on a grid axis CUDA caps at this many.
+_GEMV_MAX_ROWS = 65535
+
+
+def _gemv_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> DirectLaunch:
+    """The gemv launch: the tiled kernel's runtime arguments, so call plans and the C++ path launch it alike."""
+    m, k = a.shape
+    n = b.shape[1]
+    if m > _GEMV_MAX_ROWS:
+        raise ValueError(f"VARIANT=gemv launches a row of programs per row of A, at most {_GEMV_MAX_ROWS}; A has {m} "
+                         "rows: use VARIANT=tiled or splitk, which the tuner picks for such problems")
+    bn, bk = config["GEMV_BLOCK_N"], config["GEMV_BLOCK_K"]
+    return DirectLaunch(_gemv_kernel, (_cdiv(n, bn), m),
+                        dict(BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c),
+                             num_warps=config.num_warps, num_stages=config.num_stages))
+
+
+def _launch_gemv(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+    launch = LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: _gemv_launch(config, a, b, c))
+    launch(a, b, c, a.shape[0], b.shape[1], a.shape[1],
            a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
 
 
@@ -619,7 +689,8 @@ def _launch_repack(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     LAUNCHES.get_or_make(_launch_key(config, a, b, c), lambda: RepackLaunch(config, a, b, c))(a, b, c)
 
 
-_LAUNCHERS = {"tiled": _launch_tiled, "splitk": _launch_splitk, "tma": _launch_tma, "repack": _launch_repack}
+_LAUNCHERS = {"tiled": _launch_tiled, "splitk": _launch_splitk, "tma": _launch_tma, "repack": _launch_repack,
+              "gemv": _launch_gemv}
 
 
 def matmul_with(config: Config, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -762,6 +833,11 @@ def default_config(problem: Problem, device: DeviceInfo) -> Config:
     return SPACE.canonical(config)
 
 
+# (GEMV_BLOCK_N, GEMV_BLOCK_K, num_warps) of the gemv seeds: the best of scripts/probes/gemv_probe.py on nine
+# one-row problems (H100, 2026-11-26) and their neighbours.
+GEMV_SEEDS = ((4, 2048, 4), (2, 2048, 2), (2, 1024, 4), (8, 1024, 8), (1, 4096, 2))
+
+
 def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
     """Configs that are good on Hopper for problems of this kind: the search measures them first."""
     m, n, k = problem.shape
@@ -773,6 +849,9 @@ def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
                  dict(VARIANT="splitk", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
                  dict(VARIANT="splitk", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
                  dict(VARIANT="tma", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_SM=132, num_warps=4, num_stages=4)]
+    if not _gemv_unsupported(problem):  # one row: B streamed by thin column blocks, long runs of K
+        rows += [dict(VARIANT="gemv", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GEMV_BLOCK_N=bn, GEMV_BLOCK_K=bk,
+                      num_warps=warps, num_stages=2) for bn, bk, warps in GEMV_SEEDS]
     if _misaligned_rows(problem):  # rows that are not 16-byte aligned: the padded copy, then wide loads
         rows += [dict(VARIANT="repack", BLOCK_M=256, BLOCK_N=64, BLOCK_K=64, num_warps=8, num_stages=5),
                  dict(VARIANT="repack", BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4),

@@ -12,6 +12,14 @@ Each eager Triton winner must win three contests in all (tuner.search.confirm_ea
 ``--eager-only`` stores the eager records alone: for a change to what an eager call costs (a cheaper host
 path for some variant), where the graph winners stand. Merge those with scripts/ship_table.py --base TABLE.
 
+``--add-variant NAME`` adds the kernel's seed configs of that variant to each problem's candidates, so that a
+new variant meets the stored winners and cuBLAS in the same contest; ``--rows M`` keeps the problems with M rows:
+
+    PYTHONPATH=. python3 scripts/redecide.py --table kernels/tables/h100.json --db sqlite:///gemv.db \
+        --rows 1 --add-variant gemv
+
+Merge those with scripts/ship_table.py --base TABLE, without --same-winners (winners change).
+
 ``--fast-host-only`` runs no contest of Triton configs: each eager record whose winner is a Triton config is
 checked against cuBLAS back to back on the GPU (tuner.search.holds_on_a_fast_host, the rule since
 2026-11-25), and where it fails, a cuBLAS eager record goes into --db (tuner.quick.recheck_eager). Merge
@@ -66,6 +74,8 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1, help="every N-th problem only (a sample)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop after this many seconds")
     parser.add_argument("--key", action="append", help="only these problems (repeatable)")
+    parser.add_argument("--rows", type=int, help="only the problems with this many rows (M)")
+    parser.add_argument("--add-variant", help="add the kernel's seed configs of this variant to the candidates")
     parser.add_argument("-o", "--output", help="also export the new records to this JSON file")
     parser.add_argument("--fast-host-only", action="store_true",
                         help="only check eager Triton winners back to back on the GPU (no contest of other configs)")
@@ -83,6 +93,11 @@ def main() -> None:
         parser.error("--recontest goes with --fast-host-only (a full redecision runs every contest anyway)")
     if args.passes < 1:
         parser.error(f"--passes {args.passes}: give 1 or more (contests of each winner that holds)")
+    if args.add_variant and args.add_variant not in kernels.gemm.VARIANTS:
+        parser.error(f"--add-variant {args.add_variant}: not a matmul variant; choose one of "
+                     f"{', '.join(kernels.gemm.VARIANTS)}")
+    if args.fast_host_only and (args.add_variant or args.rows):
+        parser.error("--add-variant and --rows go with the full redecision, not --fast-host-only")
     if args.passes > 1 and not args.recontest:
         parser.error("--passes goes with --recontest (without it a pass writes only demotions: nothing to pass on)")
     if args.fast_host_only:
@@ -93,6 +108,9 @@ def main() -> None:
     problems = sorted(candidates_by_problem(args.table, device.name).items())[:: args.every]
     if args.key:
         problems = [(key, configs) for key, configs in problems if key in args.key]
+    if args.rows is not None:
+        problems = [(key, configs) for key, configs in problems
+                    if Problem.from_key("matmul", key).shape[0] == args.rows]
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(problems)} problems of {args.table}", flush=True)
     started = time.monotonic()
@@ -105,6 +123,8 @@ def main() -> None:
                 print(f"# budget spent after {index - 1} problems; run again to go on", flush=True)
                 break
             problem = Problem.from_key("matmul", key)
+            if args.add_variant:
+                configs = configs + [c for c in MATMUL.seeds(problem, device) if c["VARIANT"] == args.add_variant]
             bench = Bench(MATMUL, problem, device, side_by_side=SideBySide(QUICK_GRAPH_MS, QUICK_CONTEST_EAGER_MS))
             records = redecide(MATMUL, problem, device, configs, bench)
             store.put_many([records[mode] for mode in stored_modes], on_conflict="replace")

@@ -225,17 +225,38 @@ def sampled_space(study: optuna.Study, spec: KernelSpec, problem: Problem, devic
     """
     stored = study.user_attrs.get(SAMPLED_VALUES)
     if stored is not None:
-        params = [dataclasses.replace(p, values=tuple(stored.get(p.name, ()))) for p in spec.space.params]
+        # A parameter added since the study began keeps the value it had in effect then.
+        params = [dataclasses.replace(p, values=tuple(stored.get(p.name, () if p.default is None else (p.default,))))
+                  for p in spec.space.params]
         if all(p.values and set(p.values) <= set(full.values) for p, full in zip(params, spec.space.params)):
             return dataclasses.replace(spec.space, params=tuple(params))
         log.warning("%s: the study's stored value lists do not fit the kernel's space any more; the "
                     "search goes on over the whole space", problem)
-        return spec.space
+        return _as_begun(study, spec.space)
     if study.trials:
-        return spec.space
+        return _as_begun(study, spec.space)
     space = narrowed(spec.space, problem, device)
     study.set_user_attr(SAMPLED_VALUES, {p.name: list(p.values) for p in space.params})
     return space
+
+
+def _as_begun(study: optuna.Study, space: kernels.SearchSpace) -> kernels.SearchSpace:
+    """``space`` as a study that began with no stored value lists can go on drawing from it: Optuna refuses
+    a categorical parameter whose choices change within a study, so each keeps the choices its trials
+    drew from (VARIANT before ``gemv`` was added), and a parameter its trials never drew keeps its default."""
+    drawn: dict[str, optuna.distributions.BaseDistribution] = {}
+    for trial in study.get_trials(deepcopy=False):
+        for name, distribution in trial.distributions.items():
+            drawn.setdefault(name, distribution)
+    params = []
+    for p in space.params:
+        seen = drawn.get(p.name)
+        if isinstance(seen, optuna.distributions.CategoricalDistribution):
+            p = dataclasses.replace(p, values=tuple(seen.choices))
+        elif seen is None and p.default is not None and drawn:
+            p = dataclasses.replace(p, values=(p.default,))
+        params.append(p)
+    return space if tuple(params) == space.params else dataclasses.replace(space, params=tuple(params))
 
 
 def measured_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

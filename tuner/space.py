@@ -30,9 +30,10 @@ def narrowed(space: SearchSpace, problem: Problem, device: DeviceInfo) -> Search
     parameter whose choices differ between the trials of one study, and a study outlives a version.
     """
     seen: dict[str, set] = {p.name: set() for p in space.params}
+    defaults = {p.name: p.default for p in space.params}
     for config in space.enumerate(problem, device):
         for name, values in seen.items():
-            values.add(config[name])
+            values.add(config.get(name, defaults[name]))  # a variant that ignores a defaulted parameter leaves it out
     if not seen[space.params[0].name]:
         return space  # nothing is valid; the search says so when it finds nothing to measure
     return dataclasses.replace(space, params=tuple(
@@ -56,7 +57,7 @@ def params_of(config: Config, space: SearchSpace) -> dict[str, object]:
     values = config.as_dict()
     params: dict[str, object] = {}
     for param in space.params:
-        value = values[param.name]
+        value = values.get(param.name, param.default)  # a config stored before the parameter existed
         params[param.name] = param.values.index(value) if is_ordinal(param) else value
     return params
 
@@ -65,6 +66,9 @@ def config_of(params: dict[str, object], space: SearchSpace) -> Config:
     """Inverse of ``params_of``: a finished trial's parameters as a Config."""
     values = {}
     for param in space.params:
+        if param.name not in params and param.default is not None:  # a trial made before the parameter existed
+            values[param.name] = param.default
+            continue
         raw = params[param.name]
         values[param.name] = param.values[int(raw)] if is_ordinal(param) else raw
     return Config.from_dict(values)

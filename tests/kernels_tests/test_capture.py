@@ -24,6 +24,9 @@ CASES = {
                                                      "BLOCK_K": 64})),
     "repack": ((100, 90, 99), "nn", Config.from_dict({**_BASE, "VARIANT": "repack", "BLOCK_M": 64, "BLOCK_N": 64,
                                                        "BLOCK_K": 32})),
+    "gemv": ((1, 1000, 4100), "nt", Config.from_dict({**_BASE, "VARIANT": "gemv", "BLOCK_M": 16, "BLOCK_N": 32,
+                                                      "BLOCK_K": 32, "GROUP_SIZE_M": 1, "GEMV_BLOCK_N": 4,
+                                                      "GEMV_BLOCK_K": 1024})),
 }
 
 

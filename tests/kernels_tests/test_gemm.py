@@ -510,3 +510,66 @@ def test_an_out_whose_elements_share_memory_is_refused(torch_device) -> None:
         matmul_with(VARIANT_CONFIGS["tiled"], a, b, out=expanded)
     assert not gemm.overlapping(torch.empty(4, 16)) and not gemm.overlapping(torch.empty(16, 4).t())
     assert not gemm.overlapping(torch.empty(4, 20)[:, 2:18]) and gemm.overlapping(torch.empty(8).as_strided((4, 4), (1, 1)))
+
+
+# ------------------------------------------------------------------------------------------ gemv
+
+def _gemv(block_n: int = 2, block_k: int = 256, **changes) -> Config:
+    return _config("gemv", **{"GROUP_SIZE_M": 1, "GEMV_BLOCK_N": block_n, "GEMV_BLOCK_K": block_k, **changes})
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 77, 300), (1, 64, 512), (3, 50, 129)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("block_n", [1, 4])
+def test_gemv_matches_reference(shape, block_n, dtype, torch_device) -> None:
+    # K runs that do and do not divide K (EVEN_K), column blocks past N (wrapped loads, masked stores),
+    # and more than one row of A: the kernel is right for any M, though the space offers it for M = 1 only.
+    m, n, k = shape
+    a, b = _rand(m, k, dtype, torch_device, 0), _rand(n, k, dtype, torch_device, 1).t()
+    _assert_matmul(matmul_with(_gemv(block_n), a, b, out=_poisoned(m, n, a)), a, b, dtype)
+
+
+@pytest.mark.parametrize("b_kind", ["row-major", "sliced"])
+def test_gemv_takes_any_strides(b_kind, torch_device) -> None:
+    a = _rand(1, 96, "fp16", torch_device, 0)
+    b = _rand(96, 40, "fp16", torch_device, 1) if b_kind == "row-major" else _rand(50, 200, "fp16", torch_device, 1)[:, ::2].t()
+    b = b[:96] if b_kind == "sliced" else b
+    _assert_matmul(matmul_with(_gemv(2), a, b), a, b, "fp16")
+
+
+def test_gemv_is_in_the_space_for_one_row_of_a_k_major_b_only(torch_device) -> None:
+    device = current_device(torch_device)
+    config = MATMUL.space.canonical(_gemv(4, 512))
+    one_row = Problem("matmul", "fp16", "nt", ((1, 4096, 4096),))
+    assert MATMUL.space.violation(config, one_row, device) is None
+    eight_rows = Problem("matmul", "fp16", "nt", ((8, 4096, 4096),))
+    assert "M = 8" in MATMUL.space.violation(config, eight_rows, device)
+    row_major_b = Problem("matmul", "fp16", "nn", ((1, 4096, 4096),))
+    assert "K-major B" in MATMUL.space.violation(config, row_major_b, device)
+    too_long = MATMUL.space.canonical(_gemv(8, 4096, num_warps=2))
+    assert "partial sums per thread" in MATMUL.space.violation(too_long, one_row, device)
+    # Its seeds join the seeds of one-row problems, and only theirs.
+    assert any(c["VARIANT"] == "gemv" for c in MATMUL.seeds(one_row, device))
+    assert not any(c["VARIANT"] == "gemv" for c in MATMUL.seeds(eight_rows, device))
+
+
+def test_gemv_folds_what_it_does_not_use_and_others_fold_its_blocks() -> None:
+    folded = MATMUL.space.canonical(_gemv(2, 1024, BLOCK_M=64, BLOCK_N=128, BLOCK_K=256, SPLIT_K=4, GROUP_SIZE_M=8))
+    assert (folded["BLOCK_M"], folded["BLOCK_N"], folded["BLOCK_K"], folded["SPLIT_K"]) == (16, 32, 32, 1)
+    assert (folded["GEMV_BLOCK_N"], folded["GEMV_BLOCK_K"]) == (2, 1024)
+    # The other variants leave gemv's blocks out, as configs stored before gemv existed do: one form.
+    tiled = MATMUL.space.canonical(_config("tiled", GEMV_BLOCK_N=8, GEMV_BLOCK_K=4096))
+    assert tiled == _config("tiled") and "GEMV_BLOCK_N" not in tiled.as_dict()
+    one_row = Problem("matmul", "fp16", "nt", ((1, 64, 512),))
+    enumerated = list(MATMUL.space.enumerate(one_row, current_device(torch.device("cpu"))))
+    assert all(("GEMV_BLOCK_N" in c.as_dict()) == (c["VARIANT"] == "gemv") for c in enumerated)
+    assert all(MATMUL.space.canonical(c, one_row) == c for c in enumerated[::50])
+
+
+def test_a_config_stored_before_gemv_is_still_in_the_space(torch_device) -> None:
+    # Tables and databases written before GEMV_BLOCK_N/GEMV_BLOCK_K existed leave them out.
+    old = _config("tiled")
+    assert "GEMV_BLOCK_N" not in old.as_dict()
+    problem = Problem("matmul", "fp16", "nt", ((64, 256, 256),))
+    assert MATMUL.space.violation(old, problem, current_device(torch_device)) is None
+    assert MATMUL.space.canonical(old) == old

@@ -309,8 +309,11 @@ def test_a_cublas_winner_in_the_shipped_table_is_left_out_of_the_warm_start(db_u
 
 def _steps_apart(a: Config, b: Config, space: SearchSpace) -> list[int]:
     """How many value steps each differing parameter of ``a`` and ``b`` lies apart."""
-    return [abs(p.values.index(a[p.name]) - p.values.index(b[p.name])) for p in space.params
-            if a[p.name] != b[p.name]]
+    def value(config: Config, p) -> object:  # a variant that ignores a defaulted parameter leaves it out
+        return config.get(p.name, p.default)
+
+    return [abs(p.values.index(value(a, p)) - p.values.index(value(b, p))) for p in space.params
+            if value(a, p) != value(b, p)]
 
 
 def test_neighbours_are_one_step_in_one_parameter_knobs_first() -> None:
@@ -594,6 +597,33 @@ def test_a_study_begun_before_narrowing_goes_on_over_the_whole_space(db_url) -> 
     assert _tune(kernel, db_url, trials=3).trials >= 3, "no distribution clash on resume"
     study = _study(db_url)
     assert search.SAMPLED_VALUES not in study.user_attrs
+
+
+def test_a_study_begun_before_a_variant_was_added_goes_on_over_its_own_choices(db_url) -> None:
+    # A study with no stored lists, begun when VARIANT had fewer choices and a parameter did not exist:
+    # Optuna refuses a categorical whose choices change within a study, so it goes on over what it drew.
+    before = Kernel(_space(block_n=(32, 64)))
+    study = _study(db_url)
+    trial = study.ask()
+    config = suggest_config(trial, before.spec.space)
+    trial.set_user_attr("config", str(config))
+    study.tell(trial, 1.5)
+    grown = dataclasses.replace(before.spec.space, params=tuple(
+        dataclasses.replace(p, values=(*p.values, "gemv")) if p.name == "VARIANT" else p
+        for p in before.spec.space.params) + (Param("GEMV_BLOCK_N", (1, 2, 4), default=1),))
+    space = search.sampled_space(_study(db_url), dataclasses.replace(before.spec, space=grown), PROBLEM, CPU)
+    assert space.param("VARIANT").values == before.spec.space.param("VARIANT").values
+    assert space.param("GEMV_BLOCK_N").values == (1,)
+
+
+def test_stored_lists_without_a_new_parameter_keep_its_default(db_url) -> None:
+    kernel = Kernel(_space(block_n=(32, 64)))
+    assert _tune(kernel, db_url, trials=2).trials == 2
+    grown = dataclasses.replace(kernel.spec.space, params=kernel.spec.space.params
+                                + (Param("GEMV_BLOCK_N", (1, 2, 4), default=1),))
+    space = search.sampled_space(_study(db_url), dataclasses.replace(kernel.spec, space=grown), PROBLEM, CPU)
+    assert space.param("GEMV_BLOCK_N").values == (1,)
+    assert space.param("BLOCK_N").values == tuple(_study(db_url).user_attrs[search.SAMPLED_VALUES]["BLOCK_N"])
 
 
 def test_the_stored_winner_carries_the_portable_values_of_its_fold() -> None:
