@@ -30,9 +30,9 @@ from ._spec import Config, Problem, is_baseline
 
 MODES = ("eager", "graph")
 KINDS = ("knn", "ridge")
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: gemv among the variants, its own blocks in the features
 
-_VARIANTS = ("tiled", "splitk", "tma", "repack")
+_VARIANTS = ("tiled", "splitk", "tma", "repack", "gemv")
 # fp16 and bf16 share element size and tensor-core rate: the same shape in the other one counts as
 # one factor of 2 farther (kernels/_spec.py HALF_SIBLING_PENALTY says the same for dispatch).
 _DTYPE_PENALTY = {frozenset(("fp16", "bf16")): 1.0}
@@ -83,11 +83,20 @@ def shape_distance(p: Problem, q: Problem) -> float:
     return math.sqrt(sum((math.log2(a) - math.log2(b)) ** 2 for a, b in zip(_dims(p), _dims(q)))) + extra
 
 
+def _blocks(config: Config) -> tuple[float, float, float]:
+    """The (rows, columns, K run) a program of ``config`` covers: gemv's own blocks where it is gemv (its
+    BLOCK_M/N/K are folded placeholders), else BLOCK_M/N/K."""
+    if config.get("VARIANT") == "gemv":
+        return 1.0, float(config.get("GEMV_BLOCK_N", 1)), float(config.get("GEMV_BLOCK_K", 256))
+    return tuple(float(config.get(name, 64)) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))  # type: ignore[return-value]
+
+
 def _config_vector(config: Config) -> np.ndarray:
     get = config.get
     variant = get("VARIANT", "tiled")
     onehot = [4.0 * (variant == v) for v in _VARIANTS]  # a variant change weighs as two factors of 2 in a tile
-    return np.array([math.log2(get("BLOCK_M", 64)), math.log2(get("BLOCK_N", 64)), math.log2(get("BLOCK_K", 64)),
+    bm, bn, bk = _blocks(config)
+    return np.array([math.log2(bm), math.log2(bn), math.log2(bk),
                      math.log2(get("SPLIT_K", 1)), math.log2(config.num_warps), 0.5 * config.num_stages,
                      0.5 * math.log2(get("GROUP_SIZE_M", 8)), *onehot], dtype=float)
 
@@ -99,7 +108,7 @@ def config_distance(a: Config, b: Config) -> float:
 def features(problem: Problem, config: Config) -> np.ndarray:
     """The ridge learner's raw features of (problem, config), before products and scaling."""
     m, n, k = _dims(problem)
-    bm, bn, bk = (float(config.get(name, 64)) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    bm, bn, bk = _blocks(config)
     split = float(config.get("SPLIT_K", 1))
     tiles = math.ceil(m / bm) * math.ceil(n / bn) * len(problem.shapes)
     programs = tiles * split

@@ -159,3 +159,26 @@ def test_fallback_is_cublas_without_evidence_near_the_problem(tmp_path: Path) ->
 def test_fallback_is_cublas_with_no_records_or_no_model(tmp_path: Path) -> None:
     assert choose_fallback(problem(16, 2048, 2048), "graph", _candidates(tmp_path, []), fit(world())) is None
     assert choose_fallback(problem(16, 2048, 2048), "graph", [THIN], None) is None
+
+
+def _gemv(block_n: int, block_k: int) -> Config:
+    return Config.from_dict({**_BASE, "GROUP_SIZE_M": 1, "VARIANT": "gemv", "BLOCK_M": 16, "BLOCK_N": 32,
+                             "BLOCK_K": 32, "GEMV_BLOCK_N": block_n, "GEMV_BLOCK_K": block_k,
+                             "num_warps": 4, "num_stages": 2})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gemv_configs_are_told_apart_by_their_own_blocks(kind: str) -> None:
+    # gemv's BLOCK_M/N/K are folded placeholders: the model must see GEMV_BLOCK_N/K and the variant, or every
+    # gemv config would look alike, and like a 16x32x32 tiled tile.
+    good, poor = _gemv(4, 2048), _gemv(1, 256)
+    rows = []
+    for n, k in ((1024, 4096), (4096, 4096), (8192, 8192), (2048, 8192)):
+        cublas = 1e-6 * n * k + 0.01
+        rows += [Observation(problem(1, n, k), good, "graph", cublas * 0.9, cublas),
+                 Observation(problem(1, n, k), poor, "graph", cublas * 1.4, cublas),
+                 Observation(problem(1, n, k), MEH, "graph", cublas * 1.6, cublas)]
+    model = fit(rows, kind=kind)
+    ranked = model.rank(problem(1, 6144, 6144), [poor, MEH, good])
+    assert ranked[0][0] == good and ranked[0][1] < 0.95
+    assert choose_fallback(problem(1, 6144, 6144), "graph", [poor, MEH, good], model) == good
