@@ -7,6 +7,9 @@ Two kernel families, each a problem of its own for the tuner (its own KernelSpec
   ``nn.Linear`` keeps them). One program computes both accumulators of its tile, so A is read once and
   the [M, 2N] intermediate never reaches memory.
 Both share the tiled kernel's inner loop (``_gemm_triton._tile_dot``); the problem's N is the output width.
+For one row of A against a K-major B, ``GEMV_BLOCK_N`` > 0 runs the matmul ``gemv`` variant's loop instead
+(``_gemm_triton._gemv_row``: 1-8 columns per program, long runs of K, no tensor cores): a decode step's
+gate/up projection is more than half of a decoder layer's weight bytes.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ._gemm_triton import _grouped_tile, _tile_dot, _tile_offsets
+from ._gemm_triton import _gemv_row, _grouped_tile, _tile_dot, _tile_offsets
 from ._launch import DirectLaunch
 from . import _modes, _native
 from ._device import current_device
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 from .dispatch import DISPATCHER
-from .gemm import DTYPE_NAMES, LAUNCHES, TORCH_DTYPES, _dot_precision, _needs_int64, layout_letter
+from .gemm import (DTYPE_NAMES, GEMV_SEEDS, GEMV_SUMS_PER_THREAD, LAUNCHES, TORCH_DTYPES, _dot_precision,
+                   _needs_int64, layout_letter)
 
 __all__ = ["GATED_MATMUL", "MATMUL_BIAS", "gated_matmul", "gated_matmul_with", "matmul_bias", "matmul_bias_with"]
 
@@ -38,7 +42,19 @@ SPACE = SearchSpace(params=(
     Param("GROUP_SIZE_M", (1, 4, 8, 16)),
     Param("num_warps", (2, 4, 8)),
     Param("num_stages", (2, 3, 4, 5)),
+    # 0: tensor-core tiles (BLOCK_M/N/K); 1-8: the one-row loop with this many columns per program and
+    # GEMV_BLOCK_K of K per step. Added after tables were shipped: a config stored before leaves both out.
+    Param("GEMV_BLOCK_N", (0, 1, 2, 4, 8), default=0),
+    Param("GEMV_BLOCK_K", (256, 512, 1024, 2048, 4096), default=256),
 ))
+# The one-row loop's tile placeholders, and the tiled kernel's (left out of its configs, as before gemv).
+_IGNORED = {"GEMV_BLOCK_N": {0: {"GEMV_BLOCK_N": 0, "GEMV_BLOCK_K": 256},
+                             **{n: {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_SIZE_M": 1}
+                                for n in (1, 2, 4, 8)}}}
+
+
+def _is_gemv(config: Config) -> bool:
+    return bool(config.get("GEMV_BLOCK_N", 0))
 
 
 @triton.jit
@@ -65,6 +81,28 @@ def _epilogue_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+@triton.jit
+def _epilogue_gemv_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
+                          stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                          INDEX_64: tl.constexpr, HAS_BIAS: tl.constexpr, GATED: tl.constexpr):
+    """The epilogues on one row of A per program row (grid: column blocks x rows), gemv's loop for the dots."""
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    if INDEX_64:
+        row = row.to(tl.int64)
+    a_row = a_ptr + row * stride_am
+    acc = _gemv_row(a_row, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, 0, K, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    if GATED:  # the up half of B starts N columns in
+        up = _gemv_row(a_row, b_ptr + N * stride_bn, N, K, stride_ak, stride_bk, stride_bn, pid_n, 0, K,
+                       BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
+        acc = acc * tl.sigmoid(acc) * up
+    tl.store(c_ptr + row * stride_cm + offs_n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=offs_n < N)
+
+
 def _launch(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, n: int,
             gated: bool) -> torch.Tensor:
     """The epilogue kernel on these operands, launched directly after its first call (kernels/_launch.py):
@@ -85,6 +123,14 @@ def _launch(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor
 def _epilogue_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                      gated: bool) -> DirectLaunch:
     m, k = a.shape
+    if _is_gemv(config):
+        if m > 65535:  # one program row per row of A, on a grid axis CUDA caps there
+            raise ValueError(f"GEMV_BLOCK_N > 0 runs a row of programs per row of A, at most 65535; A has {m} rows: "
+                             "use a config with GEMV_BLOCK_N=0 (tensor-core tiles)")
+        bn, bk = config["GEMV_BLOCK_N"], config["GEMV_BLOCK_K"]
+        return DirectLaunch(_epilogue_gemv_kernel, (triton.cdiv(c.shape[1], bn), m), dict(
+            BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), HAS_BIAS=bias is not None,
+            GATED=gated, num_warps=config.num_warps, num_stages=config.num_stages))
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
     grid = (triton.cdiv(m, bm) * triton.cdiv(c.shape[1], bn),)
     return DirectLaunch(_epilogue_kernel, grid, dict(
@@ -123,6 +169,8 @@ def gated_matmul_with(config: Config, a: torch.Tensor, b: torch.Tensor) -> torch
 # ---------------------------------------------------------------------------------------------- the specs
 
 def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    if _is_gemv(config):  # plain loads into registers
+        return None
     size = 4 if problem.dtype == "fp32" else 2
     b_tiles = 2 if problem.kernel == "gated_matmul" else 1
     need = config.num_stages * (config["BLOCK_M"] + b_tiles * config["BLOCK_N"]) * config["BLOCK_K"] * size
@@ -134,11 +182,28 @@ def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) ->
 def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     # The tiled kernel's measured limit (gemm._fits_registers), with the gated kernel's two accumulators.
     accumulators = 2 if problem.kernel == "gated_matmul" else 1
+    if _is_gemv(config):
+        sums = accumulators * config["GEMV_BLOCK_N"] * config["GEMV_BLOCK_K"] // (32 * config.num_warps)
+        return None if sums <= GEMV_SUMS_PER_THREAD else f"{sums} fp32 partial sums per thread would spill"
     per_thread = accumulators * config["BLOCK_M"] * config["BLOCK_N"] // (32 * config.num_warps)
     return None if per_thread <= 256 else f"{per_thread} fp32 accumulators per thread would spill"
 
 
-SPACE = SearchSpace(params=SPACE.params, constraints=(_fits_shared_memory, _fits_registers))
+def _gemv_fits(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+    if not _is_gemv(config):
+        return None
+    m, n, k = problem.shapes[0]
+    if m != 1 or problem.layout[1] != "t":
+        return (f"GEMV_BLOCK_N > 0 is for one row of A against a K-major B (w.t()); this problem is "
+                f"{problem.layout} with M = {m}: use GEMV_BLOCK_N=0")
+    for name, size, least in (("GEMV_BLOCK_N", n, 1), ("GEMV_BLOCK_K", k, 256)):
+        if config[name] > max(least, triton.next_power_of_2(size)):
+            return f"{name}={config[name]} is larger than the problem needs"
+    return None
+
+
+SPACE = SearchSpace(params=SPACE.params, constraints=(_gemv_fits, _fits_shared_memory, _fits_registers),
+                    ignored=_IGNORED)
 
 
 def _make_inputs(kernel: str):
@@ -250,6 +315,10 @@ def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
     tiles = (_THIN_TILES if m <= 128 else ()) + _WIDE_TILES
     configs = [Config.make(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=8, num_warps=warps, num_stages=stages)
                for bm, bn, bk, warps, stages in tiles if bm <= max(16, triton.next_power_of_2(max(m, 1)))]
+    if m == 1 and problem.layout[1] == "t":  # the one-row loop, as the matmul gemv variant's seeds
+        configs = [SPACE.canonical(Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, GEMV_BLOCK_N=bn,
+                                               GEMV_BLOCK_K=bk, num_warps=warps, num_stages=2))
+                   for bn, bk, warps in GEMV_SEEDS] + configs
     return [c for c in configs if SPACE.violation(c, problem, device) is None]
 
 

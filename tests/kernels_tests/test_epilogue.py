@@ -228,3 +228,63 @@ def test_a_signature_on_addmm_in_eager_mode_alone_resolves_once_per_call_and_a_b
         kernels.matmul_bias(a, b, bias)  # learnt: addmm in both modes
         with pytest.raises(TypeError, match="float64"):  # the first call's check, not torch's addmm error
             kernels.matmul_bias(a, b.double(), bias)
+
+
+# ----------------------------------------------------------------------------------- the one-row loop
+
+def _gemv(block_n: int = 2, block_k: int = 256) -> Config:
+    return Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, GEMV_BLOCK_N=block_n,
+                       GEMV_BLOCK_K=block_k, num_warps=2, num_stages=2)
+
+
+@pytest.mark.parametrize("kernel", ["matmul_bias", "gated_matmul"])
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 40, 300), (1, 64, 512), (3, 33, 72)], ids=lambda s: "x".join(map(str, s)))
+def test_the_one_row_loop_matches_its_reference(kernel: str, dtype: str, shape) -> None:
+    # K runs that do and do not divide K, column blocks past N, and (forced) more than one row.
+    spec = kernels.get_kernel(kernel)
+    problem = Problem(kernel, dtype, "nt", (shape,))
+    inputs = spec.make_inputs(problem, DEVICE, 0)
+    out = spec.run(_gemv(4), inputs)
+    assert out.shape == shape[:2]
+    assert _error(out, spec.reference(inputs)) < _tolerance(dtype)
+
+
+@pytest.mark.parametrize("kernel", ["matmul_bias", "gated_matmul"])
+def test_the_one_row_loop_is_in_the_space_for_one_row_of_a_k_major_b_only(kernel: str) -> None:
+    spec, device = kernels.get_kernel(kernel), current_device(torch.device("cpu"))
+    config = spec.space.canonical(_gemv(4, 1024))
+    one_row = Problem(kernel, "fp16", "nt", ((1, 4096, 4096),))
+    assert spec.space.violation(config, one_row, device) is None
+    assert "M = 8" in spec.space.violation(config, Problem(kernel, "fp16", "nt", ((8, 4096, 4096),)), device)
+    assert "GEMV_BLOCK_N=0" in spec.space.violation(config, Problem(kernel, "fp16", "nn", ((1, 4096, 4096),)), device)
+    assert any(c.get("GEMV_BLOCK_N") for c in spec.seeds(one_row, device))
+    assert all(spec.space.violation(c, one_row, device) is None for c in spec.seeds(one_row, device))
+    # A tensor-core config is written as before the loop existed, and one stored then is in the space.
+    assert spec.space.canonical(SMALL.replace(GEMV_BLOCK_N=0, GEMV_BLOCK_K=2048)) == SMALL
+    assert spec.space.violation(SMALL, one_row, device) is None
+    enumerated = list(spec.space.enumerate(Problem(kernel, "fp16", "nt", ((1, 64, 512),)), device))
+    assert any(c.get("GEMV_BLOCK_N") for c in enumerated)
+    assert all("GEMV_BLOCK_K" not in c.as_dict() for c in enumerated if not c.get("GEMV_BLOCK_N"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["matmul_bias", "gated_matmul"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_the_one_row_loop_matches_torch_and_replays_from_a_cuda_graph(kernel: str, dtype: str) -> None:
+    spec = kernels.get_kernel(kernel)
+    problem = Problem(kernel, dtype, "nt", ((1, 3000, 4104),))  # K not a run multiple, N not a block multiple
+    inputs = spec.make_inputs(problem, "cuda", 0)
+    config = spec.space.canonical(_gemv(4, 2048))
+    assert spec.space.violation(config, problem, current_device()) is None
+    assert _error(spec.run(config, inputs), spec.reference(inputs)) < TOLERANCE[dtype]
+    spec.run(config, inputs)  # the direct launch from its second call on
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = spec.run(config, inputs)
+    fresh = spec.make_inputs(problem, "cuda", 1)
+    for held, new in zip(inputs, fresh):
+        held.copy_(new)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _error(out, spec.reference(fresh)) < TOLERANCE[dtype]
