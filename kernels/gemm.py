@@ -1,6 +1,6 @@
 """Dense GEMM, C = A @ B: the Triton kernels, their search space, reference and launcher.
 
-Three variants, chosen by the ``VARIANT`` parameter like any other tunable:
+Five variants, chosen by the ``VARIANT`` parameter like any other tunable:
 
 - ``tiled``: one program per output tile, program order grouped by ``GROUP_SIZE_M`` so that
   neighbouring programs share rows of A and columns of B in L2. Any strides, any sizes (masked
