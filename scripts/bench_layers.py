@@ -309,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: each column needs at least one round; pass --rounds 1 or more")
+    unknown = [c for c in args.columns or () if c not in ALL_COLUMNS]
+    if unknown:  # before any GPU work: a misnamed column used to fail each round after the others had run
+        parser.error(f"--columns: no column named {', '.join(unknown)}; choose from {', '.join(ALL_COLUMNS)}")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     smoke = args.cpu_smoke
     device = torch.device("cpu" if smoke else "cuda")

@@ -10,6 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import kernels
@@ -105,3 +106,18 @@ def test_cpu_smoke_run_with_two_rounds_keeps_both_latencies_and_reports_their_me
         assert len(row["latency_rounds_ms"]) == 2
         assert row["latency_ms"] == statistics.median(row["latency_rounds_ms"])
         assert row["ok"]
+
+
+def test_a_misnamed_column_is_refused_before_anything_runs(tmp_path, capsys) -> None:
+    # The twentieth session asked for "max_autotune": every round ran the other columns, then that one failed.
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_layers
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    with pytest.raises(SystemExit) as exit_info:
+        bench_layers.main(["--cpu-smoke", "--columns", "torch_graph,max_autotune", "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert "no column named max_autotune; choose from torch_eager, torch_graph, compile_default, " \
+           "compile_max_autotune" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
