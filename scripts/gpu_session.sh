@@ -20,6 +20,9 @@
 #              Every sweep stage resumes from the committed benchmarks/sweeps file of the same name
 #              and stops after SWEEP_BUDGET seconds (default 480).
 #   retune-XY  re-tune the dense suite for one dtype/layout (XY: fp16-nn, fp16-nt, bf16-nn, bf16-nt)
+#   one-row-layer  the epilogues' one-row loop on the GPU (its tests), then the decoder layer at one decode token
+#              with the layer's untuned problems quick-tuned (the gated gate/up product among them), against
+#              torch in a CUDA graph and max-autotune (docs/BENCHMARKS.md, twentieth session, "Still open")
 #
 # The database lives in $OUT so that the next stage (a fresh machine, maybe) can import its export;
 # pass DB to use another. Each stage exports what it tuned to $OUT/<stage>.json.
@@ -45,6 +48,12 @@ sweep() {
 }
 
 case "$stage" in
+one-row-layer)
+    $py -m pytest -q tests/kernels_tests/test_epilogue.py tests/kernels_tests/test_capture.py -p no:cacheprovider \
+        2>&1 | tail -20 | tee -a "$log"
+    $py scripts/bench_layers.py --layers decoder --decode 1 --prefill '' \
+        --columns torch_graph,ours_graph,compile_max_autotune --tune quick --rounds 2 --db "$db" \
+        --out "$out/one-row-layer" 2>&1 | tee -a "$log" ;;
 check)
     $py -m pytest -q tests -p no:cacheprovider 2>&1 | tail -40 | tee -a "$log" ;;
 verify)
