@@ -8,6 +8,7 @@ Nothing here imports Optuna or the database.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -258,8 +259,7 @@ class SearchSpace:
         fixed = self.fixed_by(values)
         # A parameter with a default that this variant ignores is left out, as configs stored before
         # it existed leave it out: one form for both.
-        dropped = [name for name in self.fixed_by({**dict.fromkeys(self.names), **values})
-                   if name in values and name in self._defaulted]
+        dropped = [name for name in fixed if name in self._defaulted]
         if dropped:
             config = Config.from_dict({k: v for k, v in values.items() if k not in dropped})
             fixed = {k: v for k, v in fixed.items() if k not in dropped}
@@ -298,8 +298,8 @@ class SearchSpace:
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 
-    @property
-    def _defaulted(self) -> frozenset[str]:
+    @functools.cached_property
+    def _defaulted(self) -> frozenset[str]:  # frozen dataclass: cached_property writes the instance dict
         return frozenset(p.name for p in self.params if p.default is not None)
 
     def param(self, name: str) -> Param:

@@ -30,8 +30,8 @@ from . import _modes, _native
 from ._device import current_device
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 from .dispatch import DISPATCHER
-from .gemm import (DTYPE_NAMES, GEMV_SEEDS, GEMV_SUMS_PER_THREAD, LAUNCHES, TORCH_DTYPES, _dot_precision,
-                   _needs_int64, layout_letter)
+from .gemm import (DTYPE_NAMES, GEMV_SEEDS, LAUNCHES, TORCH_DTYPES, _dot_precision, _needs_int64, gemv_blocks_fit,
+                   gemv_unsupported, layout_letter)
 
 __all__ = ["GATED_MATMUL", "MATMUL_BIAS", "gated_matmul", "gated_matmul_with", "matmul_bias", "matmul_bias_with"]
 
@@ -182,9 +182,6 @@ def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) ->
 def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     # The tiled kernel's measured limit (gemm._fits_registers), with the gated kernel's two accumulators.
     accumulators = 2 if problem.kernel == "gated_matmul" else 1
-    if _is_gemv(config):
-        sums = accumulators * config["GEMV_BLOCK_N"] * config["GEMV_BLOCK_K"] // (32 * config.num_warps)
-        return None if sums <= GEMV_SUMS_PER_THREAD else f"{sums} fp32 partial sums per thread would spill"
     per_thread = accumulators * config["BLOCK_M"] * config["BLOCK_N"] // (32 * config.num_warps)
     return None if per_thread <= 256 else f"{per_thread} fp32 accumulators per thread would spill"
 
@@ -192,14 +189,10 @@ def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str
 def _gemv_fits(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     if not _is_gemv(config):
         return None
-    m, n, k = problem.shapes[0]
-    if m != 1 or problem.layout[1] != "t":
-        return (f"GEMV_BLOCK_N > 0 is for one row of A against a K-major B (w.t()); this problem is "
-                f"{problem.layout} with M = {m}: use GEMV_BLOCK_N=0")
-    for name, size, least in (("GEMV_BLOCK_N", n, 1), ("GEMV_BLOCK_K", k, 256)):
-        if config[name] > max(least, triton.next_power_of_2(size)):
-            return f"{name}={config[name]} is larger than the problem needs"
-    return None
+    reason = gemv_unsupported(problem)
+    if reason:
+        return f"GEMV_BLOCK_N > 0 {reason}: use GEMV_BLOCK_N=0"
+    return gemv_blocks_fit(config, problem, accumulators=2 if problem.kernel == "gated_matmul" else 1)
 
 
 SPACE = SearchSpace(params=SPACE.params, constraints=(_gemv_fits, _fits_shared_memory, _fits_registers),

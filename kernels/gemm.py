@@ -114,12 +114,6 @@ def _fits_shared_memory(config: Config, problem: Problem, device: DeviceInfo) ->
 
 
 def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
-    if config["VARIANT"] == "gemv":
-        sums = config["GEMV_BLOCK_N"] * config["GEMV_BLOCK_K"] // (32 * config.num_warps)
-        if sums > GEMV_SUMS_PER_THREAD:
-            return (f"{sums} fp32 partial sums per thread (GEMV_BLOCK_N*GEMV_BLOCK_K/(32*num_warps)), over gemv's "
-                    f"{GEMV_SUMS_PER_THREAD}: fewer columns, a shorter K run or more warps")
-        return None
     # Measured on triton 3.6: above ~256 fp32 accumulators per thread the kernel spills.
     per_thread = config["BLOCK_M"] * config["BLOCK_N"] // (32 * config.num_warps)
     if per_thread > 256:
@@ -129,11 +123,6 @@ def _fits_registers(config: Config, problem: Problem, device: DeviceInfo) -> str
 
 def _tile_near_problem(config: Config, problem: Problem, device: DeviceInfo) -> str | None:
     m, n, k = problem.shape
-    if config["VARIANT"] == "gemv":
-        for name, size, least in (("GEMV_BLOCK_N", n, 1), ("GEMV_BLOCK_K", k, 256)):
-            limit = max(least, _next_power_of_2(size))
-            if config[name] > limit:
-                return f"{name}={config[name]} is larger than the problem needs ({limit})"
     if config["VARIANT"] in ("splitk", "repack"):
         k = max(1, math.ceil(k / config["SPLIT_K"]))
     for name, size in (("BLOCK_M", m), ("BLOCK_N", n), ("BLOCK_K", k)):
@@ -160,9 +149,8 @@ def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str |
     if variant == "splitk" and config["SPLIT_K"] == 1:
         return "VARIANT=splitk with SPLIT_K=1 is the tiled kernel; tune SPLIT_K >= 2"
     if variant == "gemv":
-        reason = _gemv_unsupported(problem)
-        if reason:
-            return reason
+        reason = gemv_unsupported(problem)
+        return f"VARIANT=gemv {reason}: use VARIANT=tiled or splitk" if reason else gemv_blocks_fit(config, problem)
     if variant in ("splitk", "repack"):
         if config["SPLIT_K"] > _cdiv(k, config["BLOCK_K"]):
             return f"SPLIT_K={config['SPLIT_K']} is more than the {_cdiv(k, config['BLOCK_K'])} K blocks"
@@ -177,14 +165,26 @@ def _variant_fits(config: Config, problem: Problem, device: DeviceInfo) -> str |
     return None
 
 
-def _gemv_unsupported(problem: Problem) -> str | None:
-    m = problem.shape[0]
-    if m != 1:
-        return (f"VARIANT=gemv is for one row of A (M = 1); this problem has M = {m}, where tensor-core tiles "
-                "(tiled, splitk) read B once for all rows")
-    if problem.layout[1] != "t":
-        return ("VARIANT=gemv reads B along K and needs a K-major B (w.t() of a row-major weight, layout "
-                f"'?t'); this problem's layout is {problem.layout!r}")
+def gemv_unsupported(problem: Problem) -> str | None:
+    """Why the one-row loop (matmul's gemv, the epilogues' GEMV_BLOCK_N > 0) does not fit ``problem``, or None."""
+    m = problem.shapes[0][0]
+    if m != 1 or problem.layout[1] != "t":
+        return (f"is for one row of A (M = 1) against a K-major B (w.t() of a row-major weight, layout '?t'); "
+                f"this problem has M = {m} and layout {problem.layout!r}")
+    return None
+
+
+def gemv_blocks_fit(config: Config, problem: Problem, accumulators: int = 1) -> str | None:
+    """Why the one-row loop's blocks do not fit ``problem`` or its registers (``accumulators`` sums per output), or None."""
+    _, n, k = problem.shapes[0]
+    for name, size, least in (("GEMV_BLOCK_N", n, 1), ("GEMV_BLOCK_K", k, 256)):
+        limit = max(least, _next_power_of_2(size))
+        if config[name] > limit:
+            return f"{name}={config[name]} is larger than the problem needs ({limit})"
+    sums = accumulators * config["GEMV_BLOCK_N"] * config["GEMV_BLOCK_K"] // (32 * config.num_warps)
+    if sums > GEMV_SUMS_PER_THREAD:
+        return (f"{sums} fp32 partial sums per thread (GEMV_BLOCK_N*GEMV_BLOCK_K/(32*num_warps), per accumulator), "
+                f"over {GEMV_SUMS_PER_THREAD}: fewer columns, a shorter K run or more warps")
     return None
 
 
@@ -849,7 +849,7 @@ def seed_configs(problem: Problem, device: DeviceInfo) -> list[Config]:
                  dict(VARIANT="splitk", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4),
                  dict(VARIANT="splitk", BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=4),
                  dict(VARIANT="tma", BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, NUM_SM=132, num_warps=4, num_stages=4)]
-    if not _gemv_unsupported(problem):  # one row: B streamed by thin column blocks, long runs of K
+    if not gemv_unsupported(problem):  # one row: B streamed by thin column blocks, long runs of K
         rows += [dict(VARIANT="gemv", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GEMV_BLOCK_N=bn, GEMV_BLOCK_K=bk,
                       num_warps=warps, num_stages=2) for bn, bk, warps in GEMV_SEEDS]
     if _misaligned_rows(problem):  # rows that are not 16-byte aligned: the padded copy, then wide loads

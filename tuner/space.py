@@ -66,9 +66,8 @@ def config_of(params: dict[str, object], space: SearchSpace) -> Config:
     """Inverse of ``params_of``: a finished trial's parameters as a Config."""
     values = {}
     for param in space.params:
-        if param.name not in params and param.default is not None:  # a trial made before the parameter existed
-            values[param.name] = param.default
-            continue
+        if param.name not in params and param.default is not None:
+            continue  # a trial made before the parameter existed: left out, as its configs leave it out
         raw = params[param.name]
         values[param.name] = param.values[int(raw)] if is_ordinal(param) else raw
     return Config.from_dict(values)
