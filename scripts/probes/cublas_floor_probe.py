@@ -27,14 +27,8 @@ import torch
 import triton
 from torch.utils.cpp_extension import load_inline
 
-_SOURCE = r"""
-#include <torch/extension.h>
-#include <chrono>
-#ifdef WITH_CUBLAS
-#include <ATen/cuda/CUDAContext.h>
-#include <cublas_v2.h>
-#endif
-
+# A C++ loop's host time per call (needs <chrono>); cublaslt_host_probe.py compiles it too.
+PER_CALL_US = r"""
 template <typename F>
 double per_call_us(int64_t calls, F&& f) {
   const auto start = std::chrono::steady_clock::now();
@@ -42,7 +36,16 @@ double per_call_us(int64_t calls, F&& f) {
   torch::cuda::synchronize();
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / calls;
 }
+"""
 
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <chrono>
+#ifdef WITH_CUBLAS
+#include <ATen/cuda/CUDAContext.h>
+#include <cublas_v2.h>
+#endif
+""" + PER_CALL_US + r"""
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) { return at::mm(a, b); }
 double loop_mm(at::Tensor a, at::Tensor b, int64_t calls) {
   return per_call_us(calls, [&] { at::mm(a, b); });
@@ -144,6 +147,27 @@ def python_us(call, calls: int) -> float:
     return (time.perf_counter() - started) * 1e6 / calls
 
 
+def interleaved(rows: dict, rounds: int) -> dict[str, list[float]]:
+    """Each row's samples over ``rounds`` rounds after a warm-up, the rows' order reversed every other round."""
+    for timed in rows.values():
+        timed()
+    samples: dict[str, list[float]] = {name: [] for name in rows}
+    items = list(rows.items())
+    for round_ in range(rounds):
+        for name, timed in items if round_ % 2 == 0 else items[::-1]:
+            samples[name].append(timed())
+    return samples
+
+
+def print_against_torch(samples: dict[str, list[float]], title: str = "", indent: str = "") -> None:
+    """Median, least and median ratio to the row "python torch.matmul" of the same round, per row."""
+    base = samples["python torch.matmul"]
+    print(f"{title}{'row':32} {'us/call':>8} {'min':>7} {'vs torch.matmul':>16}")
+    for name, values in samples.items():
+        ratio = statistics.median(v / t for v, t in zip(values, base))
+        print(f"{indent}{name:32} {statistics.median(values):8.2f} {min(values):7.2f} {ratio:15.3f}x", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -173,18 +197,7 @@ def main() -> None:
         print(f"# gemmex_mm max abs error vs torch.mm: {error:.3g}", flush=True)
         rows["python gemmex_mm (one C call)"] = lambda: python_us(lambda: native.gemmex_mm(a, b), n)
         rows["c++ cublasGemmEx"] = lambda: native.loop_gemmex(a, b, n)
-    for timed in rows.values():  # warm-up
-        timed()
-    samples: dict[str, list[float]] = {name: [] for name in rows}
-    items = list(rows.items())
-    for round_ in range(args.rounds):
-        for name, timed in items if round_ % 2 == 0 else items[::-1]:
-            samples[name].append(timed())
-    base = samples["python torch.matmul"]
-    print(f"{'row':32} {'us/call':>8} {'min':>7} {'vs torch.matmul':>16}")
-    for name, values in samples.items():
-        ratio = statistics.median(v / t for v, t in zip(values, base))
-        print(f"{name:32} {statistics.median(values):8.2f} {min(values):7.2f} {ratio:15.3f}x")
+    print_against_torch(interleaved(rows, args.rounds))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -27,7 +26,8 @@ import triton
 from torch.utils.cpp_extension import load_inline
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cublas_floor_probe import cublas_library, cuda_include_dirs, python_us  # noqa: E402
+from cublas_floor_probe import (PER_CALL_US, cublas_library, cuda_include_dirs, interleaved,  # noqa: E402
+                                print_against_torch, python_us)
 
 _SOURCE = r"""
 #include <torch/extension.h>
@@ -39,15 +39,7 @@ _SOURCE = r"""
 #include <memory>
 
 #define CHECK_LT(x) TORCH_CHECK((x) == CUBLAS_STATUS_SUCCESS, #x " failed")
-
-template <typename F>
-double per_call_us(int64_t calls, F&& f) {
-  const auto start = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < calls; ++i) f();
-  torch::cuda::synchronize();
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / calls;
-}
-
+""" + PER_CALL_US + r"""
 static cudaDataType_t dtype_of(const at::Tensor& t) {
   return t.scalar_type() == at::kHalf ? CUDA_R_16F : CUDA_R_16BF;
 }
@@ -227,18 +219,7 @@ def main() -> None:
             "c++ Lt, plan each call": lambda: native.loop_lt_fresh(a, b, calls),
             "c++ Lt, plan kept": lambda: native.loop_lt_cached(a, b, calls),
         }
-        for timed in rows.values():
-            timed()
-        samples: dict[str, list[float]] = {name: [] for name in rows}
-        items = list(rows.items())
-        for round_ in range(args.rounds):
-            for name, timed in items if round_ % 2 == 0 else items[::-1]:
-                samples[name].append(timed())
-        base = samples["python torch.matmul"]
-        print(f"{dtype_name} {m}x{n}x{k} {layout}: {'row':32} {'us/call':>8} {'min':>7} {'vs torch.matmul':>16}")
-        for name, values in samples.items():
-            ratio = statistics.median(v / t for v, t in zip(values, base))
-            print(f"  {name:32} {statistics.median(values):8.2f} {min(values):7.2f} {ratio:15.3f}x", flush=True)
+        print_against_torch(interleaved(rows, args.rounds), title=f"{dtype_name} {m}x{n}x{k} {layout}: ", indent="  ")
 
 
 if __name__ == "__main__":
