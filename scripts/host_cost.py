@@ -48,6 +48,9 @@ VARIANTS = {
     "tma": ((64, 64, 64), Config.from_dict({**_BASE, "VARIANT": "tma", "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64})),
     "repack": ((64, 64, 60), Config.from_dict({**_BASE, "VARIANT": "repack", "BLOCK_M": 64, "BLOCK_N": 64,
                                               "BLOCK_K": 32})),
+    # One row, as a decode step's: the launch is the tiled plan's (kernels/_plans.py _Direct), its kernel gemv's.
+    "gemv": ((1, 64, 64), Config.from_dict({**_BASE, "VARIANT": "gemv", "GROUP_SIZE_M": 1, "BLOCK_M": 16, "BLOCK_N": 32,
+                                           "BLOCK_K": 32, "GEMV_BLOCK_N": 4, "GEMV_BLOCK_K": 256})),
 }
 
 
@@ -128,7 +131,7 @@ def main() -> None:
         gpu_us["cublas, nothing tuned"] = timing.graph_ms(lambda: kernels.matmul(torch_a, torch_b)) * 1e3
     columns += [(name, (lambda a=a, b=b: kernels.matmul(a, b)), (config, a, b)) for name, (a, b, config) in cases.items()]
     # The Triton plans that kernels/_native.cpp launches, again with that path suspended: before and after.
-    for name in ("tiled", "splitk"):
+    for name in ("tiled", "splitk", "gemv"):
         a, b, config = cases[name]
         row = f"  {name}, Python path"
         columns.append((row, (lambda a=a, b=b: kernels.matmul(a, b)), (config, a, b, "python")))
