@@ -121,3 +121,23 @@ def test_a_misnamed_column_is_refused_before_anything_runs(tmp_path, capsys) -> 
     assert "no column named max_autotune; choose from torch_eager, torch_graph, compile_default, " \
            "compile_max_autotune" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_every_column_is_checked_against_torch_even_without_a_torch_eager_column() -> None:
+    """The reference is torch's own output, computed before any column runs: a run of graph and compiled
+    columns alone (as the decode settings run) still says whether each output is right."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_layers
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
+    (row,) = bench_layers.bench_setting("linear", model, x, ("compile_default",), iters=1, smoke=True, tune_s=0.0)
+    assert row["ok"] is True and row["rel_error"] < 1e-6
+    with torch.no_grad():
+        model.weight.add_(1.0)  # torch's output is taken afresh per setting: a changed layer is still right
+    (row,) = bench_layers.bench_setting("linear", model, x, ("compile_default",), iters=1, smoke=True, tune_s=0.0)
+    assert row["ok"] is True
+    assert "yes" in bench_layers.table([row], ("compile_default",))
+    assert "NO" in bench_layers.table([{**row, "ok": False}], ("compile_default",))
