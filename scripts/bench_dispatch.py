@@ -48,13 +48,16 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
     keys = list(args.key or [])
     if args.keys:
         keys += [line.split("#")[0].strip() for line in Path(args.keys).read_text().splitlines()]
-    problems = [Problem.from_key("matmul", key) for key in keys if key]
+    kernel = getattr(args, "kernel", "matmul")
+    problems = [Problem.from_key(kernel, key) for key in keys if key]
     if args.corpus:
         from tuner import corpus
 
-        problems += corpus.corpus_problems(args.corpus)
+        problems += corpus.corpus_problems(args.corpus, kernel)
     if args.dtype:
         problems = [p for p in problems if p.dtype in args.dtype]
+    if getattr(args, "m", None):
+        problems = [p for p in problems if p.shapes[0][0] in args.m]
     problems = problems[:: getattr(args, "every", 1) or 1]
     if args.limit:
         problems = problems[: args.limit]

@@ -4,6 +4,9 @@
     PYTHONPATH=. python3 scripts/quick_tune.py --key bf16:nt:8x4096x4096 --db sqlite:///out.db
     PYTHONPATH=. python3 scripts/quick_tune.py --corpus all --skip-table kernels/tables/h100.json --db sqlite:///q.db
     PYTHONPATH=. python3 scripts/quick_tune.py --corpus tuned --small-m-first --budget-s 520 --db sqlite:///h200.db
+    PYTHONPATH=. python3 scripts/quick_tune.py --kernel gated_matmul --corpus all --m 1 --m 8 --db sqlite:///g.db
+
+``--kernel gated_matmul``: the corpus's SiLU-gated MLPs (gate and up stacked, tuner.corpus.gated_entries).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ def main() -> int:
     parser.add_argument("--keys")
     parser.add_argument("--corpus")
     parser.add_argument("--dtype", action="append")
+    parser.add_argument("--kernel", default="matmul", choices=("matmul", "gated_matmul"),
+                        help="the kernel whose problems --key, --keys and --corpus name (default matmul)")
+    parser.add_argument("--m", type=int, action="append", help="only problems with this many rows of A (repeatable)")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--db", required=True)
     parser.add_argument("--budget-s", type=float, default=0, help="stop starting problems after this many seconds")
@@ -57,10 +63,10 @@ def main() -> int:
 
         modes: dict[str, set[str]] = {}
         for record in load_document(Path(args.skip_table)):
-            if record.device_name == device.name and record.kernel == "matmul":
+            if record.device_name == device.name and record.kernel == args.kernel:
                 modes.setdefault(record.problem_key, set()).add(record.mode)
         problems = [p for p in problems if modes.get(p.key, set()) != set(kernels.MODES)]
-    print(f"# quick tune, {device.name}, torch {torch.__version__}, triton {triton.__version__}, "
+    print(f"# quick tune of {args.kernel}, {device.name}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{time.strftime('%Y-%m-%d')}, {len(problems)} problems into {args.db}", flush=True)
     started = time.monotonic()
     rows = []
@@ -78,7 +84,7 @@ def main() -> int:
             if args.budget_s and time.monotonic() - started > args.budget_s:
                 print(f"# budget of {args.budget_s} s spent; {len(problems) - len(rows)} problems left", flush=True)
                 break
-            quick_tune(kernels.MATMUL, [problem], device, store, pool=pool, on_result=report,
+            quick_tune(kernels.get_kernel(args.kernel), [problem], device, store, pool=pool, on_result=report,
                        eager_passes=args.eager_passes)
     print(f"# {len(rows)} problems in {time.monotonic() - started:.0f} s", flush=True)
     if args.json:

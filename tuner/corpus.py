@@ -52,8 +52,46 @@ def entries(part: str = "all") -> list[CorpusEntry]:
     return list(found.values())
 
 
-def corpus_problems(part: str = "all") -> list[Problem]:
-    return [entry.problem for entry in entries(part)]
+def corpus_problems(part: str = "all", kernel: str = "matmul") -> list[Problem]:
+    """The corpus problems of ``part`` for ``kernel``: every nn.Linear for ``matmul``; each model's MLP gate
+    and up projections, stacked, for ``gated_matmul`` (how scripts/_layers.py runs a decoder layer)."""
+    if kernel == "matmul":
+        return [entry.problem for entry in entries(part)]
+    if kernel == "gated_matmul":
+        return [entry.problem for entry in gated_entries(part)]
+    raise ValueError(f"the corpus has matmul and gated_matmul problems, not {kernel!r}")
+
+
+def gated_entries(part: str = "all") -> list[CorpusEntry]:
+    """Each SiLU-gated MLP of the corpus as one ``gated_matmul`` problem per dtype and token count:
+    silu(x @ W_gate.t()) * (x @ W_up.t()) with the two weights stacked, N the MLP's width. A gate and an up
+    projection pair up by their prefix ("mlp.gate_proj" with "mlp.up_proj"); a "gate_up_proj" is the pair
+    already stacked (N halved). Models whose MLP gates with another activation (Gemma-2: GELU) have none."""
+    if part not in PARTS:
+        raise ValueError(f"corpus part {part!r} is not one of {', '.join(PARTS)}")
+    document = _document()
+    held_out = set(document["held_out_models"])
+    found: dict[str, CorpusEntry] = {}
+    for model in document["models"]:
+        model_part = "held_out" if model["name"] in held_out else "tuned"
+        if model["config"].get("hidden_act") != "silu" or part not in ("all", model_part):
+            continue
+        for names, n, k in _gated_pairs(model["layers"]):
+            for dtype in document["dtypes"]:
+                for m in document["token_counts"]:
+                    problem = Problem.from_key("gated_matmul", f"{dtype}:nt:{m}x{n}x{k}")
+                    found.setdefault(problem.key, CorpusEntry(problem, model["name"], names, model_part))
+    return list(found.values())
+
+
+def _gated_pairs(layers: list) -> Iterator[tuple[tuple[str, ...], int, int]]:
+    """(layer names, N, K) of each gate/up pair in a model's layer list."""
+    shapes = {name: (int(n), int(k)) for name, n, k in layers}
+    for name, (n, k) in shapes.items():
+        if name.endswith("gate_up_proj") and n % 2 == 0:
+            yield (name,), n // 2, k
+        elif name.endswith("gate_proj") and shapes.get(name[: -len("gate_proj")] + "up_proj") == (n, k):
+            yield (name, name[: -len("gate_proj")] + "up_proj"), n, k
 
 
 def _layers(document: dict) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:

@@ -42,6 +42,29 @@ def test_every_problem_is_a_linear_layer_in_both_half_types_at_every_token_count
     assert len(problems) == len(expected) * len(document["token_counts"]) * len(document["dtypes"])
 
 
+def test_gated_problems_are_each_silu_models_gate_and_up_pair_split_by_model() -> None:
+    """Every SiLU-gated MLP gives a gated_matmul problem of the gate projection's (N, K): pairs by prefix,
+    a stacked gate_up_proj halved; Gemma-2 (GELU-gated) gives none, as gated_matmul computes SiLU."""
+    entries = corpus.gated_entries("all")
+    pairs = {(e.model, e.layers, e.problem.shapes[0][1:]) for e in entries}
+    assert pairs == {
+        ("Llama-3-70B", ("gate_proj", "up_proj"), (28672, 8192)),
+        ("Qwen2.5-7B", ("gate_proj", "up_proj"), (18944, 3584)),
+        ("Qwen2.5-32B", ("gate_proj", "up_proj"), (27648, 5120)),
+        ("Phi-3-mini", ("gate_up_proj",), (8192, 3072)),
+        ("DeepSeek-V2-Lite", ("mlp.gate_proj", "mlp.up_proj"), (10944, 2048)),
+        ("DeepSeek-V2-Lite", ("shared_experts.gate_proj", "shared_experts.up_proj"), (2816, 2048))}
+    for entry in entries:
+        kernels.GATED_MATMUL.check_problem(entry.problem)
+        assert entry.problem.kernel == "gated_matmul" and entry.problem.layout == "nt"
+    assert len(entries) == 6 * 7 * 2
+    assert {e.model for e in corpus.gated_entries("held_out")} == {"Qwen2.5-32B"}
+    assert [p.key for p in corpus.corpus_problems("tuned", "gated_matmul")] == [
+        e.problem.key for e in corpus.gated_entries("tuned")]
+    with pytest.raises(ValueError, match="matmul and gated_matmul"):
+        corpus.corpus_problems("all", "moe_matmul")
+
+
 def test_unknown_part_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="tuned, held_out, all"):
         corpus.entries("test")
