@@ -80,6 +80,19 @@ HOST_BOUND_MORE_WORK = 1.3
 HOST_BOUND_MS = 0.04
 _CHEAP_LAUNCH = ("tiled", "splitk")
 
+# Untuned problems with no near record (``_consensus_choice``): a Triton config serves them only where it
+# won, by CONSENSUS_WIN_MARGIN in graph mode, on more than CONSENSUS_SHARE of this GPU's tuned problems
+# with the same number of rows of A and the same layout, of which there must be at least CONSENSUS_LEAST.
+# The margin is the search's own for storing a Triton winner (tuner.search.WIN_MARGIN): many wins of one
+# config over many shapes are the evidence here, where UNTUNED_WIN_MARGIN guards one transfer.
+# Set in the twenty-first session from the H100's one-row records: gemv (4, 2048, 4 warps) won 36 of 58
+# there, and in a quick tune of every one-row corpus problem it beat cuBLAS on each (graph: 1.033x at
+# worst over the tuned part, 1.015x over the held-out part; docs/BENCHMARKS.md, "Twenty-first session").
+# No other row count has a majority config (M = 8: 21 tiled winners of many shapes, 33 cuBLAS).
+CONSENSUS_SHARE = 0.5
+CONSENSUS_LEAST = 8
+CONSENSUS_WIN_MARGIN = 0.02
+
 
 @dataclass(frozen=True)
 class _Entry:
@@ -314,7 +327,8 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
     near shape. Eager calls take it too where its host cost cannot show (``_carries_to_eager``);
     eager winners themselves are not evidence, since an eager win on a host-bound shape is a win
     of host time that a larger neighbour does not share (held out on the H100: a thin-M eager
-    winner of 32x3584x3584 ran 32x5120x5120 at 0.37x, docs/BENCHMARKS.md)."""
+    winner of 32x3584x3584 ran 32x5120x5120 at 0.37x, docs/BENCHMARKS.md). Where no record is near, a
+    config that won most tuned problems of the problem's class (``_consensus_choice``) is the evidence."""
     best: tuple[float, str, Config] | None = None
     for (key, entry_mode), entry in table.items():
         if entry_mode != GRAPH or (mode == EAGER and not _carries_to_eager(entry)):
@@ -327,11 +341,41 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
             best = (d, key, entry.config)
     if best is not None:
         return Choice(best[2], f"nearest:{best[1]}")
+    consensus = _consensus_choice(spec, problem, device, mode, table)
+    if consensus is not None:
+        return consensus
     if mode == EAGER and spec.name == "matmul":  # only matmul has the cheap direct launch (kernels/_launch.py)
         host_bound = _host_bound_choice(spec, problem, device, table)
         if host_bound is not None:
             return host_bound
     return Choice(BASELINE, "cublas: no tuned evidence that a Triton config wins here")
+
+
+def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str,
+                      table: dict[tuple[str, str], _Entry]) -> Choice | None:
+    """An untuned problem with no near record: the Triton config that won clearly on a majority of this
+    GPU's tuned problems of its class (as many rows of A, the same layout), where that class is large enough
+    to judge by (CONSENSUS_SHARE, CONSENSUS_LEAST), else None.
+
+    A class where one config wins most problems whatever their N and K is a class where that config's
+    advantage does not hang on the shape: one row of A against a K-major weight streams the weight, and
+    gemv's thin column blocks stream it faster than cuBLAS on every one-row shape tried. Graph records vote
+    (GPU time carries across shapes; an eager win may be a win of host time), and for an eager call only
+    configs whose host cost cannot show (``_carries_to_eager``)."""
+    rows, votes, voters = problem.shapes[0][0], {}, 0
+    for (_, entry_mode), entry in table.items():
+        tuned = entry.problem
+        if entry_mode != GRAPH or tuned.layout != problem.layout or tuned.shapes[0][0] != rows:
+            continue
+        voters += 1
+        if _won_clearly(entry, CONSENSUS_WIN_MARGIN) and (mode == GRAPH or _carries_to_eager(entry)):
+            votes[entry.config] = votes.get(entry.config, 0) + 1
+    if voters < CONSENSUS_LEAST or not votes:
+        return None
+    config, count = max(votes.items(), key=lambda item: item[1])
+    if count <= CONSENSUS_SHARE * voters or spec.space.violation(config, problem, device) is not None:
+        return None
+    return Choice(config, f"consensus:{count} of {voters} tuned {problem.layout} problems with M = {rows}")
 
 
 def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
@@ -379,11 +423,12 @@ def _work_ratio(problem: Problem, tuned: Problem) -> float:
     return max(problem.flops / max(tuned.flops, 1.0), problem.bytes_moved(2) / max(tuned.bytes_moved(2), 1.0))
 
 
-def _won_clearly(entry: _Entry) -> bool:
-    """Whether ``entry`` is a Triton config that beat cuBLAS where it was tuned (see _untuned_choice)."""
+def _won_clearly(entry: _Entry, margin: float | None = None) -> bool:
+    """Whether ``entry`` is a Triton config that beat cuBLAS where it was tuned by ``margin`` (default
+    UNTUNED_WIN_MARGIN; see _untuned_choice)."""
     if is_baseline(entry.config) or entry.time_ms is None or entry.cublas_ms is None:
         return False
-    return entry.time_ms * (1 + UNTUNED_WIN_MARGIN) <= entry.cublas_ms
+    return entry.time_ms * (1 + (UNTUNED_WIN_MARGIN if margin is None else margin)) <= entry.cublas_ms
 
 
 def _minor(version: str) -> str:

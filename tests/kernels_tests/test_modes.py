@@ -202,6 +202,54 @@ def test_untuned_eager_call_ignores_eager_wins_that_are_slim_gpu_bound_or_host_h
         assert is_baseline(_choose(db_url, key, "eager").config), key
 
 
+# A one-row weight-streaming config (kernels.gemm's gemv) and another, as tuned records of one-row problems
+_GEMV = dict(VARIANT="gemv", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, SPLIT_K=1, NUM_SM=132,
+             FLATTEN=False, EPILOGUE_SUBTILE=False, num_stages=2)
+GEMV_A = Config.make(**_GEMV, GEMV_BLOCK_N=4, GEMV_BLOCK_K=2048, num_warps=4)
+GEMV_B = Config.make(**_GEMV, GEMV_BLOCK_N=8, GEMV_BLOCK_K=1024, num_warps=8)
+# Weights far apart (more than UNTUNED_NEAR_WEIGHTS from each other and from the problems asked below)
+_ONE_ROW_WEIGHTS = ((576, 2048), (1024, 8192), (3072, 3072), (28672, 8192), (8192, 28672), (16384, 3072),
+                    (2048, 10944), (576, 16384), (10944, 512))
+
+
+def _one_row_records(configs: list, time_ms: float = 1.0, cublas_ms: float = 1.1) -> list:
+    """A graph record per weight in _ONE_ROW_WEIGHTS, its winner the config at that position (None: cuBLAS)."""
+    records = []
+    for (n, k), config in zip(_ONE_ROW_WEIGHTS, configs):
+        won = config is not None
+        records.append(make_record(H100, f"bf16:nt:1x{n}x{k}", config if won else BASELINE, mode="graph",
+                                   time_ms=time_ms if won else cublas_ms, cublas_ms=cublas_ms))
+    return records
+
+
+def test_an_untuned_one_row_problem_far_from_every_record_takes_the_config_most_one_row_problems_won(db_url) -> None:
+    """5 of 8 one-row records won by one gemv config: a one-row problem near none of them takes it, in both
+    modes (gemv is not host-heavy); a problem of another row count does not; a near record still comes first."""
+    _store(db_url, *_one_row_records([GEMV_A] * 5 + [GEMV_B, None, None]))
+    for mode in ("graph", "eager"):
+        chosen = _choose(db_url, "fp16:nt:1x5120x5120", mode)
+        assert chosen.config == GEMV_A and chosen.source == "consensus:5 of 8 tuned nt problems with M = 1", mode
+    assert is_baseline(_choose(db_url, "fp16:nt:8x5120x5120", "graph").config), "one-row wins say nothing of M = 8"
+    assert is_baseline(_choose(db_url, "fp16:nn:1x5120x5120", "graph").config), "nor of another layout"
+    near = _choose(db_url, "bf16:nt:1x3072x3584", "graph")  # 0.22 from 3072x3072, whose winner is GEMV_A too
+    assert near.source == "nearest:bf16:nt:1x3072x3072"
+
+
+def test_no_consensus_without_a_majority_enough_records_or_clear_wins(db_url, tmp_path) -> None:
+    far = "fp16:nt:1x5120x5120"
+    _store(db_url, *_one_row_records([GEMV_A] * 4 + [GEMV_B] * 2 + [None] * 2))  # 4 of 8: no majority
+    assert is_baseline(_choose(db_url, far, "graph").config)
+    few = f"sqlite:///{tmp_path}/few.db"
+    _store(few, *_one_row_records([GEMV_A] * 6 + [None]))  # 6 of 7: under CONSENSUS_LEAST
+    assert is_baseline(_choose(few, far, "graph").config)
+    slim = f"sqlite:///{tmp_path}/slim.db"  # every win by 1%, under CONSENSUS_WIN_MARGIN
+    _store(slim, *_one_row_records([GEMV_A] * 8, time_ms=1.0, cublas_ms=1.01))
+    assert is_baseline(_choose(slim, far, "graph").config)
+    clear = f"sqlite:///{tmp_path}/clear.db"  # the same records won by 3%: the consensus stands
+    _store(clear, *_one_row_records([GEMV_A] * 8, time_ms=1.0, cublas_ms=1.03))
+    assert _choose(clear, far, "graph").config == GEMV_A
+
+
 # ------------------------------------------------------------------ untuned epilogue (bias, gated) problems
 
 GATED_TILE = Config.make(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_SIZE_M=8, num_warps=4, num_stages=4)
