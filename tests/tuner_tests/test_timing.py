@@ -86,7 +86,12 @@ def test_an_eager_reading_sets_aside_turns_in_a_slow_host_burst() -> None:
         return torch.mm(*x)
 
     clean = timing.eager_side_by_side([lambda x: torch.mm(*x)], inputs, 20.0)
-    reading = timing.eager_side_by_side([call], inputs, 20.0, host=host)
+    # The scripted fast spins are real ones too: on a jittery host (H100 box, 2026-11-26: one run in three)
+    # a 20 ms reading can hold no pair of them within the slack of the fastest. Up to three readings.
+    for _ in range(3):
+        reading = timing.eager_side_by_side([call], inputs, 20.0, host=host)
+        if reading.nominal_turns:
+            break
     assert 0 < reading.nominal_turns < reading.turns
     assert reading.nominal_ms[0] <= 1.15 * clean.nominal_ms[0], (reading, clean)
     assert reading.all_ms[0] >= reading.nominal_ms[0] + 0.02, reading  # the burst's 30 us show over every turn
