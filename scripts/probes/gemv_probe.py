@@ -89,13 +89,7 @@ def main() -> None:
     rows = []
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for dtype_name, m, n, k in shapes:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-        problem = kernels.Problem("matmul", dtype_name, "nt", ((m, n, k),))
-        sets = max(2, math.ceil(3 * l2 / (n * k * 2)))
-        weights = [torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5 for _ in range(sets)]
-        xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(sets)]
-        outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
-        ref = (xs[0].float() @ weights[0].float().t())
+        problem, sets, weights, xs, outs, ref = operands(dtype_name, m, n, k, l2)
 
         def call(kind, knobs, i):
             if kind == "rows":
@@ -123,18 +117,40 @@ def main() -> None:
         sides = [("cublas", lambda i: (lambda: torch.matmul(xs[i], weights[i].t()))),
                  ("ours", lambda i: (lambda: kernels.matmul(xs[i], weights[i].t())))]
         sides += [(f"{kind} {knobs}", functools.partial(call, kind, knobs)) for kind, (ms, knobs) in sorted(best.items())]
-        graph = timing.graph_ms_side_by_side([make(0) for _, make in sides], (25, 100))
-        stream = stream_ms([[make(i) for i in range(sets)] for _, make in sides])
-        gb = (n * k + m * k + m * n) * 2 / 1e9
-        row = {"problem": problem.key, "sides": [name for name, _ in sides],
-               "graph_us": [round(x * 1e3, 2) for x in graph], "stream_us": [round(x * 1e3, 2) for x in stream],
-               "stream_TBps": [round(gb / (x * 1e-3) / 1e3, 2) for x in stream]}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        rows.append(time_sides(problem.key, sides, sets, gb=(n * k + m * k + m * n) * 2 / 1e9))
         weights = xs = outs = []  # free the operands before the next shape
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
+    report(rows, args.json)
+
+
+def operands(dtype_name: str, m: int, n: int, k: int, l2: int) -> tuple:
+    """(problem, sets, weights, xs, outs, reference): enough operand sets (weights [N, K], rows of A, outputs)
+    to overflow L2 three times over, and the float32 product of the first set."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    problem = kernels.Problem("matmul", dtype_name, "nt", ((m, n, k),))
+    sets = max(2, math.ceil(3 * l2 / (n * k * 2)))
+    weights = [torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5 for _ in range(sets)]
+    xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(sets)]
+    outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
+    return problem, sets, weights, xs, outs, xs[0].float() @ weights[0].float().t()
+
+
+def time_sides(key: str, sides: list, sets: int, gb: float | None = None) -> dict:
+    """One problem's row: each side (name, make(i) -> call on operand set i) under both timers, printed."""
+    graph = timing.graph_ms_side_by_side([make(0) for _, make in sides], (25, 100))
+    stream = stream_ms([[make(i) for i in range(sets)] for _, make in sides])
+    row = {"problem": key, "sides": [name for name, _ in sides],
+           "graph_us": [round(x * 1e3, 2) for x in graph], "stream_us": [round(x * 1e3, 2) for x in stream]}
+    if gb is not None:
+        row["stream_TBps"] = [round(gb / (x * 1e-3) / 1e3, 2) for x in stream]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def report(rows: list[dict], path: str | None) -> None:
+    """Write the rows to ``path`` (JSON) where given, and print each side's speed-up over the first (cuBLAS)."""
+    if path:
+        with open(path, "w") as f:
             json.dump(rows, f, indent=1)
     print("problem: speed-up over cuBLAS per side, graph timer | stream timer")
     for r in rows:

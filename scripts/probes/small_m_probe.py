@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
-import math
 
 import torch
 import triton
@@ -31,7 +29,7 @@ import triton.language as tl
 import kernels
 from tuner import timing
 
-from gemv_probe import stream_ms  # noqa: E402  (run from scripts/probes or with it on sys.path)
+from gemv_probe import operands, report, time_sides  # noqa: E402  (run from scripts/probes or with it on sys.path)
 
 
 @triton.jit
@@ -106,13 +104,7 @@ def main() -> None:
     results = []
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for dtype_name, m, n, k in shapes:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
-        problem = kernels.Problem("matmul", dtype_name, "nt", ((m, n, k),))
-        sets = max(2, math.ceil(3 * l2 / (n * k * 2)))
-        weights = [torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5 for _ in range(sets)]
-        xs = [torch.randn(m, k, device="cuda", dtype=dtype) for _ in range(sets)]
-        outs = [torch.empty(m, n, device="cuda", dtype=dtype) for _ in range(sets)]
-        ref = xs[0].float() @ weights[0].float().t()
+        problem, sets, weights, xs, outs, ref = operands(dtype_name, m, n, k, l2)
 
         def call(kind, knobs, i):
             maker = rows_call if kind == "rows" else swap_call
@@ -137,22 +129,10 @@ def main() -> None:
         sides = [("cublas", lambda i: (lambda: torch.matmul(xs[i], weights[i].t()))),
                  ("ours", lambda i: (lambda: kernels.matmul(xs[i], weights[i].t())))]
         sides += [(f"{kind} {knobs}", functools.partial(call, kind, knobs)) for kind, (ms, knobs) in sorted(best.items())]
-        graph = timing.graph_ms_side_by_side([make(0) for _, make in sides], (25, 100))
-        stream = stream_ms([[make(i) for i in range(sets)] for _, make in sides])
-        row = {"problem": problem.key, "sides": [name for name, _ in sides],
-               "graph_us": [round(x * 1e3, 2) for x in graph], "stream_us": [round(x * 1e3, 2) for x in stream]}
-        results.append(row)
-        print(json.dumps(row), flush=True)
+        results.append(time_sides(problem.key, sides, sets))
         weights = xs = outs = []
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    print("problem: speed-up over cuBLAS per side, graph timer | stream timer")
-    for r in results:
-        g, st = r["graph_us"], r["stream_us"]
-        print(r["problem"], " ".join(f"{name}={g[0] / x:.3f}|{st[0] / y:.3f}" for name, x, y in zip(r["sides"], g, st)))
-
+    report(results, args.json)
 
 if __name__ == "__main__":
     main()

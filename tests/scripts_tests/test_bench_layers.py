@@ -18,6 +18,16 @@ import kernels
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
+def _bench_layers():
+    """scripts/bench_layers.py as a module (scripts/ is not a package)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import bench_layers
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return bench_layers
+
+
 def test_cpu_smoke_run_writes_json_with_ours_matching_torch(tmp_path, db_url) -> None:
     sys.path.insert(0, str(SCRIPTS))
     try:
@@ -56,11 +66,7 @@ def test_quick_tune_run_tunes_the_layers_untuned_problems_and_dispatch_then_uses
 
 
 def test_rounds_alternate_the_column_order_starting_with_the_given_one() -> None:
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_layers
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    bench_layers = _bench_layers()
     columns = ("torch_eager", "torch_graph", "ours_eager")
     assert [bench_layers.round_order(columns, r) for r in range(4)] == [
         columns, columns[::-1], columns, columns[::-1]]
@@ -69,11 +75,7 @@ def test_rounds_alternate_the_column_order_starting_with_the_given_one() -> None
 def test_column_failing_is_an_error_row_tried_once_and_others_report_the_median_of_their_rounds(caplog) -> None:
     """A plain Linear layer on the CPU: torch eager times in every round; a column that fails (an unknown one
     here) is reported once and not tried again in later rounds."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_layers
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    bench_layers = _bench_layers()
     torch.manual_seed(0)
     model, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
     with caplog.at_level(logging.INFO, logger="bench_layers"):
@@ -110,11 +112,7 @@ def test_cpu_smoke_run_with_two_rounds_keeps_both_latencies_and_reports_their_me
 
 def test_a_misnamed_column_is_refused_before_anything_runs(tmp_path, capsys) -> None:
     # The twentieth session asked for "max_autotune": every round ran the other columns, then that one failed.
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_layers
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    bench_layers = _bench_layers()
     with pytest.raises(SystemExit) as exit_info:
         bench_layers.main(["--cpu-smoke", "--columns", "torch_graph,max_autotune", "--out", str(tmp_path / "out")])
     assert exit_info.value.code == 2
@@ -126,11 +124,7 @@ def test_a_misnamed_column_is_refused_before_anything_runs(tmp_path, capsys) -> 
 def test_every_column_is_checked_against_torch_even_without_a_torch_eager_column() -> None:
     """The reference is torch's own output, computed before any column runs: a run of graph and compiled
     columns alone (as the decode settings run) still says whether each output is right."""
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import bench_layers
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    bench_layers = _bench_layers()
     torch.manual_seed(0)
     model, x = torch.nn.Linear(8, 8), torch.randn(2, 8)
     (row,) = bench_layers.bench_setting("linear", model, x, ("compile_default",), iters=1, smoke=True, tune_s=0.0)
