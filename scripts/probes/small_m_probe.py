@@ -26,10 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels
 from tuner import timing
 
-from gemv_probe import operands, report, time_sides  # noqa: E402  (run from scripts/probes or with it on sys.path)
+from gemv_probe import baseline_sides, best_per_kind, operands, report, time_sides  # noqa: E402  (run from scripts/probes or with it on sys.path)
 
 
 @triton.jit
@@ -110,25 +109,9 @@ def main() -> None:
             maker = rows_call if kind == "rows" else swap_call
             return maker(xs[i], weights[i].t(), outs[i], *knobs)
 
-        best = {}
-        for kind, knobs in grids(m, k):
-            try:
-                outs[0].fill_(float("nan"))
-                call(kind, knobs, 0)()
-                torch.cuda.synchronize()
-            except Exception as e:  # out of resources: a probe skips the config
-                print(f"  {kind} {knobs}: {type(e).__name__}")
-                continue
-            err = ((outs[0].float() - ref).abs().max() / ref.abs().max()).item()
-            if not err < 2e-2:
-                print(f"  {kind} {knobs}: wrong ({err:.3g})")
-                continue
-            ms = timing.graph_ms_side_by_side([call(kind, knobs, 0)], (5, 20))[0]
-            if kind not in best or ms < best[kind][0]:
-                best[kind] = (ms, knobs)
-        sides = [("cublas", lambda i: (lambda: torch.matmul(xs[i], weights[i].t()))),
-                 ("ours", lambda i: (lambda: kernels.matmul(xs[i], weights[i].t())))]
-        sides += [(f"{kind} {knobs}", functools.partial(call, kind, knobs)) for kind, (ms, knobs) in sorted(best.items())]
+        best = best_per_kind(grids(m, k), call, outs[0], ref)
+        sides = baseline_sides(xs, weights) + [(f"{kind} {knobs}", functools.partial(call, kind, knobs))
+                                               for kind, (ms, knobs) in sorted(best.items())]
         results.append(time_sides(problem.key, sides, sets))
         weights = xs = outs = []
         torch.cuda.empty_cache()
