@@ -4,8 +4,9 @@ Inductor's max-autotune ran the Llama-3-70B decoder layer at 1 decode token in 0
 for ours and 0.669 for torch in a CUDA graph (docs/BENCHMARKS.md, eleventh session): with coordinate
 descent tuning on, Inductor lowers a 1-row mm to a multiply and a sum over K. This probe times such a
 kernel (``rows``: a few columns of B per program, all of K; the first probe) and the ``gemv`` variant of
-kernels/gemm.py (32-64 columns per program, K cut into SPLIT_K slices), each over a small grid of
-tiles, against torch.matmul (cuBLAS) and kernels.matmul (the shipped table):
+kernels/gemm.py that grew out of it (GEMV_BLOCK_N columns, GEMV_BLOCK_K runs of K), each over a small grid,
+against torch.matmul (cuBLAS) and kernels.matmul (the shipped table). (A design with 32-64 columns per
+program and K split into slices, timed in the twentieth session's call 3 at 0.95-1.10x, is gone.)
 - ``graph``: the tuner's graph timer (one call per replay, L2 flushed before each);
 - ``stream``: one CUDA graph of several calls over rotating operands that together overflow L2, no flush,
   the time per call: how a decode step streams one weight after another.
@@ -68,9 +69,11 @@ def stream_ms(calls: list) -> list[float]:
     return [ms / len(side) for ms, side in zip(per_replay, calls)]
 
 
-def variant(bn: int, bk: int, split: int, warps: int) -> Config:
-    return Config.make(VARIANT="gemv", BLOCK_M=16, BLOCK_N=bn, BLOCK_K=bk, GROUP_SIZE_M=1, SPLIT_K=split, NUM_SM=132,
-                       FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=warps, num_stages=2)
+def variant(bn: int, bk: int, warps: int) -> Config:
+    """The shipped gemv variant with these blocks."""
+    return gemm.SPACE.canonical(Config.make(VARIANT="gemv", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1,
+                                            SPLIT_K=1, NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False,
+                                            GEMV_BLOCK_N=bn, GEMV_BLOCK_K=bk, num_warps=warps, num_stages=2))
 
 
 def main() -> None:
@@ -82,8 +85,7 @@ def main() -> None:
               ("bf16", 1, 8192, 28672), ("bf16", 1, 1024, 8192), ("bf16", 1, 2048, 2048),
               ("fp16", 1, 14336, 4096), ("bf16", 1, 3584, 18944), ("bf16", 1, 576, 2048)]
     rows_grid = [("rows", (bn, bk, w)) for bn, bk, w in itertools.product((1, 2, 4), (512, 1024, 2048), (2, 4))]
-    gemv_grid = [("gemv", (bn, bk, split, w)) for bn, bk, split, w in
-                 itertools.product((32, 64), (64, 128, 256), (1, 2, 4, 8, 16), (4, 8))]
+    gemv_grid = [("gemv", (bn, bk, w)) for bn, bk, w in itertools.product((1, 2, 4, 8), (1024, 2048, 4096), (2, 4, 8))]
     device = kernels.current_device(torch.device("cuda"))
     l2 = timing.l2_bytes()
     rows = []
