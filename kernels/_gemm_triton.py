@@ -152,9 +152,9 @@ def _splitk_kernel(a_ptr, b_ptr, c_ptr, partial_ptr, arrivals_ptr, M, N, K,
 
 
 @triton.jit
-def _gemv_row(a_row_ptr, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, k_begin, k_end,
+def _gemv_row(a_row_ptr, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
-    """fp32 dot products of one row of A with BLOCK_N columns of B over K in [k_begin, k_end): a multiply
+    """fp32 dot products of one row of A with BLOCK_N columns of B over all of K: a multiply
     and a sum per element, no tensor cores. One row streams B once; what bounds it is how many loads are
     in flight, so the tile is thin in N and long in K, and the sum over K waits until the end."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -164,7 +164,7 @@ def _gemv_row(a_row_ptr, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, k_
     # (the wrapped sums are never stored).
     offs_bn = offs_n % N
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         if INDEX_64:
             offs_k = offs_k.to(tl.int64)
@@ -190,7 +190,7 @@ def _gemv_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     row = tl.program_id(1)
     if INDEX_64:
         row = row.to(tl.int64)
-    acc = _gemv_row(a_ptr + row * stride_am, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, 0, K,
+    acc = _gemv_row(a_ptr + row * stride_am, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n,
                     BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(c_ptr + row * stride_cm + offs_n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=offs_n < N)

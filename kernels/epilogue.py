@@ -30,8 +30,8 @@ from . import _modes, _native
 from ._device import current_device
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 from .dispatch import DISPATCHER
-from .gemm import (DTYPE_NAMES, GEMV_SEEDS, LAUNCHES, TORCH_DTYPES, _dot_precision, _needs_int64, gemv_blocks_fit,
-                   gemv_unsupported, layout_letter)
+from .gemm import (_GEMV_MAX_ROWS, DTYPE_NAMES, GEMV_SEEDS, LAUNCHES, TORCH_DTYPES, _dot_precision, _needs_int64,
+                   gemv_blocks_fit, gemv_unsupported, layout_letter)
 
 __all__ = ["GATED_MATMUL", "MATMUL_BIAS", "gated_matmul", "gated_matmul_with", "matmul_bias", "matmul_bias_with"]
 
@@ -92,12 +92,12 @@ def _epilogue_gemv_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K,
     if INDEX_64:
         row = row.to(tl.int64)
     a_row = a_ptr + row * stride_am
-    acc = _gemv_row(a_row, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, 0, K, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
+    acc = _gemv_row(a_row, b_ptr, N, K, stride_ak, stride_bk, stride_bn, pid_n, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     if GATED:  # the up half of B starts N columns in
-        up = _gemv_row(a_row, b_ptr + N * stride_bn, N, K, stride_ak, stride_bk, stride_bn, pid_n, 0, K,
+        up = _gemv_row(a_row, b_ptr + N * stride_bn, N, K, stride_ak, stride_bk, stride_bn, pid_n,
                        BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
         acc = acc * tl.sigmoid(acc) * up
     tl.store(c_ptr + row * stride_cm + offs_n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=offs_n < N)
@@ -124,9 +124,9 @@ def _epilogue_launch(config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.
                      gated: bool) -> DirectLaunch:
     m, k = a.shape
     if _is_gemv(config):
-        if m > 65535:  # one program row per row of A, on a grid axis CUDA caps there
-            raise ValueError(f"GEMV_BLOCK_N > 0 runs a row of programs per row of A, at most 65535; A has {m} rows: "
-                             "use a config with GEMV_BLOCK_N=0 (tensor-core tiles)")
+        if m > _GEMV_MAX_ROWS:  # one program row per row of A, on a grid axis CUDA caps there
+            raise ValueError(f"GEMV_BLOCK_N > 0 runs a row of programs per row of A, at most {_GEMV_MAX_ROWS}; A has "
+                             f"{m} rows: use a config with GEMV_BLOCK_N=0 (tensor-core tiles)")
         bn, bk = config["GEMV_BLOCK_N"], config["GEMV_BLOCK_K"]
         return DirectLaunch(_epilogue_gemv_kernel, (triton.cdiv(c.shape[1], bn), m), dict(
             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0, INDEX_64=_needs_int64(a, b, c), HAS_BIAS=bias is not None,

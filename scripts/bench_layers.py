@@ -43,6 +43,11 @@ from _layers import DecoderDims, DecoderLayer, MoEDims, OursMoE, TorchMoE, fuse_
 LOG = logging.getLogger("bench_layers")
 ALL_COLUMNS = ("torch_eager", "torch_graph", "compile_default", "compile_max_autotune",
                "ours_eager", "ours_graph", "ours_compile", "ours_compile_graph")
+# torch.compile's options per compiled column. ours_compile_graph: Inductor fuses what lies between our operators
+# (norms, rope, residuals), then the compiled layer is captured by hand in a CUDA graph, as max-autotune's own
+# mode runs under CUDA graphs.
+COMPILE_OPTIONS = {"compile_default": {}, "compile_max_autotune": {"mode": "max-autotune"},
+                   "ours_compile": {"fullgraph": True}, "ours_compile_graph": {"fullgraph": True}}
 QUICK_COLUMNS = ("torch_eager", "torch_graph", "compile_max_autotune", "ours_eager", "ours_graph")
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float32: 1e-3}  # relative L2 error vs eager
 
@@ -188,29 +193,23 @@ def tune(problems: set, db: str, budget: str) -> float:
 
 def run_column(column: str, model: torch.nn.Module, x: torch.Tensor, iters: int, smoke: bool) -> tuple:
     """(latency ms, setup s, output) of one column."""
+    if column not in ALL_COLUMNS:
+        raise ValueError(f"no column named {column!r}; choose from {', '.join(ALL_COLUMNS)}")
     torch._dynamo.reset()
     context = ours(model) if column.startswith("ours") else contextlib.nullcontext(model)
     with context as m, torch.no_grad():
         start = time.perf_counter()
-        if column.endswith("eager"):
-            fn = lambda: m(x)  # noqa: E731
-        elif column == "ours_compile_graph":
-            # Inductor fuses what lies between our operators (norms, rope, residuals), then the compiled layer is
-            # captured by hand in a CUDA graph, as max-autotune's own mode runs under CUDA graphs
-            compiled = torch.compile(m, dynamic=False, fullgraph=True, **({"backend": "aot_eager"} if smoke else {}))
-            compiled(x)
-            replay, out = captured(lambda: compiled(x))
-            fn = replay
-        elif column.endswith("graph"):
-            replay, out = captured(lambda: m(x))
+        layer = m
+        if column in COMPILE_OPTIONS:
+            options = dict(COMPILE_OPTIONS[column], **({"backend": "aot_eager"} if smoke else {}))
+            layer = torch.compile(m, dynamic=False, **options)
+        if column.endswith("graph"):
+            if layer is not m:
+                layer(x)  # compile outside the capture, on the stream that runs the layer
+            replay, out = captured(lambda: layer(x))
             fn = replay
         else:
-            options = {"compile_default": {}, "compile_max_autotune": {"mode": "max-autotune"},
-                       "ours_compile": {"fullgraph": True}}[column]
-            if smoke:
-                options["backend"] = "aot_eager"
-            compiled = torch.compile(m, dynamic=False, **options)
-            fn = lambda: compiled(x)  # noqa: E731
+            fn = lambda: layer(x)  # noqa: E731
         fn()  # the first call: compiles, autotunes, resolves configs
         _sync(x.device)
         setup = time.perf_counter() - start
