@@ -7,6 +7,8 @@ custom operators of ``kernels.ops``, so ``torch.compile(fullgraph=True)`` traces
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -95,18 +97,51 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor,
     [T * top_k] each sorted row's gate weight (softmax over the chosen k), ``offsets`` [E] int32 the running
     end row of each expert, on the device (no host sync), and ``counts`` [E] the rows per expert.
     """
+    routed = _route(logits, top_k)
+    return routed.perm // top_k, routed.gate[routed.perm], routed.offsets, routed.counts
+
+
+class _Routed(NamedTuple):
+    perm: torch.Tensor  # [T * k]: the (token, slot) index, token * k + slot, of each sorted row
+    position: torch.Tensor  # [T * k]: the sorted row of each (token, slot); perm's inverse
+    gate: torch.Tensor  # [T * k]: each (token, slot)'s gate weight, in (token, slot) order
+    offsets: torch.Tensor  # [E] int32 running end rows
+    counts: torch.Tensor  # [E] int64 rows per expert
+
+
+# Up to this many (row, expert) cells, rows are sorted by expert by counting (a running count per expert, one
+# scan) rather than by torch.sort: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's
+# radix sort, eager and compiled alike (scripts/probes/layer_profile.py, 2026-11-26, docs/BENCHMARKS.md
+# "Twenty-second session"). Past it (many experts and many tokens) the [E, rows] count table outgrows a sort.
+_COUNTING_CELLS = 1 << 22
+
+
+def _route(logits: torch.Tensor, top_k: int) -> _Routed:
     experts = logits.shape[-1]
     if not 1 <= top_k <= experts:
         raise ValueError(f"top_k must be in 1..{experts} (the number of experts); got {top_k}")
     gate, chosen = torch.topk(logits, top_k, dim=-1)
-    gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype)
+    gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype).reshape(-1)
     flat = chosen.reshape(-1)
-    sorted_experts, perm = torch.sort(flat, stable=True)
-    # scatter_add, not bincount: its output size is static, so torch.compile traces it without a break.
-    counts = torch.zeros(experts, dtype=torch.int64, device=logits.device).scatter_add_(
-        0, sorted_experts, torch.ones_like(sorted_experts))
+    rows = flat.shape[0]
+    index = torch.arange(rows, device=flat.device)
+    if 0 < rows * experts <= _COUNTING_CELLS:
+        # A stable counting sort: a row's place is its expert's start plus how many rows of that expert
+        # come before it. All sizes are static, so torch.compile traces it whole.
+        hits = (torch.arange(experts, device=flat.device)[:, None] == flat[None, :]).to(torch.int32)
+        running = hits.cumsum(1, dtype=torch.int32)  # [E, rows]: rows of each expert up to each row
+        counts = running[:, -1].to(torch.int64)
+        before = running.gather(0, flat[None, :]).squeeze(0).to(torch.int64) - 1
+        position = (torch.cumsum(counts, 0) - counts)[flat] + before
+        perm = torch.empty_like(index).scatter_(0, position, index)
+    else:
+        sorted_experts, perm = torch.sort(flat, stable=True)
+        # scatter_add, not bincount: its output size is static, so torch.compile traces it without a break.
+        counts = torch.zeros(experts, dtype=torch.int64, device=logits.device).scatter_add_(
+            0, sorted_experts, torch.ones_like(sorted_experts))
+        position = torch.empty_like(index).scatter_(0, perm, index)
     offsets = torch.cumsum(counts, 0).to(torch.int32)
-    return perm // top_k, gate.reshape(-1)[perm], offsets, counts
+    return _Routed(perm, position, gate, offsets, counts)
 
 
 _MOE_DTYPES = (torch.float16, torch.bfloat16)
@@ -134,13 +169,18 @@ class MoE(nn.Module):
         if self.w1.dtype not in _MOE_DTYPES:  # moe_matmul runs float16 and bfloat16 (float32 is nn's default)
             return self.reference(x)
         tokens = x.reshape(-1, x.shape[-1])
-        order, weights, offsets, _ = route(self.gate(tokens), self.top_k)
-        rows = tokens[order]
+        routed = _route(self.gate(tokens), self.top_k)
+        offsets = routed.offsets
+        rows = tokens[routed.perm // self.top_k]
         # route's offsets end at T * top_k, every row: no output fill needed (all_rows=True)
         gate = ops.moe_matmul_call(rows, self.w1.transpose(1, 2), offsets, True)
         up = ops.moe_matmul_call(rows, self.w3.transpose(1, 2), offsets, True)
         down = ops.moe_matmul_call(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets, True)
-        out = torch.zeros_like(tokens).index_add_(0, order, down * weights[:, None])
+        # Back to (token, slot) order and summed over each token's k rows: a gather, no atomics. index_add_
+        # of the weighted rows into zeros took 0.15 ms of a 2048-token Mixtral block on the H100 (of 2.9;
+        # docs/BENCHMARKS.md, "Twenty-second session").
+        slots = down[routed.position].view(tokens.shape[0], self.top_k, down.shape[-1])
+        out = (slots * routed.gate.view(tokens.shape[0], self.top_k, 1)).sum(1)
         return out.reshape(x.shape)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

@@ -286,3 +286,26 @@ def test_a_parametrized_weight_is_computed_on_every_call() -> None:
     layer.bias = None
     with torch.no_grad():
         assert torch.allclose(layer(x), torch.nn.functional.linear(x, layer.weight), atol=1e-5)
+
+
+@pytest.mark.parametrize("experts,tokens,top_k", [(3, 1, 1), (4, 7, 2), (8, 64, 2), (16, 33, 4)])
+def test_route_counting_sort_gives_the_stable_sort_of_torch(monkeypatch, experts, tokens, top_k) -> None:
+    torch.manual_seed(experts + tokens)
+    logits = torch.randn(tokens, experts)
+    counted = kernels.nn._route(logits, top_k)
+    monkeypatch.setattr(kernels.nn, "_COUNTING_CELLS", 0)  # the torch.sort path, for many experts and tokens
+    sorted_ = kernels.nn._route(logits, top_k)
+    for name in ("perm", "position", "gate", "offsets", "counts"):
+        assert torch.equal(getattr(counted, name), getattr(sorted_, name)), name
+    flat = torch.topk(logits, top_k, dim=-1).indices.reshape(-1)
+    assert torch.equal(counted.perm, torch.sort(flat, stable=True).indices)
+    assert torch.equal(counted.perm[counted.position], torch.arange(tokens * top_k))  # position inverts perm
+
+
+def test_moe_block_takes_no_tokens_and_its_combine_keeps_gradients() -> None:
+    torch.manual_seed(6)
+    block = kernels.nn.MoE(16, 24, experts=4, top_k=2, device=DEVICE, dtype=torch.float16)
+    with torch.no_grad():
+        assert block(torch.randn(0, 16, device=DEVICE).half()).shape == (0, 16)
+    routed = kernels.nn._route(torch.randn(5, 4, requires_grad=True), 2)
+    assert routed.gate.requires_grad  # the combine's weights carry the router's gradient
