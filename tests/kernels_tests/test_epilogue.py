@@ -196,7 +196,9 @@ def test_a_signature_on_addmm_in_every_mode_skips_dispatch_until_its_answers_cha
         assert relative_error(again, spec.reference(inputs)) <= _tolerance("fp32")
         small()  # a new answer: asked again, and it runs
         kernels.matmul_bias(*inputs)
-        assert len(resolved) == 4 and ran == [SMALL]
+        assert len(resolved) == 4 + 2 and ran == [SMALL], "the call's mode, then both modes for its ready calls"
+        kernels.matmul_bias(*inputs)
+        assert len(resolved) == 6 and ran == [SMALL], "the ready call: no resolving, no launch through _launch"
         cublas()
         kernels.matmul_bias(*inputs)
         kernels.clear_cache()  # forgets the pins too: this device's policy decides again
@@ -205,8 +207,9 @@ def test_a_signature_on_addmm_in_every_mode_skips_dispatch_until_its_answers_cha
 
 
 def test_a_signature_on_addmm_in_eager_mode_alone_resolves_once_per_call_and_a_bad_b_is_named(monkeypatch) -> None:
-    """Beside a kernel's graph winner (as the tuner's eager contest pins it, ``graph=``), addmm runs through
-    one resolve per call, as before the shortcut: learnt as such, not asked three times on every call."""
+    """Beside a kernel's graph winner (as the tuner's eager contest pins it, ``graph=``), addmm is not learnt as
+    addmm in every mode: its first call resolves its mode, both modes to learn it, and both again to make its
+    ready calls (epilogue._READY); later calls resolve nothing."""
     from kernels import BASELINE, epilogue
 
     spec = kernels.MATMUL_BIAS
@@ -219,9 +222,9 @@ def test_a_signature_on_addmm_in_eager_mode_alone_resolves_once_per_call_and_a_b
         for mode in kernels.MODES:
             assert epilogue.DISPATCHER.cached(epilogue._key(spec, *inputs[:2], mode)) == (
                 BASELINE if mode == kernels.EAGER else SMALL)
-        kernels.matmul_bias(*inputs)
-        kernels.matmul_bias(*inputs)
-        assert len(resolved) == 3 + 1
+        first = kernels.matmul_bias(*inputs)
+        assert len(resolved) == 3 + 2
+        assert torch.equal(kernels.matmul_bias(*inputs), first) and len(resolved) == 5
     a, b, bias = inputs
     with epilogue.pinning(spec, [BASELINE], a, b) as (install,):
         install()
@@ -288,3 +291,57 @@ def test_the_one_row_loop_matches_torch_and_replays_from_a_cuda_graph(kernel: st
     graph.replay()
     torch.cuda.synchronize()
     assert _error(out, spec.reference(fresh)) < TOLERANCE[dtype]
+
+
+def test_a_gated_signature_runs_its_ready_calls_per_mode_until_dispatch_changes(monkeypatch) -> None:
+    """A repeated gated call skips resolving and the launch cache (epilogue._READY): the eager winner outside
+    a capture, the graph winner in graph mode, and the resolving path again for operands its kernel was not
+    compiled for (another 16-byte alignment) and after dispatch's answers change."""
+    from kernels import BASELINE, epilogue
+
+    spec = kernels.GATED_MATMUL
+    inputs = spec.make_inputs(Problem("gated_matmul", "fp32", "nn", ((16, 32, 64),)), DEVICE, 7)
+    a, b = inputs[:2]
+    expected = spec.reference(inputs)
+    resolved: list[int] = []
+    real_resolve = epilogue._resolve
+    monkeypatch.setattr(epilogue, "_resolve", lambda *args: (resolved.append(1), real_resolve(*args))[1])
+    ran: list[Config] = []
+    launch = epilogue._launch
+    monkeypatch.setattr(epilogue, "_launch", lambda config, *args, **kw: (ran.append(config), launch(config, *args, **kw))[1])
+    with epilogue.pinning(spec, [SMALL], a, b, graph=BASELINE) as (install,):
+        install()
+        first = kernels.gated_matmul(a, b)
+        assert ran == [SMALL] and len(resolved) == 1 + 2, "its mode, then both modes for the ready calls"
+        again = kernels.gated_matmul(a, b)
+        assert torch.equal(again, first) and ran == [SMALL] and len(resolved) == 3, "ready: no resolve, no _launch"
+        assert relative_error(again, expected) <= _tolerance("fp32")
+        with kernels.dispatch_mode(kernels.GRAPH):  # the graph winner, cuBLAS and the one-pass gating
+            graph = kernels.gated_matmul(a, b)
+        assert ran == [SMALL] and len(resolved) == 3
+        assert relative_error(graph, expected) <= _tolerance("fp32")
+        shifted = torch.empty(a.numel() + 1, device=DEVICE)[1:].view(a.shape).copy_(a)  # 4 bytes off 16
+        assert shifted.data_ptr() % 16 != a.data_ptr() % 16
+        assert relative_error(kernels.gated_matmul(shifted, b), expected) <= _tolerance("fp32")
+        assert ran == [SMALL, SMALL] and len(resolved) == 4, "declined: the resolving path ran it"
+        kernels.clear_cache()  # new answers: this device's policy, asked again and made ready again
+        kernels.gated_matmul(a, b)
+        assert len(resolved) == 4 + 3
+        kernels.gated_matmul(a, b)
+        assert len(resolved) == 7
+
+
+def test_a_ready_bias_call_declines_a_bias_it_cannot_take() -> None:
+    """A broadcast bias ([1, N]) on a Triton config's signature: the ready call declines it and the resolving
+    path says what is wrong, as on the first call."""
+    from kernels import epilogue
+
+    spec = kernels.MATMUL_BIAS
+    a, b, bias = spec.make_inputs(Problem("matmul_bias", "fp32", "nn", ((16, 32, 64),)), DEVICE, 8)
+    with epilogue.pinning(spec, [SMALL], a, b) as (install,):
+        install()
+        first = kernels.matmul_bias(a, b, bias)
+        assert relative_error(kernels.matmul_bias(a, b, bias), first) == 0
+        with pytest.raises(ValueError, match="bias has shape"):
+            kernels.matmul_bias(a, b, bias[None, :])
+        assert relative_error(kernels.matmul_bias(a, b, bias.clone()), first) == 0
