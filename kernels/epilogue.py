@@ -261,11 +261,17 @@ def silu_mul(c: torch.Tensor) -> torch.Tensor:
     if c.stride(1) != 1 or m == 0 or n == 0:
         return torch.nn.functional.silu(c[:, :n]) * c[:, n:]
     out = c.new_empty((m, n))
-    key = ("silu_mul", m, n, c.stride(0), c.dtype, c.device, c.data_ptr() % 16)  # all Triton specializes on
-    launch = LAUNCHES.get_or_make(key, lambda: DirectLaunch(
-        _silu_mul_kernel, (m, triton.cdiv(n, _GATE_BLOCK)), dict(BLOCK=_GATE_BLOCK, num_warps=4)))
-    launch(c, out, n, c.stride(0), out.stride(0))
+    _silu_mul_launch(c)(c, out, n, c.stride(0), out.stride(0))
     return out
+
+
+def _silu_mul_launch(c: torch.Tensor) -> DirectLaunch:
+    """The gating pass's launch for an [M, 2N] c with unit column stride (made once per what Triton
+    specializes on: sizes, c's row stride, dtype, device and alignment)."""
+    m, n = c.shape[0], c.shape[1] // 2
+    key = ("silu_mul", m, n, c.stride(0), c.dtype, c.device, c.data_ptr() % 16)
+    return LAUNCHES.get_or_make(key, lambda: DirectLaunch(
+        _silu_mul_kernel, (m, triton.cdiv(n, _GATE_BLOCK)), dict(BLOCK=_GATE_BLOCK, num_warps=4)))
 
 
 def _baseline(inputs: tuple) -> torch.Tensor:
@@ -447,16 +453,31 @@ def _make_ready(key: tuple | None, spec: KernelSpec, changes: int, a: torch.Tens
     for mode in _modes.MODES:
         config = _resolve(spec, a, b, mode)
         if config not in made:
-            made[config] = _baseline_call() if is_baseline(config) else _triton_call(config, a, b, bias, n, gated)
+            made[config] = (_baseline_call(a, n, gated) if is_baseline(config)
+                            else _triton_call(config, a, b, bias, n, gated))
         calls[mode] = made[config]
     if len(_READY) >= _PATHS_CAPACITY:
         _READY.clear()
     _READY[key] = _Ready(changes, calls[_modes.EAGER], calls[_modes.GRAPH])
 
 
-def _baseline_call() -> Callable[..., torch.Tensor]:
-    def call(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return silu_mul(torch.mm(a, b)) if bias is None else torch.addmm(bias, a, b)
+def _baseline_call(a: torch.Tensor, n: int, gated: bool) -> Callable[..., torch.Tensor]:
+    """torch.addmm, or cuBLAS and the gating pass with the pass's launch made (cuBLAS's [M, 2N] output is
+    fresh and row-major: one launch serves every call whose output is 16-byte aligned, as fresh ones are)."""
+    if not gated:
+        return lambda a, b, bias: torch.addmm(bias, a, b)
+    if not a.is_cuda:
+        return lambda a, b, bias: silu_mul(torch.mm(a, b))  # the interpreter: silu_mul's own checks
+    m = a.shape[0]
+    gating = _silu_mul_launch(a.new_empty((m, 2 * n)))
+
+    def call(a: torch.Tensor, b: torch.Tensor, bias: None) -> torch.Tensor:
+        c = torch.mm(a, b)
+        if c.data_ptr() % 16:
+            return silu_mul(c)
+        out = c.new_empty((m, n))
+        gating(c, out, n, 2 * n, n)
+        return out
     return call
 
 
