@@ -174,6 +174,19 @@ def test_pinning_makes_the_public_call_run_each_config_then_restores_dispatch(ke
         assert ran == [SMALL, other]
 
 
+
+def _spy_on_dispatch(monkeypatch) -> tuple[list[int], list[Config]]:
+    """(one entry per resolve, the config of each launch through ``_launch``): the real functions, counted."""
+    from kernels import epilogue
+
+    resolved: list[int] = []
+    real_resolve = epilogue._resolve
+    monkeypatch.setattr(epilogue, "_resolve", lambda *args: (resolved.append(1), real_resolve(*args))[1])
+    ran: list[Config] = []
+    launch = epilogue._launch
+    monkeypatch.setattr(epilogue, "_launch", lambda config, *args, **kw: (ran.append(config), launch(config, *args, **kw))[1])
+    return resolved, ran
+
 def test_a_signature_on_addmm_in_every_mode_skips_dispatch_until_its_answers_change(monkeypatch) -> None:
     """matmul_bias keeps signatures that dispatch sends to torch.addmm in both modes (epilogue._PATHS): a
     repeated call skips resolving. A new answer (a pin, kernels.clear_cache()) must be asked again."""
@@ -181,12 +194,7 @@ def test_a_signature_on_addmm_in_every_mode_skips_dispatch_until_its_answers_cha
 
     spec = kernels.MATMUL_BIAS
     inputs = spec.make_inputs(Problem("matmul_bias", "fp32", "nn", ((16, 32, 64),)), DEVICE, 5)
-    resolved: list[int] = []
-    real_resolve = epilogue._resolve
-    monkeypatch.setattr(epilogue, "_resolve", lambda *args: (resolved.append(1), real_resolve(*args))[1])
-    ran: list[Config] = []
-    launch = epilogue._launch
-    monkeypatch.setattr(epilogue, "_launch", lambda config, *args, **kw: (ran.append(config), launch(config, *args, **kw))[1])
+    resolved, ran = _spy_on_dispatch(monkeypatch)
     with epilogue.pinning(spec, [BASELINE, SMALL], *inputs[:2]) as (cublas, small):
         cublas()
         first = kernels.matmul_bias(*inputs)
@@ -303,12 +311,7 @@ def test_a_gated_signature_runs_its_ready_calls_per_mode_until_dispatch_changes(
     inputs = spec.make_inputs(Problem("gated_matmul", "fp32", "nn", ((16, 32, 64),)), DEVICE, 7)
     a, b = inputs[:2]
     expected = spec.reference(inputs)
-    resolved: list[int] = []
-    real_resolve = epilogue._resolve
-    monkeypatch.setattr(epilogue, "_resolve", lambda *args: (resolved.append(1), real_resolve(*args))[1])
-    ran: list[Config] = []
-    launch = epilogue._launch
-    monkeypatch.setattr(epilogue, "_launch", lambda config, *args, **kw: (ran.append(config), launch(config, *args, **kw))[1])
+    resolved, ran = _spy_on_dispatch(monkeypatch)
     with epilogue.pinning(spec, [SMALL], a, b, graph=BASELINE) as (install,):
         install()
         first = kernels.gated_matmul(a, b)
