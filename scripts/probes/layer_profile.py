@@ -26,12 +26,14 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
-from bench_layers import build, inputs, ours, time_calls  # noqa: E402
+from bench_layers import COMPILE_OPTIONS, build, inputs, ours, time_calls  # noqa: E402
 
 
 def column_fn(column: str, model: torch.nn.Module, x: torch.Tensor):
-    if column.endswith("compile") or column == "compile_default":
-        compiled = torch.compile(model, dynamic=False, fullgraph=column == "ours_compile")
+    """A column of bench_layers.py without its CUDA graph: compiled as that script compiles it, or eager."""
+    options = COMPILE_OPTIONS.get(column.removesuffix("_graph"))
+    if options is not None:
+        compiled = torch.compile(model, dynamic=False, **options)
         return lambda: compiled(x)
     return lambda: model(x)
 
@@ -39,7 +41,8 @@ def column_fn(column: str, model: torch.nn.Module, x: torch.Tensor):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", action="append", default=None, help="layer/mode/tokens (repeatable)")
-    parser.add_argument("--columns", default="torch_eager,ours_eager,compile_default,ours_compile")
+    parser.add_argument("--columns", default="torch_eager,ours_eager,compile_default,ours_compile",
+                        help="bench_layers.py columns (a _graph column runs uncaptured, to be profiled)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rows", type=int, default=14)
     parser.add_argument("--cprofile", action="store_true", help="also cProfile 20 calls of each column (host time)")
