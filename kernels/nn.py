@@ -109,23 +109,49 @@ class _Routed(NamedTuple):
     counts: torch.Tensor  # [E] int64 rows per expert
 
 
-# Up to this many (row, expert) cells, rows are sorted by expert by counting (a running count per expert, one
-# scan) rather than by torch.sort: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's
-# radix sort, eager and compiled alike (scripts/probes/layer_profile.py, 2026-11-26, docs/BENCHMARKS.md
-# "Twenty-second session"). Past it (many experts and many tokens) the [E, rows] count table outgrows a sort.
+# Rows are sorted by expert by counting (a running count per expert, one scan) rather than by torch.sort
+# where that pays: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's radix sort, eager
+# and compiled alike (scripts/probes/layer_profile.py, 2026-11-26, docs/BENCHMARKS.md "Twenty-second
+# session"). Under torch.compile the count's few steps fuse into a few kernels; run eagerly they are several
+# launches, which a decode step's handful of rows does not repay (there torch.sort is one or two), so eager
+# calls count only from _COUNTING_ROWS rows (a threshold between decode and prefill, not tuned). Past
+# _COUNTING_CELLS (many experts and many tokens) the [E, rows] count table outgrows a sort.
 _COUNTING_CELLS = 1 << 22
+_COUNTING_ROWS = 1024
+# Under torch.compile, top-k over this few experts is k masked maxima, which Inductor fuses with the softmax
+# into the router's one reduction; torch.topk is two kernels of its own (a gather and a sort), 5 us each in a
+# one-token Mixtral step on the H100 (call 1 of the twenty-second session).
+_FUSED_TOP_K_EXPERTS = 256
+_FUSED_TOP_K = 4
+
+
+def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.topk(logits, k, dim=-1): the k largest, largest first, with their indices."""
+    if not (torch.compiler.is_compiling() and k <= _FUSED_TOP_K and logits.shape[-1] <= _FUSED_TOP_K_EXPERTS):
+        return torch.topk(logits, k, dim=-1)
+    values, indices, rest = [], [], logits
+    for _ in range(k):
+        value, index = rest.max(dim=-1, keepdim=True)
+        values.append(value)
+        indices.append(index)
+        rest = rest.scatter(-1, index, float("-inf"))
+    return torch.cat(values, -1), torch.cat(indices, -1)
+
+
+def _counting(rows: int, experts: int) -> bool:
+    return 0 < rows * experts <= _COUNTING_CELLS and (rows >= _COUNTING_ROWS or torch.compiler.is_compiling())
 
 
 def _route(logits: torch.Tensor, top_k: int) -> _Routed:
     experts = logits.shape[-1]
     if not 1 <= top_k <= experts:
         raise ValueError(f"top_k must be in 1..{experts} (the number of experts); got {top_k}")
-    gate, chosen = torch.topk(logits, top_k, dim=-1)
+    gate, chosen = _top_k(logits, top_k)
     gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype).reshape(-1)
     flat = chosen.reshape(-1)
     rows = flat.shape[0]
     index = torch.arange(rows, device=flat.device)
-    if 0 < rows * experts <= _COUNTING_CELLS:
+    if _counting(rows, experts):
         # A stable counting sort: a row's place is its expert's start plus how many rows of that expert
         # come before it. All sizes are static, so torch.compile traces it whole.
         hits = (torch.arange(experts, device=flat.device)[:, None] == flat[None, :]).to(torch.int32)

@@ -292,8 +292,10 @@ def test_a_parametrized_weight_is_computed_on_every_call() -> None:
 def test_route_counting_sort_gives_the_stable_sort_of_torch(monkeypatch, experts, tokens, top_k) -> None:
     torch.manual_seed(experts + tokens)
     logits = torch.randn(tokens, experts)
+    monkeypatch.setattr(kernels.nn, "_COUNTING_ROWS", 0)  # count eagerly, whatever the row count
     counted = kernels.nn._route(logits, top_k)
     monkeypatch.setattr(kernels.nn, "_COUNTING_CELLS", 0)  # the torch.sort path, for many experts and tokens
+    assert not kernels.nn._counting(tokens * top_k, experts)
     sorted_ = kernels.nn._route(logits, top_k)
     for name in ("perm", "position", "gate", "offsets", "counts"):
         assert torch.equal(getattr(counted, name), getattr(sorted_, name)), name
@@ -309,3 +311,18 @@ def test_moe_block_takes_no_tokens_and_its_combine_keeps_gradients() -> None:
         assert block(torch.randn(0, 16, device=DEVICE).half()).shape == (0, 16)
     routed = kernels.nn._route(torch.randn(5, 4, requires_grad=True), 2)
     assert routed.gate.requires_grad  # the combine's weights carry the router's gradient
+
+
+def test_route_under_torch_compile_counts_and_takes_masked_maxima_as_eager_routing_sorts() -> None:
+    """Traced, routing takes the k largest by masked maxima and sorts by counting (few rows: eagerly it would
+    take torch.topk and torch.sort); both give what the eager path gives."""
+    torch.manual_seed(9)
+    logits = torch.randn(5, 8)
+    assert not kernels.nn._counting(10, 8), "5 tokens x top-2 run eagerly: torch.sort"
+    eager = kernels.nn._route(logits, 2)
+    traced = torch.compile(lambda x: tuple(kernels.nn._route(x, 2)), backend="aot_eager", fullgraph=True)(logits)
+    for name, got in zip(kernels.nn._Routed._fields, traced):
+        assert torch.equal(got, getattr(eager, name)), name
+    values, indices = torch.compile(lambda x: kernels.nn._top_k(x, 3), backend="aot_eager", fullgraph=True)(logits)
+    expected = torch.topk(logits, 3, dim=-1)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
