@@ -399,6 +399,10 @@ class KernelSpec:
     # end rows, a device-to-host sync per call that no CUDA graph can capture. There the baseline is the
     # yardstick of every speed-up but never a winner, and dispatch runs a Triton config instead.
     baseline_dispatchable: Callable[[Problem], bool] = field(default=lambda problem: True)
+    # The least host time, in ms, the baseline's call takes on the fastest host met: where its GPU time is
+    # under this, it is host-bound on every host, and a fast host does not see its GPU time alone
+    # (tuner/search.py ``holds_on_a_fast_host``). 0 for a baseline of one torch call, as the rule was made.
+    baseline_host_floor_ms: float = 0.0
 
     def execute(self, config: Config, inputs: tuple) -> Any:
         """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""

@@ -155,7 +155,7 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
     graph first; then eager, beside the graph winner, among the configs that ran within
     EAGER_GPU_MARGIN of cuBLAS on the GPU, and our own cuBLAS path; an eager Triton winner must win
     ``eager_passes`` contests in all (``search.confirm_eager``)."""
-    from .search import EAGER_GPU_MARGIN, _winner_record, eager_winner, settle_eager
+    from .search import _winner_record, eager_gpu_limit_ms, eager_winner, settle_eager
 
     bench = bench or Bench(spec, problem, device)
     triton = [c for c in dict.fromkeys(candidates) if not kernels.is_baseline(c)
@@ -166,7 +166,7 @@ def redecide(spec: KernelSpec, problem: Problem, device: DeviceInfo, candidates:
         contestants, graph = list(triton), None
         if mode == kernels.EAGER and not device.is_cpu:
             graph = Config.from_dict(records[GRAPH].config)
-            limit = records[GRAPH].cublas_ms * (1 + EAGER_GPU_MARGIN)
+            limit = eager_gpu_limit_ms(spec, records[GRAPH].cublas_ms)
             contestants = [c for c in triton if gpu_ms.get(c, math.inf) <= limit]
             contestants += [kernels.BASELINE] if spec.name == "matmul" else []
         if not contestants:

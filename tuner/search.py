@@ -26,7 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 import kernels
 from db import Outage, Record, Store, StoreUnreachable, plausibility_problems, server_unreachable
-from kernels import BASELINE, EAGER, GRAPH, MODES, Config, DeviceInfo, KernelSpec, Problem
+from kernels import BASELINE, EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem
 from kernels.dispatch import Dispatcher
 
 from . import timing
@@ -526,7 +526,7 @@ def decide_modes(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: 
     graph = _decide(spec, problem, device, bench, study, GRAPH, most, rounds)
     graph_winner = Config.from_dict(graph.config)
     eager = _decide(spec, problem, device, bench, study, EAGER, most, rounds, graph_winner=graph_winner,
-                    gpu_limit_ms=graph.cublas_ms * (1 + EAGER_GPU_MARGIN) if graph.cublas_ms else None)
+                    gpu_limit_ms=eager_gpu_limit_ms(spec, graph.cublas_ms) if graph.cublas_ms else None)
     return {GRAPH: graph, EAGER: settle_eager(spec, problem, device, bench, eager, graph, eager_passes)}
 
 
@@ -648,6 +648,13 @@ def eager_winner(spec: KernelSpec, bench: Bench | IsolatedBench, ranked: Sequenc
     return None
 
 
+def eager_gpu_limit_ms(spec: KernelSpec, cublas_graph_ms: float) -> float:
+    """The most GPU time (a graph replay) an eager finalist may take: EAGER_GPU_MARGIN over the baseline's,
+    the baseline taken at no less than the host time its call costs on the fastest host met
+    (``KernelSpec.baseline_host_floor_ms``, as ``holds_on_a_fast_host``)."""
+    return max(cublas_graph_ms, spec.baseline_host_floor_ms) * (1 + EAGER_GPU_MARGIN)
+
+
 def holds_on_a_fast_host(spec: KernelSpec, bench: Bench | IsolatedBench, config: Config) -> bool:
     """Whether ``config``, the eager contest's winner over cuBLAS, is also no more than FAST_HOST_MARGIN
     slower than cuBLAS where the host keeps the GPU busy (``Bench.back_to_back``), and, where cuBLAS takes
@@ -662,10 +669,14 @@ def holds_on_a_fast_host(spec: KernelSpec, bench: Bench | IsolatedBench, config:
     baseline dispatch runs in our place (DISPATCHED_BASELINE: torch.matmul, torch.addmm, and the gated
     product's matmul with its two elementwise launches, all of them timed back to back on the GPU too);
     a loop of launches over experts or groups (moe_matmul, grouped_matmul) is the host cost our one
-    launch saves, and is not checked."""
+    launch saves, and is not checked. A baseline whose host time stays over its GPU time on the fastest host
+    met (the gated product's two launches) is taken at that host time (``KernelSpec.baseline_host_floor_ms``)."""
     if spec.name not in DISPATCHED_BASELINE:
         return True
     ours, theirs = bench.back_to_back(config)
+    # Host time a fast host still pays for a baseline of several launches (KernelSpec.baseline_host_floor_ms):
+    # our one launch costs less than torch.matmul's, so our side's floor is its GPU time.
+    theirs = max(theirs, spec.baseline_host_floor_ms)
     if theirs >= GPU_BOUND_EAGER_MS:  # GPU-bound: the eager win must be a win on the GPU (GPU_BOUND_EAGER_MS)
         if ours * (1 + WIN_MARGIN) <= theirs:
             return True

@@ -1046,3 +1046,31 @@ def test_where_the_baseline_is_a_loop_of_launches_the_eager_contest_is_held_anyw
     search.decide_modes(loop_baseline, THIN, H100, bench, _trial_study((config, 0.030, 0.012)))
     assert len(bench.contests) > 1 and all(contest[0] == config for contest in bench.contests[1:]), \
         "after the graph contest, the eager one, with the GPU-slower config"
+
+
+class _BackToBack:
+    """The GPU timer's back-to-back answer (no GPU here): our config at ``ours`` ms a call, the baseline at
+    ``theirs``."""
+
+    problem = "a test problem"
+
+    def __init__(self, ours: float, theirs: float) -> None:
+        self.ours, self.theirs = ours, theirs
+
+    def back_to_back(self, config: Config) -> tuple[float, float]:
+        return self.ours, self.theirs
+
+
+def test_a_baseline_of_several_launches_is_taken_at_its_fast_host_floor() -> None:
+    """DeepSeek-V2-Lite's gated 2816x2048 MLP at 8 tokens (H100, 2026-11-26): the one-launch kernel 19.7 us on
+    the GPU, cuBLAS and the gating pass 18.6 us, yet the baseline's two launches cost more host time than
+    that on every host met. The gated kernel's eager winner holds there; the same GPU times for matmul's
+    one-launch baseline do not."""
+    gated, matmul = kernels.GATED_MATMUL, MATMUL
+    assert gated.baseline_host_floor_ms > 0.0186 and matmul.baseline_host_floor_ms == 0
+    config = gated.default_config(Problem("gated_matmul", "bf16", "nt", ((8, 2816, 2048),)), H100)
+    assert search.holds_on_a_fast_host(gated, _BackToBack(0.0197, 0.0186), config)
+    assert not search.holds_on_a_fast_host(matmul, _BackToBack(0.0197, 0.0186), config)
+    assert not search.holds_on_a_fast_host(gated, _BackToBack(0.0240, 0.0186), config), "over the floor too"
+    assert search.eager_gpu_limit_ms(gated, 0.0186) >= 0.0197 > search.eager_gpu_limit_ms(matmul, 0.0186)
+    assert search.eager_gpu_limit_ms(gated, 0.100) == search.eager_gpu_limit_ms(matmul, 0.100), "GPU-bound alike"
