@@ -122,7 +122,8 @@ def _launch(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor
 def _launch_key(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> tuple:
     """Everything Triton specializes an epilogue launch on (C is [M, N] row-major, fresh: 16-byte aligned)."""
     m, k = a.shape
-    return ("epilogue", config, gated, bias is not None, a.dtype, a.device, m, b.shape[1], k, *a.stride(),
+    n = b.shape[1] // 2 if gated else b.shape[1]  # the output's width
+    return ("epilogue", config, gated, bias is not None, a.dtype, a.device, m, n, k, *a.stride(),
             *b.stride(), a.data_ptr() % 16, b.data_ptr() % 16,
             None if bias is None else (bias.dtype, bias.data_ptr() % 16))
 
