@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,18 +35,25 @@ def _document() -> dict:
 
 def entries(part: str = "all") -> list[CorpusEntry]:
     """The corpus problems of ``part`` ("tuned", "held_out" or "all"), in a stable order."""
+    return _entries(part, "matmul", _layers)
+
+
+def _entries(part: str, kernel: str, shapes: Callable[[dict], Iterator[tuple[str, int, int, tuple[str, ...]]]]
+             ) -> list[CorpusEntry]:
+    """``kernel``'s problem for each (model, N, K, layer names) of ``shapes`` in ``part``, per dtype and token
+    count."""
     if part not in PARTS:
         raise ValueError(f"corpus part {part!r} is not one of {', '.join(PARTS)}")
     document = _document()
     held_out = set(document["held_out_models"])
     found: dict[str, CorpusEntry] = {}
-    for model, n, k, layers in _layers(document):
+    for model, n, k, layers in shapes(document):
         model_part = "held_out" if model in held_out else "tuned"
         if part != "all" and model_part != part:
             continue
         for dtype in document["dtypes"]:
             for m in document["token_counts"]:
-                problem = Problem.from_key("matmul", f"{dtype}:nt:{m}x{n}x{k}")
+                problem = Problem.from_key(kernel, f"{dtype}:nt:{m}x{n}x{k}")
                 # Two models sharing a shape (none do today) keep the first, tuned part first.
                 found.setdefault(problem.key, CorpusEntry(problem, model, layers, model_part))
     return list(found.values())
@@ -67,21 +74,15 @@ def gated_entries(part: str = "all") -> list[CorpusEntry]:
     silu(x @ W_gate.t()) * (x @ W_up.t()) with the two weights stacked, N the MLP's width. A gate and an up
     projection pair up by their prefix ("mlp.gate_proj" with "mlp.up_proj"); a "gate_up_proj" is the pair
     already stacked (N halved). Models whose MLP gates with another activation (Gemma-2: GELU) have none."""
-    if part not in PARTS:
-        raise ValueError(f"corpus part {part!r} is not one of {', '.join(PARTS)}")
-    document = _document()
-    held_out = set(document["held_out_models"])
-    found: dict[str, CorpusEntry] = {}
+    return _entries(part, "gated_matmul", _gated_layers)
+
+
+def _gated_layers(document: dict) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
+    """(model, N, K, layer names) of each gate/up pair of each SiLU-gated model."""
     for model in document["models"]:
-        model_part = "held_out" if model["name"] in held_out else "tuned"
-        if model["config"].get("hidden_act") != "silu" or part not in ("all", model_part):
-            continue
-        for names, n, k in _gated_pairs(model["layers"]):
-            for dtype in document["dtypes"]:
-                for m in document["token_counts"]:
-                    problem = Problem.from_key("gated_matmul", f"{dtype}:nt:{m}x{n}x{k}")
-                    found.setdefault(problem.key, CorpusEntry(problem, model["name"], names, model_part))
-    return list(found.values())
+        if model["config"].get("hidden_act") == "silu":
+            for names, n, k in _gated_pairs(model["layers"]):
+                yield model["name"], n, k, names
 
 
 def _gated_pairs(layers: list) -> Iterator[tuple[tuple[str, ...], int, int]]:

@@ -652,7 +652,14 @@ def eager_gpu_limit_ms(spec: KernelSpec, cublas_graph_ms: float) -> float:
     """The most GPU time (a graph replay) an eager finalist may take: EAGER_GPU_MARGIN over the baseline's,
     the baseline taken at no less than the host time its call costs on the fastest host met
     (``KernelSpec.baseline_host_floor_ms``, as ``holds_on_a_fast_host``)."""
-    return max(cublas_graph_ms, spec.baseline_host_floor_ms) * (1 + EAGER_GPU_MARGIN)
+    return on_a_fast_host_ms(spec, cublas_graph_ms) * (1 + EAGER_GPU_MARGIN)
+
+
+def on_a_fast_host_ms(spec: KernelSpec, baseline_gpu_ms: float) -> float:
+    """The baseline's call on the fastest host met: its GPU time, or the host time its launches cost there
+    where that is more (``KernelSpec.baseline_host_floor_ms``: a baseline of several launches). Our side is
+    one launch, cheaper than torch.matmul's, so its floor is its GPU time."""
+    return max(baseline_gpu_ms, spec.baseline_host_floor_ms)
 
 
 def holds_on_a_fast_host(spec: KernelSpec, bench: Bench | IsolatedBench, config: Config) -> bool:
@@ -674,9 +681,7 @@ def holds_on_a_fast_host(spec: KernelSpec, bench: Bench | IsolatedBench, config:
     if spec.name not in DISPATCHED_BASELINE:
         return True
     ours, theirs = bench.back_to_back(config)
-    # Host time a fast host still pays for a baseline of several launches (KernelSpec.baseline_host_floor_ms):
-    # our one launch costs less than torch.matmul's, so our side's floor is its GPU time.
-    theirs = max(theirs, spec.baseline_host_floor_ms)
+    theirs = on_a_fast_host_ms(spec, theirs)
     if theirs >= GPU_BOUND_EAGER_MS:  # GPU-bound: the eager win must be a win on the GPU (GPU_BOUND_EAGER_MS)
         if ours * (1 + WIN_MARGIN) <= theirs:
             return True
