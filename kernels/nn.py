@@ -1,20 +1,25 @@
-"""Drop-in modules: a model's ``nn.Linear`` layers and MoE experts run on the tuned kernels.
+"""Drop-in modules: a model's ``nn.Linear`` layers, SiLU-gated MLPs and MoE experts run on the tuned kernels.
 
 ``kernels.patch(model)`` turns every ``nn.Linear`` of a model into a ``kernels.nn.Linear`` in place (the same
-Parameter objects, the same state dict), ``kernels.unpatch(model)`` turns them back. Both go through the
-custom operators of ``kernels.ops``, so ``torch.compile(fullgraph=True)`` traces them and autograd runs.
+Parameter objects, the same state dict), and every SiLU-gated MLP it can show to be one into a ``FusedMLP``
+(the gate and up projections in one ``gated_matmul`` launch); ``kernels.unpatch(model)`` turns them back.
+Both go through the custom operators of ``kernels.ops``, so ``torch.compile(fullgraph=True)`` traces them
+and autograd runs.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import logging
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from . import ops
 
-__all__ = ["Linear", "MoE", "patch", "route", "unpatch"]
+__all__ = ["FusedMLP", "Linear", "MoE", "patch", "route", "unpatch"]
+
+log = logging.getLogger(__name__)
 
 
 class Linear(nn.Linear):
@@ -69,12 +74,16 @@ class Linear(nn.Linear):
         return linear
 
 
-def patch(model: nn.Module) -> nn.Module:
+def patch(model: nn.Module, fuse_mlp: bool = True) -> nn.Module:
     """Make every ``nn.Linear`` in ``model`` (itself included) run on the tuned matmul, in place; returns it.
 
     Subclasses of ``nn.Linear`` other than plain ones (e.g. quantized layers) are left alone: their forward
-    is not ``nn.Linear``'s, so swapping it would change what they compute.
+    is not ``nn.Linear``'s, so swapping it would change what they compute. With ``fuse_mlp``, each SiLU-gated
+    MLP (see ``FusedMLP``) computes its gate and up projections in one ``gated_matmul`` launch.
     """
+    if fuse_mlp:  # first, while every Linear still runs torch's own forward for the check
+        for module in model.modules():
+            _fuse(module)
     for module in model.modules():
         if type(module) is nn.Linear:
             Linear.from_linear(module)
@@ -82,12 +91,204 @@ def patch(model: nn.Module) -> nn.Module:
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again."""
+    """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again, and every
+    ``FusedMLP`` its own class (its gate and up weights stay in one storage: the same values, the same state
+    dict)."""
     for module in model.modules():
         if type(module) is Linear:
             module.__dict__.pop("_kept_t", None)
             module.__class__ = nn.Linear
+        elif isinstance(module, FusedMLP):
+            module.__dict__.pop("_stacked", None)
+            module.__class__ = type(module)._unfused
     return model
+
+
+# ------------------------------------------------------------------------------------------ gated MLPs
+
+class _Stacked(NamedTuple):
+    gate: torch.Tensor  # the Parameter objects the view was made from: another object means a stale view
+    up: torch.Tensor
+    weight_t: torch.Tensor  # [K, 2N]: gate then up, a transposed view of the one [2N, K] storage both share
+
+
+class FusedMLP:
+    """A SiLU-gated MLP, ``down_proj(silu(gate_proj(x)) * up_proj(x))``, whose gate and up projections run as one
+    ``gated_matmul`` (x read once, one launch, the product in the epilogue).
+
+    ``kernels.patch`` makes one of a module whose Linears are named ``gate_proj``, ``up_proj`` and
+    ``down_proj`` (Llama, Mistral, Qwen2, DeepSeek) or ``gate_up_proj`` and ``down_proj`` (Phi-3's stacked
+    [gate; up] weight), gate and up without a bias, once the module's own forward, run on two random rows,
+    has given what that formula gives. Nothing else about the module is assumed: a GELU MLP or another
+    formula fails the check and keeps its forward. The check needs weights that tell SiLU from another
+    activation: patch after loading or initializing them (all-zero weights are left as they are).
+
+    The class is the module's own class with this forward mixed in (``isinstance`` still holds).
+    ``gate_proj`` and ``up_proj`` keep their Parameters (the state dict is unchanged); their data is moved
+    into one [2N, K] storage, so that the stacked weight is a view, not a copy. Where a gradient is wanted
+    for those weights, the module's own forward runs: ``gated_matmul`` would differentiate by the stacked
+    weight, which is no Parameter. A pickle or deep copy of the module is of its own class (patch it again).
+    """
+
+    _unfused: type  # the module's own class
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight_t = self._stacked_weight_t()
+        if weight_t is None:
+            return self._unfused.forward(self, x)
+        rows = x.reshape(-1, x.shape[-1])
+        h = ops.gated_matmul_call(rows, weight_t)
+        return self.down_proj(h.reshape(*x.shape[:-1], h.shape[-1]))
+
+    def _stacked_weight_t(self) -> torch.Tensor | None:
+        gate, up = _gate_and_up(self)
+        if torch.is_grad_enabled() and (gate.requires_grad or (up is not None and up.requires_grad)):
+            return None
+        if up is None:  # one [2N, K] weight already (gate_up_proj)
+            return gate.t()
+        stacked = self.__dict__.get("_stacked")
+        if stacked is not None and stacked.gate is gate and stacked.up is up and (
+                torch.compiler.is_compiling() or _views_of(stacked.weight_t, gate, up)):
+            return stacked.weight_t
+        if torch.compiler.is_compiling():  # new weights met under tracing: the module's own forward
+            return None
+        stacked = _stack(gate, up)  # new Parameters, or new data under the old ones
+        self.__dict__["_stacked"] = stacked  # not Module.__setattr__: not a buffer, not in the state dict
+        return stacked.weight_t
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:  # .to(), .half(): each weight moves on its own
+        self.__dict__.pop("_stacked", None)
+        module = super()._apply(fn, recurse)
+        gate, up = _gate_and_up(self)
+        if up is not None and gate.is_floating_point() and gate.device.type != "meta":
+            self.__dict__["_stacked"] = _stack(gate, up)
+        return module
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickled (and deep-copied) as the module's own class: a class made at patch time cannot be found by
+        # name when a pickle is loaded.
+        state = self.__getstate__()
+        state = {name: value for name, value in state.items() if name != "_stacked"}
+        return _new_module, (type(self)._unfused,), state
+
+
+def _new_module(cls: type) -> nn.Module:
+    """An empty instance of ``cls``, for a pickle's state to fill (as copyreg.__newobj__ makes one)."""
+    return cls.__new__(cls)
+
+
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    fused = _FUSED_CLASSES.get(cls)
+    if fused is None:
+        fused = type(f"Fused{cls.__name__}", (FusedMLP, cls), {"_unfused": cls, "__module__": cls.__module__})
+        _FUSED_CLASSES[cls] = fused
+    return fused
+
+
+def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(gate weight, up weight), or (the stacked [2N, K] weight, None) for a ``gate_up_proj``."""
+    children = module._modules
+    if "gate_up_proj" in children:
+        return children["gate_up_proj"].weight, None
+    return children["gate_proj"].weight, children["up_proj"].weight
+
+
+def _views_of(weight_t: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """Whether ``weight_t`` still views the data of ``gate`` and ``up`` (a weight's ``.data`` can be replaced)."""
+    n, k = gate.shape
+    start = weight_t.data_ptr()
+    return gate.data_ptr() == start and up.data_ptr() == start + n * k * gate.element_size() and \
+        gate.dtype is weight_t.dtype and up.dtype is weight_t.dtype
+
+
+def _stack(gate: torch.Tensor, up: torch.Tensor) -> _Stacked:
+    """One [2N, K] storage for both weights, their data moved into it (the Parameters stay), and its
+    transposed view; no copy where they already lie one after the other in one storage."""
+    n, k = gate.shape
+    with torch.no_grad():
+        adjacent = gate.is_contiguous() and up.is_contiguous() and up.shape == gate.shape and \
+            up.dtype is gate.dtype and up.device == gate.device and \
+            up.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr() and \
+            up.storage_offset() == gate.storage_offset() + n * k
+        if adjacent:
+            weight_t = gate.detach().as_strided((k, 2 * n), (1, k))
+        else:
+            both = torch.cat([gate.detach(), up.detach()])
+            gate.data = both[:n]
+            up.data = both[n:]
+            weight_t = both.t()
+    return _Stacked(gate, up, weight_t)
+
+
+def _gated_children(module: nn.Module) -> tuple[nn.Module, ...] | None:
+    """(gate, up, down) Linears, or (gate_up, down), where ``module`` has the shape of a gated MLP; else None."""
+    children = module._modules
+
+    def linear(name: str, bias_allowed: bool = False) -> nn.Module | None:
+        child = children.get(name)
+        if type(child) not in (nn.Linear, Linear) or (child.bias is not None and not bias_allowed):
+            return None
+        weight = child._parameters.get("weight")  # a parametrized weight is computed: no storage to share
+        if weight is None or not weight.is_floating_point() or weight.device.type == "meta":
+            return None
+        return child
+
+    down = linear("down_proj", bias_allowed=True)
+    if down is None:
+        return None
+    if "gate_up_proj" in children:
+        gate_up = linear("gate_up_proj")
+        if gate_up is None or gate_up.out_features != 2 * down.in_features:
+            return None
+        return gate_up, down
+    gate, up = linear("gate_proj"), linear("up_proj")
+    if gate is None or up is None or gate.weight.shape != up.weight.shape or up.weight.dtype != gate.weight.dtype \
+            or up.weight.device != gate.weight.device or down.in_features != gate.out_features:
+        return None
+    return gate, up, down
+
+
+_CHECK_ROWS = 2
+
+
+def _computes_gated_mlp(module: nn.Module, children: tuple[nn.Module, ...]) -> bool:
+    """Whether ``module``'s own forward gives ``down(silu(gate(x)) * up(x))`` on random rows (drawn from a
+    generator of its own: the caller's random stream is left as it was)."""
+    first = children[0].weight
+    generator = torch.Generator(device=first.device).manual_seed(0)
+    x = torch.randn(_CHECK_ROWS, first.shape[1], generator=generator, device=first.device, dtype=first.dtype)
+    try:
+        with torch.no_grad():
+            got = module.forward(x)
+            if len(children) == 2:
+                gate, up = children[0](x).chunk(2, dim=-1)
+            else:
+                gate, up = children[0](x), children[1](x)
+            want = children[-1](nn.functional.silu(gate) * up)
+    except Exception as exc:  # another signature, another input: not a module to fuse
+        log.debug("%s is not fused: its forward on %d random rows raised %r", type(module).__name__, _CHECK_ROWS, exc)
+        return False
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or not bool(torch.isfinite(want).all()):
+        return False
+    scale = want.float().norm()
+    tolerance = 1e-4 if first.dtype == torch.float32 else 1e-2
+    return bool(scale > 0) and bool((got.float() - want.float()).norm() <= tolerance * scale)
+
+
+def _fuse(module: nn.Module) -> bool:
+    """Make ``module`` a ``FusedMLP`` where it is a SiLU-gated MLP by its Linears and by its forward's result."""
+    if isinstance(module, FusedMLP):
+        return True
+    children = _gated_children(module)
+    if children is None or not _computes_gated_mlp(module, children):
+        return False
+    module.__class__ = _fused_class(type(module))
+    if len(children) == 3:
+        module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
+    return True
 
 
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

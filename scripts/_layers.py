@@ -1,6 +1,7 @@
 """The layers bench_layers.py measures: a Llama-style decoder layer and a Mixtral-style MoE block, in plain
 torch, with random weights at real dimensions (no downloads). ``kernels.patch`` makes the decoder layer's
-Linears ours; ``fuse_gate_up`` puts its MLP's gate and up projections into one gated kernel."""
+Linears ours and its SiLU-gated MLP a ``kernels.nn.FusedMLP`` (gate and up in one gated kernel), as it
+does for a user's model."""
 
 from __future__ import annotations
 
@@ -45,15 +46,9 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, ffn, bias=False, **factory)
         self.up_proj = nn.Linear(hidden, ffn, bias=False, **factory)
         self.down_proj = nn.Linear(ffn, hidden, bias=False, **factory)
-        self.gate_up: torch.Tensor | None = None  # [K, 2 * ffn] when fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:
-            rows = x.reshape(-1, x.shape[-1])
-            h = kernels.ops.gated_matmul_call(rows, self.gate_up).reshape(*x.shape[:-1], -1)
-        else:
-            h = F.silu(self.gate_proj(x)) * self.up_proj(x)
-        return self.down_proj(h)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -105,18 +100,6 @@ class DecoderLayer(nn.Module):
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, d.hidden))
         return x + self.mlp(self.post_norm(x))
-
-
-def fuse_gate_up(layer: nn.Module) -> nn.Module:
-    """Give every MLP of ``layer`` a stacked [K, 2 * ffn] gate/up weight (a transposed view, as nn.Linear
-    keeps weights): its forward then runs the gated kernel (one launch, A read once) instead of two GEMMs
-    and torch's SiLU and product."""
-    for module in layer.modules():
-        if isinstance(module, MLP):
-            # [K, 2N] as a view of the stacked [2N, K] rows: nn.Linear's own layout (B = w.t(), "nt"),
-            # where cuBLAS and the tiled kernel read both operands along K.
-            module.gate_up = torch.cat([module.gate_proj.weight, module.up_proj.weight]).detach().t()
-    return layer
 
 
 class TorchMoE(kernels.nn.MoE):

@@ -38,7 +38,7 @@ import torch
 
 import kernels
 from kernels import moe
-from _layers import DecoderDims, DecoderLayer, MoEDims, OursMoE, TorchMoE, fuse_gate_up
+from _layers import DecoderDims, DecoderLayer, MoEDims, OursMoE, TorchMoE
 
 LOG = logging.getLogger("bench_layers")
 ALL_COLUMNS = ("torch_eager", "torch_graph", "compile_default", "compile_max_autotune",
@@ -90,21 +90,22 @@ def captured(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.
 
 @contextlib.contextmanager
 def ours(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` running on our kernels (patched Linears, fused gate/up, moe_matmul), then restored."""
+    """``model`` running on our kernels as ``kernels.patch`` makes it (patched Linears, the gated MLP fused),
+    the MoE block's experts on moe_matmul; then restored."""
     is_moe = isinstance(model, TorchMoE)
     kernels.patch(model)
     if is_moe:
         model.__class__ = OursMoE
-    else:
-        fuse_gate_up(model)
+    elif not isinstance(model.mlp, kernels.nn.FusedMLP):
+        kernels.unpatch(model)
+        raise RuntimeError("kernels.patch did not fuse the decoder layer's gated MLP: the ours columns would not "
+                           "run the gated kernel")
     try:
         yield model
     finally:
         kernels.unpatch(model)
         if is_moe:
             model.__class__ = TorchMoE
-        else:
-            model.mlp.gate_up = None
 
 
 @contextlib.contextmanager

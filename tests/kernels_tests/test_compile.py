@@ -130,6 +130,48 @@ def test_compiled_gated_matmul_forward_and_backward_trace_whole_through_the_tune
         assert _error(mine.grad, ref.grad) < FP32_TOLERANCE
 
 
+class _LlamaMLP(nn.Module):
+    """transformers' LlamaMLP in shape: what ``kernels.patch`` fuses into a ``kernels.nn.FusedMLP``."""
+
+    def __init__(self, hidden: int, ffn: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_a_fused_mlp_compiles_whole_to_one_gated_call_and_trains_through_its_own_forward() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(_LlamaMLP(16, 24), nn.Linear(16, 16)).to(DEVICE)
+    plain = copy.deepcopy(model)
+    kernels.patch(model)
+    assert isinstance(model[0], kernels.nn.FusedMLP)
+    x = torch.randn(2, 5, 16, device=DEVICE)
+    for training in (False, True):
+        graphs: dict[str, torch.fx.GraphModule] = {}
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        compiled = torch.compile(model, fullgraph=True, backend=_capturing_backend(graphs))
+        with torch.set_grad_enabled(training):
+            out = compiled(x)
+            expected = plain(x)
+        assert not torch._dynamo.utils.counters["graph_break"]
+        assert _error(out, expected) < FP32_TOLERANCE
+        # Inference: the gate and up projections are one gated call, then down_proj and the output Linear.
+        # Training (a gradient for the weights): the module's own forward, its three Linears and the output's.
+        assert _calls_of(graphs["forward"], "gated_matmul") == (0 if training else 1)
+        assert _calls_of(graphs["forward"], "linear") == (4 if training else 2)
+        if training:
+            out.square().sum().backward()
+            expected.square().sum().backward()
+            for name, p in plain.named_parameters():
+                assert _error(dict(model.named_parameters())[name].grad, p.grad) < FP32_TOLERANCE, name
+    torch._dynamo.reset()
+
+
 @dataclass
 class _GraphModeStep:
     """One compiled forward and backward of the patched layer in forced graph mode, and torch's."""

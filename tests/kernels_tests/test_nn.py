@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -326,3 +327,158 @@ def test_route_under_torch_compile_counts_and_takes_masked_maxima_as_eager_routi
     values, indices = torch.compile(lambda x: kernels.nn._top_k(x, 3), backend="aot_eager", fullgraph=True)(logits)
     expected = torch.topk(logits, 3, dim=-1)
     assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
+
+
+# ------------------------------------------------------------------------------------------ gated MLPs
+
+class _LlamaMLP(torch.nn.Module):
+    """The shape of transformers' LlamaMLP (Mistral, Qwen2 alike): SiLU of the gate times the up projection."""
+
+    def __init__(self, hidden: int = 16, ffn: int = 24, act: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, ffn, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, ffn, bias=False)
+        self.down_proj = torch.nn.Linear(ffn, hidden, bias=False)
+        self.act_fn = act if act is not None else torch.nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Phi3MLP(torch.nn.Module):
+    """The shape of transformers' Phi3MLP: one stacked [gate; up] projection, chunked."""
+
+    def __init__(self, hidden: int = 16, ffn: int = 24) -> None:
+        super().__init__()
+        self.gate_up_proj = torch.nn.Linear(hidden, 2 * ffn, bias=False)
+        self.down_proj = torch.nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * torch.nn.functional.silu(gate))
+
+
+def _gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """The (a, b) shapes of each kernels.gated_matmul call from here on (a spy: the call itself runs)."""
+    calls: list[tuple] = []
+    real = kernels.gated_matmul
+
+    def spy(a, b):
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        return real(a, b)
+
+    monkeypatch.setattr(kernels, "gated_matmul", spy)
+    return calls
+
+
+@pytest.mark.parametrize("make", [_LlamaMLP, _Phi3MLP], ids=["gate_proj-up_proj", "gate_up_proj"])
+def test_patch_fuses_a_silu_gated_mlp_into_one_gated_call_with_the_same_parameters(monkeypatch, make) -> None:
+    torch.manual_seed(0)
+    mlp = make().to(DEVICE)
+    params = dict(mlp.named_parameters())
+    state = {name: t.clone() for name, t in mlp.state_dict().items()}
+    x = torch.randn(3, 5, 16, device=DEVICE)
+    with torch.no_grad():
+        expected = mlp(x)
+    calls = _gated_calls(monkeypatch)
+    kernels.patch(mlp)
+    assert isinstance(mlp, kernels.nn.FusedMLP) and isinstance(mlp, make)
+    assert dict(mlp.named_parameters()) == params  # the very same objects
+    assert mlp.state_dict().keys() == state.keys()
+    assert all(torch.equal(mlp.state_dict()[name], t) for name, t in state.items())
+    with torch.no_grad():
+        got = mlp(x)
+    assert calls == [((15, 16), (16, 48))]  # the 15 rows against [Wg Wu]^T, one launch
+    assert _error(got, expected) < FP32_TOLERANCE
+    kernels.unpatch(mlp)
+    assert type(mlp) is make
+    with torch.no_grad():
+        assert _error(mlp(x), expected) < FP32_TOLERANCE
+
+
+def test_patch_leaves_an_mlp_of_another_activation_or_with_no_telling_weights_as_it_is() -> None:
+    torch.manual_seed(0)
+    gelu = _LlamaMLP(act=torch.nn.GELU()).to(DEVICE)
+    zeros = _LlamaMLP().to(DEVICE)
+    torch.nn.init.zeros_(zeros.gate_proj.weight)  # silu(0) = gelu(0): the check cannot tell, so no fusion
+    biased = _LlamaMLP().to(DEVICE)
+    biased.gate_proj.bias = torch.nn.Parameter(torch.zeros(24, device=DEVICE))  # gated_matmul takes no bias
+    x = torch.randn(4, 16, device=DEVICE)
+    for mlp in (gelu, zeros, biased):
+        with torch.no_grad():
+            expected = mlp(x)
+        kernels.patch(mlp)
+        assert not isinstance(mlp, kernels.nn.FusedMLP) and type(mlp) is _LlamaMLP
+        assert type(mlp.gate_proj) is kernels.nn.Linear  # its Linears are patched all the same
+        with torch.no_grad():
+            assert _error(mlp(x), expected) < FP32_TOLERANCE
+
+
+def test_patch_leaves_the_callers_random_stream_as_it_was() -> None:
+    mlp = _LlamaMLP().to(DEVICE)
+    torch.manual_seed(1)
+    expected = torch.rand(4)
+    torch.manual_seed(1)
+    kernels.patch(mlp)
+    assert isinstance(mlp, kernels.nn.FusedMLP)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_a_fused_mlp_trains_through_its_own_forward_with_torchs_gradients(monkeypatch) -> None:
+    torch.manual_seed(0)
+    mlp = _LlamaMLP().to(DEVICE)
+    reference = copy.deepcopy(mlp)
+    kernels.patch(mlp)
+    calls = _gated_calls(monkeypatch)
+    x = torch.randn(6, 16, device=DEVICE)
+    mlp(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    assert calls == []  # a gradient for the weights is wanted: the module's own forward ran
+    for name, p in reference.named_parameters():
+        assert _error(dict(mlp.named_parameters())[name].grad, p.grad) < FP32_TOLERANCE, name
+    # Frozen weights (a gradient for x only): the gated call, and x's gradient is torch's.
+    for p in (*mlp.parameters(), *reference.parameters()):
+        p.requires_grad_(False)
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    mlp(xs[0]).square().sum().backward()
+    reference(xs[1]).square().sum().backward()
+    assert len(calls) == 1
+    assert _error(xs[0].grad, xs[1].grad) < FP32_TOLERANCE
+
+
+def test_a_fused_mlp_follows_a_cast_new_weights_a_copy_and_a_pickle() -> None:
+    torch.manual_seed(0)
+    mlp = _LlamaMLP().to(DEVICE)
+    kernels.patch(mlp)
+    x = torch.randn(5, 16, device=DEVICE)
+
+    def check(module: torch.nn.Module, tolerance: float = FP32_TOLERANCE) -> None:
+        plain = _LlamaMLP().to(device=DEVICE, dtype=module.gate_proj.weight.dtype)
+        plain.load_state_dict(module.state_dict())
+        xx = x.to(module.gate_proj.weight.dtype)
+        with torch.no_grad():
+            assert _error(module(xx), plain(xx)) < tolerance
+
+    # New weights loaded in place, and new Parameters assigned: both are what the next call reads.
+    with torch.no_grad():
+        mlp.load_state_dict({k: torch.randn_like(v) for k, v in mlp.state_dict().items()})
+    check(mlp)
+    mlp.load_state_dict({k: torch.randn_like(v) for k, v in mlp.state_dict().items()}, assign=True)
+    check(mlp)
+    mlp.half()
+    assert mlp.gate_proj.weight.dtype == torch.float16 and isinstance(mlp, kernels.nn.FusedMLP)
+    check(mlp, FP16_TOLERANCE)
+    copied = copy.deepcopy(mlp)
+    assert type(copied) is _LlamaMLP  # a copy is of the module's own class (patch it again)
+    check(copied, FP16_TOLERANCE)
+    pickled = pickle.loads(pickle.dumps(mlp))
+    assert type(pickled) is _LlamaMLP
+    check(pickled, FP16_TOLERANCE)
+    assert isinstance(mlp, kernels.nn.FusedMLP)  # pickling left the original fused
+    check(mlp, FP16_TOLERANCE)
+
+
+def test_patch_without_fuse_mlp_keeps_the_gated_mlps_forward() -> None:
+    mlp = _LlamaMLP().to(DEVICE)
+    kernels.patch(mlp, fuse_mlp=False)
+    assert type(mlp) is _LlamaMLP and type(mlp.gate_proj) is kernels.nn.Linear
