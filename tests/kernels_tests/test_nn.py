@@ -466,6 +466,16 @@ def test_a_fused_mlp_follows_a_cast_new_weights_a_copy_and_a_pickle() -> None:
     check(mlp)
     mlp.load_state_dict({k: torch.randn_like(v) for k, v in mlp.state_dict().items()}, assign=True)
     check(mlp)
+    mlp.up_proj.weight.data = torch.randn_like(mlp.up_proj.weight)  # new data under the same Parameter
+    check(mlp)
+    # Under inference_mode new weights are not stacked (the Parameters' data would become inference
+    # tensors): the module's own forward runs, and the next call outside stacks them.
+    mlp.gate_proj.weight.data = torch.randn_like(mlp.gate_proj.weight)
+    with torch.inference_mode():
+        check(mlp)
+    assert mlp.gate_proj.weight.data_ptr() != mlp.up_proj.weight.data_ptr() - mlp.gate_proj.weight.nbytes
+    check(mlp)
+    assert mlp.gate_proj.weight.data_ptr() == mlp.up_proj.weight.data_ptr() - mlp.gate_proj.weight.nbytes
     mlp.half()
     assert mlp.gate_proj.weight.dtype == torch.float16 and isinstance(mlp, kernels.nn.FusedMLP)
     check(mlp, FP16_TOLERANCE)
