@@ -99,12 +99,28 @@ def unpatch(model: nn.Module) -> nn.Module:
             module.__dict__.pop("_kept_t", None)
             module.__class__ = nn.Linear
         elif isinstance(module, FusedMLP):
-            module.__dict__.pop("_stacked", None)
+            for name in _FUSED_STATE:
+                module.__dict__.pop(name, None)
             module.__class__ = type(module)._unfused
     return model
 
 
 # ------------------------------------------------------------------------------------------ gated MLPs
+
+class _Names(NamedTuple):
+    """The Linears of a gated MLP, by the names a model gives them."""
+    gate: str  # the gate projection; the stacked [gate; up] one where ``up`` is None
+    up: str | None
+    down: str
+
+
+# Each is checked on the module's own forward before it is trusted (``_computes_gated_mlp``).
+_CONVENTIONS = (
+    _Names("gate_proj", "up_proj", "down_proj"),  # transformers' Llama, Mistral, Qwen2, DeepSeek MLPs
+    _Names("w1", "w3", "w2"),  # Meta's Llama FeedForward, transformers' Mixtral expert MLP
+    _Names("gate_up_proj", None, "down_proj"),  # transformers' Phi-3 MLP: one stacked [gate; up] weight
+)
+
 
 class _Stacked(NamedTuple):
     gate: torch.Tensor  # the Parameter objects the view was made from: another object means a stale view
@@ -115,21 +131,22 @@ class _Stacked(NamedTuple):
 
 
 class FusedMLP:
-    """A SiLU-gated MLP, ``down_proj(silu(gate_proj(x)) * up_proj(x))``, whose gate and up projections run as one
+    """A SiLU-gated MLP, ``down(silu(gate(x)) * up(x))``, whose gate and up projections run as one
     ``gated_matmul`` (x read once, one launch, the product in the epilogue).
 
-    ``kernels.patch`` makes one of a module whose Linears are named ``gate_proj``, ``up_proj`` and
-    ``down_proj`` (Llama, Mistral, Qwen2, DeepSeek) or ``gate_up_proj`` and ``down_proj`` (Phi-3's stacked
-    [gate; up] weight), gate and up without a bias, once the module's own forward, run on two random rows,
-    has given what that formula gives. Nothing else about the module is assumed: a GELU MLP or another
-    formula fails the check and keeps its forward. The check needs weights that tell SiLU from another
-    activation: patch after loading or initializing them (all-zero weights are left as they are).
+    ``kernels.patch`` makes one of a module whose Linears are named as a model names them (``gate_proj``,
+    ``up_proj``, ``down_proj`` in transformers' Llama, Mistral, Qwen2 and DeepSeek; ``w1``, ``w3``, ``w2`` in
+    Meta's Llama and Mixtral's experts; Phi-3's one stacked ``gate_up_proj``), gate and up without a bias,
+    once the module's own forward, run on two random rows, has given what the formula gives. Nothing else
+    about the module is assumed: a GELU MLP or another formula fails the check and keeps its forward. The
+    check needs weights that tell SiLU from another activation: patch after loading or initializing them
+    (all-zero weights are left as they are).
 
-    The class is the module's own class with this forward mixed in (``isinstance`` still holds).
-    ``gate_proj`` and ``up_proj`` keep their Parameters (the state dict is unchanged); their data is moved
-    into one [2N, K] storage, so that the stacked weight is a view, not a copy. Where a gradient is wanted
-    for those weights, the module's own forward runs: ``gated_matmul`` would differentiate by the stacked
-    weight, which is no Parameter. A pickle or deep copy of the module is of its own class (patch it again).
+    The class is the module's own class with this forward mixed in (``isinstance`` still holds). The gate
+    and up Linears keep their Parameters (the state dict is unchanged); their data is moved into one
+    [2N, K] storage, so that the stacked weight is a view, not a copy. Where a gradient is wanted for those
+    weights, the module's own forward runs: ``gated_matmul`` would differentiate by the stacked weight, which
+    is no Parameter. A pickle or deep copy of the module is of its own class (patch it again).
     """
 
     _unfused: type  # the module's own class
@@ -140,21 +157,18 @@ class FusedMLP:
             return self._unfused.forward(self, x)
         rows = x.reshape(-1, x.shape[-1])
         h = ops.gated_matmul_call(rows, weight_t)
-        return self.down_proj(h.reshape(*x.shape[:-1], h.shape[-1]))
+        return self._modules[self.__dict__["_gated_names"].down](h.reshape(*x.shape[:-1], h.shape[-1]))
 
     def _stacked_weight_t(self) -> torch.Tensor | None:
         """[Wg Wu]^T, or None where the module's own forward must run. Read through the dicts, not attribute
         access: nn.Module.__getattr__ cost about 0.5 us per name here (timeit on the CPU machine)."""
-        modules = self._modules
-        gate_up = modules.get("gate_up_proj")
-        if gate_up is not None:  # one [2N, K] weight already (Phi-3)
-            weight = gate_up._parameters.get("weight")
-            if weight is None or (weight.requires_grad and torch.is_grad_enabled()):
-                return None
-            return weight.t()
-        gate, up = modules["gate_proj"]._parameters.get("weight"), modules["up_proj"]._parameters.get("weight")
-        if gate is None or up is None or ((gate.requires_grad or up.requires_grad) and torch.is_grad_enabled()):
+        gate, up = _gate_and_up(self)
+        if gate is None or (gate.requires_grad and torch.is_grad_enabled()):
             return None  # a parametrization added since, or a gradient wanted for the weights
+        if up is None:  # one [2N, K] weight already
+            return gate.t() if self.__dict__["_gated_names"].up is None else None
+        if up.requires_grad and torch.is_grad_enabled():
+            return None
         stacked = self.__dict__.get("_stacked")
         if stacked is not None and stacked.gate is gate and stacked.up is up and (
                 torch.compiler.is_compiling() or (gate.data_ptr() == stacked.gate_ptr and up.data_ptr() == stacked.up_ptr)):
@@ -171,7 +185,7 @@ class FusedMLP:
         self.__dict__.pop("_stacked", None)
         module = super()._apply(fn, recurse)
         gate, up = _gate_and_up(self)
-        if up is not None and gate.is_floating_point() and gate.device.type != "meta":
+        if gate is not None and up is not None and gate.is_floating_point() and gate.device.type != "meta":
             self.__dict__["_stacked"] = _stack(gate, up)
         return module
 
@@ -179,8 +193,11 @@ class FusedMLP:
         # Pickled (and deep-copied) as the module's own class: a class made at patch time cannot be found by
         # name when a pickle is loaded.
         state = self.__getstate__()
-        state = {name: value for name, value in state.items() if name != "_stacked"}
+        state = {name: value for name, value in state.items() if name not in _FUSED_STATE}
         return _new_module, (type(self)._unfused,), state
+
+
+_FUSED_STATE = ("_stacked", "_gated_names")  # what a FusedMLP keeps in its __dict__
 
 
 def _new_module(cls: type) -> nn.Module:
@@ -199,12 +216,13 @@ def _fused_class(cls: type) -> type:
     return fused
 
 
-def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(gate weight, up weight), or (the stacked [2N, K] weight, None) for a ``gate_up_proj``."""
-    children = module._modules
-    if "gate_up_proj" in children:
-        return children["gate_up_proj"].weight, None
-    return children["gate_proj"].weight, children["up_proj"].weight
+def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A FusedMLP's (gate weight, up weight), or (the stacked [2N, K] weight, None); None for a weight that
+    is no Parameter any more (a parametrization added since)."""
+    names = module.__dict__["_gated_names"]
+    modules = module._modules
+    gate = modules[names.gate]._parameters.get("weight")
+    return gate, None if names.up is None else modules[names.up]._parameters.get("weight")
 
 
 def _stack(gate: torch.Tensor, up: torch.Tensor) -> _Stacked:
@@ -226,32 +244,34 @@ def _stack(gate: torch.Tensor, up: torch.Tensor) -> _Stacked:
     return _Stacked(gate, up, weight_t, gate.data_ptr(), up.data_ptr())
 
 
-def _gated_children(module: nn.Module) -> tuple[nn.Module, ...] | None:
-    """(gate, up, down) Linears, or (gate_up, down), where ``module`` has the shape of a gated MLP; else None."""
-    children = module._modules
-
-    def linear(name: str, bias_allowed: bool = False) -> nn.Module | None:
-        child = children.get(name)
-        if type(child) not in (nn.Linear, Linear) or (child.bias is not None and not bias_allowed):
-            return None
-        weight = child._parameters.get("weight")  # a parametrized weight is computed: no storage to share
-        if weight is None or not weight.is_floating_point() or weight.device.type == "meta":
-            return None
-        return child
-
-    down = linear("down_proj", bias_allowed=True)
-    if down is None:
+def _linear_child(module: nn.Module, name: str, bias_allowed: bool) -> nn.Module | None:
+    """``module``'s child ``name`` where it is a plain (or patched) Linear with a weight of its own to share."""
+    child = module._modules.get(name)
+    if type(child) not in (nn.Linear, Linear) or (child.bias is not None and not bias_allowed):
         return None
-    if "gate_up_proj" in children:
-        gate_up = linear("gate_up_proj")
-        if gate_up is None or gate_up.out_features != 2 * down.in_features:
-            return None
-        return gate_up, down
-    gate, up = linear("gate_proj"), linear("up_proj")
-    if gate is None or up is None or gate.weight.shape != up.weight.shape or up.weight.dtype != gate.weight.dtype \
-            or up.weight.device != gate.weight.device or down.in_features != gate.out_features:
+    weight = child._parameters.get("weight")  # a parametrized weight is computed: no storage to share
+    if weight is None or not weight.is_floating_point() or weight.device.type == "meta":
         return None
-    return gate, up, down
+    return child
+
+
+def _gated_children(module: nn.Module) -> tuple[_Names, tuple[nn.Module, ...]] | None:
+    """The names and the (gate, up, down) Linears, or (gate_up, down), where ``module`` has the shape of a
+    gated MLP by one of the conventions; else None."""
+    for names in _CONVENTIONS:
+        down = _linear_child(module, names.down, bias_allowed=True)
+        gate = _linear_child(module, names.gate, bias_allowed=False)
+        if down is None or gate is None:
+            continue
+        if names.up is None:
+            if gate.out_features == 2 * down.in_features:
+                return names, (gate, down)
+            continue
+        up = _linear_child(module, names.up, bias_allowed=False)
+        if up is not None and up.weight.shape == gate.weight.shape and up.weight.dtype == gate.weight.dtype \
+                and up.weight.device == gate.weight.device and down.in_features == gate.out_features:
+            return names, (gate, up, down)
+    return None
 
 
 _CHECK_ROWS = 2
@@ -285,10 +305,12 @@ def _fuse(module: nn.Module) -> bool:
     """Make ``module`` a ``FusedMLP`` where it is a SiLU-gated MLP by its Linears and by its forward's result."""
     if isinstance(module, FusedMLP):
         return True
-    children = _gated_children(module)
-    if children is None or not _computes_gated_mlp(module, children):
+    found = _gated_children(module)
+    if found is None or not _computes_gated_mlp(module, found[1]):
         return False
+    names, children = found
     module.__class__ = _fused_class(type(module))
+    module.__dict__["_gated_names"] = names
     if len(children) == 3:
         module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
     return True

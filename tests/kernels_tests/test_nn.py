@@ -358,6 +358,19 @@ class _Phi3MLP(torch.nn.Module):
         return self.down_proj(up * torch.nn.functional.silu(gate))
 
 
+class _MetaFeedForward(torch.nn.Module):
+    """The shape of Meta's Llama FeedForward (and transformers' Mixtral expert MLP): w2(silu(w1(x)) * w3(x))."""
+
+    def __init__(self, hidden: int = 16, ffn: int = 24) -> None:
+        super().__init__()
+        self.w1 = torch.nn.Linear(hidden, ffn, bias=False)
+        self.w2 = torch.nn.Linear(ffn, hidden, bias=False)
+        self.w3 = torch.nn.Linear(hidden, ffn, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
 def _gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     """The (a, b) shapes of each kernels.gated_matmul call from here on (a spy: the call itself runs)."""
     calls: list[tuple] = []
@@ -371,7 +384,7 @@ def _gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     return calls
 
 
-@pytest.mark.parametrize("make", [_LlamaMLP, _Phi3MLP], ids=["gate_proj-up_proj", "gate_up_proj"])
+@pytest.mark.parametrize("make", [_LlamaMLP, _MetaFeedForward, _Phi3MLP], ids=["gate_proj-up_proj", "w1-w3", "gate_up_proj"])
 def test_patch_fuses_a_silu_gated_mlp_into_one_gated_call_with_the_same_parameters(monkeypatch, make) -> None:
     torch.manual_seed(0)
     mlp = make().to(DEVICE)
