@@ -5,7 +5,8 @@ newest database last (it wins), as one export document (db.io, schema_version 2)
         --base kernels/tables/h100.json -o kernels/tables/h100.json
 
 ``--base`` keeps an earlier table's records (the public suite's) unless a database has the same
-problem and mode; ``--only corpus-part`` keeps only problems of that corpus part from the databases.
+problem and mode; ``--only corpus-part`` keeps only problems of that corpus part from the databases
+(matmul's and gated_matmul's: tuner.corpus.corpus_problems).
 ``--same-winners`` (with ``--base``): a problem's database records replace the base's only where every
 mode names the same winner in both, so that a re-decision (scripts/redecide.py) refreshes the stored
 times without flipping winners on a contest's noise (host-bound eager contests moved 10-20% between
@@ -62,12 +63,13 @@ def main() -> None:
     if args.only:
         from tuner import corpus
 
-        keep = {p.key for p in corpus.corpus_problems(args.only)}
+        # (kernel, problem key): a gated MLP's key can read like a matmul key of another part
+        keep = {(kernel, p.key) for kernel in ("matmul", "gated_matmul") for p in corpus.corpus_problems(args.only, kernel)}
     found: dict[tuple, Record] = {}
     for url in args.db:
         with Store(url, create=False) as store:
             for record in store.records(device=args.device):
-                if keep is None or record.problem_key in keep:
+                if keep is None or (record.kernel, record.problem_key) in keep:
                     found[record.key] = record
     kept = _other_winners(records, found) if args.same_winners else set()
     records.update((key, record) for key, record in found.items() if key[:3] not in kept)

@@ -83,3 +83,31 @@ def test_settle_gpu_bound_stores_torch_matmuls_time_for_gpu_bound_cublas_eager_r
 def test_ship_table_with_nothing_to_write_is_refused_with_the_fix(tmp_path: Path) -> None:
     done = _ship("--device", "h100", "-o", str(tmp_path / "t.json"))
     assert done.returncode == 2 and "pass --db" in done.stderr and not (tmp_path / "t.json").exists()
+
+
+def test_only_keeps_each_kernels_problems_of_that_corpus_part(tmp_path: Path) -> None:
+    """``--only tuned`` keeps the tuned part's matmul and gated_matmul problems and drops the held-out part's
+    of both (a gated MLP's key is checked against the gated problems, not the matmul ones)."""
+    from tuner import corpus
+
+    gated_config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_SIZE_M": 1, "GEMV_BLOCK_N": 2,
+                    "GEMV_BLOCK_K": 1024, "num_warps": 4, "num_stages": 2}
+    records, expected = [], set()
+    for kernel in ("matmul", "gated_matmul"):
+        for part in ("tuned", "held_out"):
+            problem = next(p for p in corpus.corpus_problems(part, kernel) if p.shapes[0][0] == 1)
+            m, n, k = problem.shapes[0]
+            changes = dict(kernel=kernel, problem_key=problem.key, dtype=problem.dtype, mode="graph", time_ms=0.05,
+                           cublas_ms=0.06)
+            if kernel == "gated_matmul":
+                changes.update(config=gated_config, triton_config=gated_config)
+            records.append(make_record(m, n, k, **changes))
+            if part == "tuned":
+                expected.add((kernel, problem.key))
+    url = f"sqlite:///{tmp_path / 'parts.db'}"
+    with Store(url) as store:
+        store.put_many(records)
+    out = tmp_path / "table.json"
+    done = _ship("--device", "NVIDIA H100 80GB HBM3", "--db", url, "--only", "tuned", "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert {(r.kernel, r.problem_key) for r in load_document(out)} == expected
