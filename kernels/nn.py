@@ -81,12 +81,13 @@ def patch(model: nn.Module, fuse_mlp: bool = True) -> nn.Module:
     is not ``nn.Linear``'s, so swapping it would change what they compute. With ``fuse_mlp``, each SiLU-gated
     MLP (see ``FusedMLP``) computes its gate and up projections in one ``gated_matmul`` launch.
     """
-    if fuse_mlp:  # first, while every Linear still runs torch's own forward for the check
-        for module in model.modules():
-            _fuse(module)
+    fused = sum(_fuse(module) for module in model.modules()) if fuse_mlp else 0  # first: the check runs torch's Linears
+    linears = 0
     for module in model.modules():
         if type(module) is nn.Linear:
             Linear.from_linear(module)
+            linears += 1
+    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused", linears, fused)
     return model
 
 
@@ -250,7 +251,9 @@ def _linear_child(module: nn.Module, name: str, bias_allowed: bool) -> nn.Module
     if type(child) not in (nn.Linear, Linear) or (child.bias is not None and not bias_allowed):
         return None
     weight = child._parameters.get("weight")  # a parametrized weight is computed: no storage to share
-    if weight is None or not weight.is_floating_point() or weight.device.type == "meta":
+    # A tensor subclass (a DTensor shard, a quantized tensor) has no plain storage to stack into.
+    if weight is None or type(weight.data) is not torch.Tensor or not weight.is_floating_point() \
+            or weight.device.type == "meta":
         return None
     return child
 

@@ -506,3 +506,10 @@ def test_patch_without_fuse_mlp_keeps_the_gated_mlps_forward() -> None:
     mlp = _LlamaMLP().to(DEVICE)
     kernels.patch(mlp, fuse_mlp=False)
     assert type(mlp) is _LlamaMLP and type(mlp.gate_proj) is kernels.nn.Linear
+
+
+def test_patch_says_what_it_patched_and_fused(caplog) -> None:
+    model = torch.nn.Sequential(_LlamaMLP(), _LlamaMLP(act=torch.nn.GELU()), torch.nn.Linear(16, 16)).to(DEVICE)
+    with caplog.at_level("INFO", logger="kernels.nn"):
+        kernels.patch(model)
+    assert "7 nn.Linear patched, 1 SiLU-gated MLPs fused" in caplog.text
