@@ -300,7 +300,7 @@ def _computes_gated_mlp(module: nn.Module, children: tuple[nn.Module, ...]) -> b
     if not isinstance(got, torch.Tensor) or got.shape != want.shape or not bool(torch.isfinite(want).all()):
         return False
     scale = want.float().norm()
-    tolerance = 1e-4 if first.dtype == torch.float32 else 1e-2
+    tolerance = 1e-4 if first.dtype in (torch.float32, torch.float64) else 1e-2  # relative L2 error
     return bool(scale > 0) and bool((got.float() - want.float()).norm() <= tolerance * scale)
 
 

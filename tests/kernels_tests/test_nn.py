@@ -513,3 +513,16 @@ def test_patch_says_what_it_patched_and_fused(caplog) -> None:
     with caplog.at_level("INFO", logger="kernels.nn"):
         kernels.patch(model)
     assert "7 nn.Linear patched, 1 SiLU-gated MLPs fused" in caplog.text
+
+
+def test_a_float64_gated_mlp_is_fused_and_runs_in_torch() -> None:
+    """The kernels take no float64: the fused module's gated call computes in torch, at float64's precision."""
+    torch.manual_seed(0)
+    mlp = _LlamaMLP().to(DEVICE, torch.float64)
+    x = torch.randn(3, 16, device=DEVICE, dtype=torch.float64)
+    with torch.no_grad():
+        expected = mlp(x)
+        kernels.patch(mlp)
+        got = mlp(x)
+    assert isinstance(mlp, kernels.nn.FusedMLP)
+    assert got.dtype == torch.float64 and _error(got, expected) < 1e-12
