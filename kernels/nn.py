@@ -81,7 +81,8 @@ def patch(model: nn.Module, fuse_mlp: bool = True) -> nn.Module:
     is not ``nn.Linear``'s, so swapping it would change what they compute. With ``fuse_mlp``, each SiLU-gated
     MLP (see ``FusedMLP``) computes its gate and up projections in one ``gated_matmul`` launch.
     """
-    fused = sum(_fuse(module) for module in model.modules()) if fuse_mlp else 0  # first: the check runs torch's Linears
+    # The MLPs first: the check runs each one's own forward on torch's Linears.
+    fused = sum(_fuse(module) for module in model.modules()) if fuse_mlp else 0
     linears = 0
     for module in model.modules():
         if type(module) is nn.Linear:
@@ -171,8 +172,10 @@ class FusedMLP:
         if up.requires_grad and torch.is_grad_enabled():
             return None
         stacked = self.__dict__.get("_stacked")
-        if stacked is not None and stacked.gate is gate and stacked.up is up and (
-                torch.compiler.is_compiling() or (gate.data_ptr() == stacked.gate_ptr and up.data_ptr() == stacked.up_ptr)):
+        # The same Parameters (a guard under torch.compile), with the same data (asked in eager calls only:
+        # data_ptr() would break the graph).
+        if stacked is not None and stacked.gate is gate and stacked.up is up and (torch.compiler.is_compiling() or (
+                gate.data_ptr() == stacked.gate_ptr and up.data_ptr() == stacked.up_ptr)):
             return stacked.weight_t
         if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
             # New weights met under tracing, or under inference_mode (which would make the Parameters' new data

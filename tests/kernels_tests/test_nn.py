@@ -384,7 +384,8 @@ def _gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     return calls
 
 
-@pytest.mark.parametrize("make", [_LlamaMLP, _MetaFeedForward, _Phi3MLP], ids=["gate_proj-up_proj", "w1-w3", "gate_up_proj"])
+@pytest.mark.parametrize("make", [_LlamaMLP, _MetaFeedForward, _Phi3MLP],
+                         ids=["gate_proj-up_proj", "w1-w3", "gate_up_proj"])
 def test_patch_fuses_a_silu_gated_mlp_into_one_gated_call_with_the_same_parameters(monkeypatch, make) -> None:
     torch.manual_seed(0)
     mlp = make().to(DEVICE)
