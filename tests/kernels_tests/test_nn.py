@@ -527,3 +527,25 @@ def test_a_float64_gated_mlp_is_fused_and_runs_in_torch() -> None:
         got = mlp(x)
     assert isinstance(mlp, kernels.nn.FusedMLP)
     assert got.dtype == torch.float64 and _error(got, expected) < 1e-12
+
+
+def test_a_fused_mlp_whose_weight_is_parametrized_since_runs_its_own_forward(monkeypatch) -> None:
+    """A parametrization computes the weight on every call: there is no storage to stack, so the module's own
+    forward runs, and computes with the parametrized weight."""
+    torch.manual_seed(0)
+    mlp = _LlamaMLP().to(DEVICE)
+    kernels.patch(mlp)
+    plain = _LlamaMLP().to(DEVICE)
+    plain.load_state_dict(mlp.state_dict())
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w: torch.Tensor) -> torch.Tensor:
+            return 2 * w
+
+    for module in (mlp, plain):
+        torch.nn.utils.parametrize.register_parametrization(module.gate_proj, "weight", Doubled())
+    calls = _gated_calls(monkeypatch)
+    x = torch.randn(4, 16, device=DEVICE)
+    with torch.no_grad():
+        assert _error(mlp(x), plain(x)) < FP32_TOLERANCE
+    assert calls == []
