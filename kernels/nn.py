@@ -177,9 +177,11 @@ class FusedMLP:
         if stacked is not None and stacked.gate is gate and stacked.up is up and (torch.compiler.is_compiling() or (
                 gate.data_ptr() == stacked.gate_ptr and up.data_ptr() == stacked.up_ptr)):
             return stacked.weight_t
-        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
-            # New weights met under tracing, or under inference_mode (which would make the Parameters' new data
-            # inference tensors, unusable in training later): the module's own forward this time.
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled() or (
+                gate.is_cuda and torch.cuda.is_current_stream_capturing()):
+            # New weights met under tracing, under inference_mode (which would make the Parameters' new data
+            # inference tensors, unusable in training later) or in a CUDA graph capture (the stacked weights
+            # would live in the graph's memory pool): the module's own forward this time.
             return None
         stacked = _stack(gate, up)  # new Parameters, or new data under the old ones
         self.__dict__["_stacked"] = stacked  # not Module.__setattr__: not a buffer, not in the state dict
