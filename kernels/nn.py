@@ -285,7 +285,7 @@ def _gated_children(module: nn.Module) -> tuple[_Names, tuple[nn.Module, ...]] |
 _CHECK_ROWS = 2
 
 
-def _computes_gated_mlp(module: nn.Module, children: tuple[nn.Module, ...]) -> bool:
+def _computes_gated_mlp(module: nn.Module, names: _Names, children: tuple[nn.Module, ...]) -> bool:
     """Whether ``module``'s own forward gives ``down(silu(gate(x)) * up(x))`` on random rows (drawn from a
     generator of its own: the caller's random stream is left as it was)."""
     first = children[0].weight
@@ -294,7 +294,7 @@ def _computes_gated_mlp(module: nn.Module, children: tuple[nn.Module, ...]) -> b
     try:
         with torch.no_grad():
             got = module.forward(x)
-            if len(children) == 2:
+            if names.up is None:
                 gate, up = children[0](x).chunk(2, dim=-1)
             else:
                 gate, up = children[0](x), children[1](x)
@@ -314,12 +314,12 @@ def _fuse(module: nn.Module) -> bool:
     if isinstance(module, FusedMLP):
         return True
     found = _gated_children(module)
-    if found is None or not _computes_gated_mlp(module, found[1]):
+    if found is None or not _computes_gated_mlp(module, *found):
         return False
     names, children = found
     module.__class__ = _fused_class(type(module))
     module.__dict__["_gated_names"] = names
-    if len(children) == 3:
+    if names.up is not None:
         module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
     return True
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from torch import nn
-from _helpers import DEVICE, relative_error
+from _helpers import DEVICE, LlamaMLP, relative_error
 
 import kernels
 from kernels import _modes, ops
@@ -130,22 +130,9 @@ def test_compiled_gated_matmul_forward_and_backward_trace_whole_through_the_tune
         assert _error(mine.grad, ref.grad) < FP32_TOLERANCE
 
 
-class _LlamaMLP(nn.Module):
-    """transformers' LlamaMLP in shape: what ``kernels.patch`` fuses into a ``kernels.nn.FusedMLP``."""
-
-    def __init__(self, hidden: int, ffn: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, ffn, bias=False)
-        self.up_proj = nn.Linear(hidden, ffn, bias=False)
-        self.down_proj = nn.Linear(ffn, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 def test_a_fused_mlp_compiles_whole_to_one_gated_call_and_trains_through_its_own_forward() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(_LlamaMLP(16, 24), nn.Linear(16, 16)).to(DEVICE)
+    model = nn.Sequential(LlamaMLP(16, 24), nn.Linear(16, 16)).to(DEVICE)
     plain = copy.deepcopy(model)
     kernels.patch(model)
     assert isinstance(model[0], kernels.nn.FusedMLP)

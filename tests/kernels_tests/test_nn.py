@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 import torch
-from _helpers import DEVICE, relative_error
+from _helpers import DEVICE, LlamaMLP, relative_error
 
 import kernels
 
@@ -331,20 +331,6 @@ def test_route_under_torch_compile_counts_and_takes_masked_maxima_as_eager_routi
 
 # ------------------------------------------------------------------------------------------ gated MLPs
 
-class _LlamaMLP(torch.nn.Module):
-    """The shape of transformers' LlamaMLP (Mistral, Qwen2 alike): SiLU of the gate times the up projection."""
-
-    def __init__(self, hidden: int = 16, ffn: int = 24, act: torch.nn.Module | None = None) -> None:
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(hidden, ffn, bias=False)
-        self.up_proj = torch.nn.Linear(hidden, ffn, bias=False)
-        self.down_proj = torch.nn.Linear(ffn, hidden, bias=False)
-        self.act_fn = act if act is not None else torch.nn.SiLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _Phi3MLP(torch.nn.Module):
     """The shape of transformers' Phi3MLP: one stacked [gate; up] projection, chunked."""
 
@@ -384,7 +370,7 @@ def _gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     return calls
 
 
-@pytest.mark.parametrize("make", [_LlamaMLP, _MetaFeedForward, _Phi3MLP],
+@pytest.mark.parametrize("make", [LlamaMLP, _MetaFeedForward, _Phi3MLP],
                          ids=["gate_proj-up_proj", "w1-w3", "gate_up_proj"])
 def test_patch_fuses_a_silu_gated_mlp_into_one_gated_call_with_the_same_parameters(monkeypatch, make) -> None:
     torch.manual_seed(0)
@@ -413,24 +399,24 @@ def test_patch_fuses_a_silu_gated_mlp_into_one_gated_call_with_the_same_paramete
 
 def test_patch_leaves_an_mlp_of_another_activation_or_with_no_telling_weights_as_it_is() -> None:
     torch.manual_seed(0)
-    gelu = _LlamaMLP(act=torch.nn.GELU()).to(DEVICE)
-    zeros = _LlamaMLP().to(DEVICE)
+    gelu = LlamaMLP(act=torch.nn.GELU()).to(DEVICE)
+    zeros = LlamaMLP().to(DEVICE)
     torch.nn.init.zeros_(zeros.gate_proj.weight)  # silu(0) = gelu(0): the check cannot tell, so no fusion
-    biased = _LlamaMLP().to(DEVICE)
+    biased = LlamaMLP().to(DEVICE)
     biased.gate_proj.bias = torch.nn.Parameter(torch.zeros(24, device=DEVICE))  # gated_matmul takes no bias
     x = torch.randn(4, 16, device=DEVICE)
     for mlp in (gelu, zeros, biased):
         with torch.no_grad():
             expected = mlp(x)
         kernels.patch(mlp)
-        assert not isinstance(mlp, kernels.nn.FusedMLP) and type(mlp) is _LlamaMLP
+        assert not isinstance(mlp, kernels.nn.FusedMLP) and type(mlp) is LlamaMLP
         assert type(mlp.gate_proj) is kernels.nn.Linear  # its Linears are patched all the same
         with torch.no_grad():
             assert _error(mlp(x), expected) < FP32_TOLERANCE
 
 
 def test_patch_leaves_the_callers_random_stream_as_it_was() -> None:
-    mlp = _LlamaMLP().to(DEVICE)
+    mlp = LlamaMLP().to(DEVICE)
     torch.manual_seed(1)
     expected = torch.rand(4)
     torch.manual_seed(1)
@@ -441,7 +427,7 @@ def test_patch_leaves_the_callers_random_stream_as_it_was() -> None:
 
 def test_a_fused_mlp_trains_through_its_own_forward_with_torchs_gradients(monkeypatch) -> None:
     torch.manual_seed(0)
-    mlp = _LlamaMLP().to(DEVICE)
+    mlp = LlamaMLP().to(DEVICE)
     reference = copy.deepcopy(mlp)
     kernels.patch(mlp)
     calls = _gated_calls(monkeypatch)
@@ -463,12 +449,12 @@ def test_a_fused_mlp_trains_through_its_own_forward_with_torchs_gradients(monkey
 
 def test_a_fused_mlp_follows_a_cast_new_weights_a_copy_and_a_pickle() -> None:
     torch.manual_seed(0)
-    mlp = _LlamaMLP().to(DEVICE)
+    mlp = LlamaMLP().to(DEVICE)
     kernels.patch(mlp)
     x = torch.randn(5, 16, device=DEVICE)
 
     def check(module: torch.nn.Module, tolerance: float = FP32_TOLERANCE) -> None:
-        plain = _LlamaMLP().to(device=DEVICE, dtype=module.gate_proj.weight.dtype)
+        plain = LlamaMLP().to(device=DEVICE, dtype=module.gate_proj.weight.dtype)
         plain.load_state_dict(module.state_dict())
         xx = x.to(module.gate_proj.weight.dtype)
         with torch.no_grad():
@@ -494,23 +480,23 @@ def test_a_fused_mlp_follows_a_cast_new_weights_a_copy_and_a_pickle() -> None:
     assert mlp.gate_proj.weight.dtype == torch.float16 and isinstance(mlp, kernels.nn.FusedMLP)
     check(mlp, FP16_TOLERANCE)
     copied = copy.deepcopy(mlp)
-    assert type(copied) is _LlamaMLP  # a copy is of the module's own class (patch it again)
+    assert type(copied) is LlamaMLP  # a copy is of the module's own class (patch it again)
     check(copied, FP16_TOLERANCE)
     pickled = pickle.loads(pickle.dumps(mlp))
-    assert type(pickled) is _LlamaMLP
+    assert type(pickled) is LlamaMLP
     check(pickled, FP16_TOLERANCE)
     assert isinstance(mlp, kernels.nn.FusedMLP)  # pickling left the original fused
     check(mlp, FP16_TOLERANCE)
 
 
 def test_patch_without_fuse_mlp_keeps_the_gated_mlps_forward() -> None:
-    mlp = _LlamaMLP().to(DEVICE)
+    mlp = LlamaMLP().to(DEVICE)
     kernels.patch(mlp, fuse_mlp=False)
-    assert type(mlp) is _LlamaMLP and type(mlp.gate_proj) is kernels.nn.Linear
+    assert type(mlp) is LlamaMLP and type(mlp.gate_proj) is kernels.nn.Linear
 
 
 def test_patch_says_what_it_patched_and_fused(caplog) -> None:
-    model = torch.nn.Sequential(_LlamaMLP(), _LlamaMLP(act=torch.nn.GELU()), torch.nn.Linear(16, 16)).to(DEVICE)
+    model = torch.nn.Sequential(LlamaMLP(), LlamaMLP(act=torch.nn.GELU()), torch.nn.Linear(16, 16)).to(DEVICE)
     with caplog.at_level("INFO", logger="kernels.nn"):
         kernels.patch(model)
     assert "7 nn.Linear patched, 1 SiLU-gated MLPs fused" in caplog.text
@@ -519,7 +505,7 @@ def test_patch_says_what_it_patched_and_fused(caplog) -> None:
 def test_a_float64_gated_mlp_is_fused_and_runs_in_torch() -> None:
     """The kernels take no float64: the fused module's gated call computes in torch, at float64's precision."""
     torch.manual_seed(0)
-    mlp = _LlamaMLP().to(DEVICE, torch.float64)
+    mlp = LlamaMLP().to(DEVICE, torch.float64)
     x = torch.randn(3, 16, device=DEVICE, dtype=torch.float64)
     with torch.no_grad():
         expected = mlp(x)
@@ -533,9 +519,9 @@ def test_a_fused_mlp_whose_weight_is_parametrized_since_runs_its_own_forward(mon
     """A parametrization computes the weight on every call: there is no storage to stack, so the module's own
     forward runs, and computes with the parametrized weight."""
     torch.manual_seed(0)
-    mlp = _LlamaMLP().to(DEVICE)
+    mlp = LlamaMLP().to(DEVICE)
     kernels.patch(mlp)
-    plain = _LlamaMLP().to(DEVICE)
+    plain = LlamaMLP().to(DEVICE)
     plain.load_state_dict(mlp.state_dict())
 
     class Doubled(torch.nn.Module):
