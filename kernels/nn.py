@@ -17,7 +17,7 @@ from torch import nn
 
 from . import ops
 
-__all__ = ["FusedMLP", "Linear", "MoE", "patch", "route", "unpatch"]
+__all__ = ["FusedMLP", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route", "unpatch"]
 
 log = logging.getLogger(__name__)
 
@@ -74,31 +74,36 @@ class Linear(nn.Linear):
         return linear
 
 
-def patch(model: nn.Module, fuse_mlp: bool = True) -> nn.Module:
+def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True) -> nn.Module:
     """Make every ``nn.Linear`` in ``model`` (itself included) run on the tuned matmul, in place; returns it.
 
     Subclasses of ``nn.Linear`` other than plain ones (e.g. quantized layers) are left alone: their forward
     is not ``nn.Linear``'s, so swapping it would change what they compute. With ``fuse_mlp``, each SiLU-gated
-    MLP (see ``FusedMLP``) computes its gate and up projections in one ``gated_matmul`` launch.
+    MLP (see ``FusedMLP``) computes its gate and up projections in one ``gated_matmul`` launch. With
+    ``fuse_qkv``, the query, key and value projections of each attention module run as one GEMM wherever the
+    model calls them on one input (see ``SharedInput``).
     """
     # The MLPs first: the check runs each one's own forward on torch's Linears.
     fused = sum(_fuse(module) for module in model.modules()) if fuse_mlp else 0
-    linears = 0
+    shared = sum(_share_input(module) for module in model.modules()) if fuse_qkv else 0
+    linears = shared * len(_SHARED_INPUT_NAMES[0])  # the groups' members are patched Linears too
     for module in model.modules():
         if type(module) is nn.Linear:
             Linear.from_linear(module)
             linears += 1
-    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused", linears, fused)
+    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused",
+             linears, fused, shared)
     return model
 
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again, and every
     ``FusedMLP`` its own class (its gate and up weights stay in one storage: the same values, the same state
-    dict)."""
+    dict, as do the projections of a ``SharedInput`` group)."""
     for module in model.modules():
-        if type(module) is Linear:
-            module.__dict__.pop("_kept_t", None)
+        if type(module) in (Linear, SharedInputLinear):
+            for name in ("_kept_t",) + _SHARED_STATE:
+                module.__dict__.pop(name, None)
             module.__class__ = nn.Linear
         elif isinstance(module, FusedMLP):
             for name in _FUSED_STATE:
@@ -234,20 +239,32 @@ def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor |
 def _stack(gate: torch.Tensor, up: torch.Tensor) -> _Stacked:
     """One [2N, K] storage for both weights, their data moved into it (the Parameters stay), and its
     transposed view; no copy where they already lie one after the other in one storage."""
-    n, k = gate.shape
+    both = _join((gate, up))
+    return _Stacked(gate, up, both.t(), gate.data_ptr(), up.data_ptr())
+
+
+def _join(params: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``params`` (same dtype, device and trailing shape) as one tensor, concatenated along the first dimension,
+    with each Parameter's data moved to its rows of it: afterwards each is a view of the joint tensor, which is
+    no copy. Where they already lie one after the other in one storage, nothing moves."""
     with torch.no_grad():
-        adjacent = gate.is_contiguous() and up.is_contiguous() and up.shape == gate.shape and \
-            up.dtype is gate.dtype and up.device == gate.device and \
-            up.untyped_storage().data_ptr() == gate.untyped_storage().data_ptr() and \
-            up.storage_offset() == gate.storage_offset() + n * k
+        first = params[0]
+        offset = first.storage_offset()
+        adjacent = True
+        for p in params:
+            adjacent = adjacent and p.is_contiguous() and p.shape[1:] == first.shape[1:] and p.dtype is first.dtype \
+                and p.device == first.device and p.storage_offset() == offset \
+                and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+            offset += p.numel()
+        rows = sum(p.shape[0] for p in params)
         if adjacent:
-            weight_t = gate.detach().as_strided((k, 2 * n), (1, k))
-        else:
-            both = torch.cat([gate.detach(), up.detach()])
-            gate.data = both[:n]
-            up.data = both[n:]
-            weight_t = both.t()
-    return _Stacked(gate, up, weight_t, gate.data_ptr(), up.data_ptr())
+            return first.detach().as_strided((rows, *first.shape[1:]), first.stride())
+        joint = torch.cat([p.detach() for p in params])
+        start = 0
+        for p in params:
+            p.data = joint[start:start + p.shape[0]]
+            start += p.shape[0]
+        return joint
 
 
 def _linear_child(module: nn.Module, name: str, bias_allowed: bool) -> nn.Module | None:
@@ -321,6 +338,195 @@ def _fuse(module: nn.Module) -> bool:
     module.__dict__["_gated_names"] = names
     if names.up is not None:
         module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
+    return True
+
+
+# ------------------------------------------------------------------------- projections of one input
+
+# The Linears an attention module calls on one input, by the names models give them. Nothing is checked
+# on the module's forward (it needs masks, positions, caches): each Linear keeps returning its own product,
+# and fusion stops by itself where the model does not call them on one input (``SharedInput``).
+_SHARED_INPUT_NAMES = (
+    ("q_proj", "k_proj", "v_proj"),  # transformers' Llama, Mistral, Qwen2, Gemma, OPT, BART
+    ("wq", "wk", "wv"),  # Meta's Llama
+    ("query", "key", "value"),  # BERT, RoBERTa, ViT
+    ("q", "k", "v"),  # T5
+)
+
+
+class _Joint(NamedTuple):
+    params: tuple[torch.Tensor, ...]  # the weights then biases it was made from: another object means stale
+    ptrs: tuple[int, ...]  # their data's addresses then: another address (new .data) means stale too
+    weight: torch.Tensor  # [N_1 + N_2 + ..., K], each member's weight a view of its rows
+    weight_t: torch.Tensor
+    bias: torch.Tensor | None
+
+
+class SharedInput:
+    """Linears a model calls on one input (an attention module's query, key and value projections) computed
+    as one GEMM over their stacked weights: the input read once, one launch, one larger problem in place of
+    two or three small ones (at decode the key and value projections of a GQA model are short kernels that
+    never reach the card's copy rate).
+
+    ``kernels.patch`` makes each member a ``SharedInputLinear``. The first member called on an input runs
+    the stacked product and returns its columns; the others, called on that same tensor (the same object,
+    not written since: its version counter says so), get theirs from it. Each still returns exactly its own
+    ``x @ W^T + b`` (a view of the stacked output's columns), so nothing about the module's forward is
+    assumed. Where the model calls a member on another input while another member has not yet had its
+    columns (cross-attention: keys and values of the encoder's states; a cache that skips the key and value
+    projections), the group stops fusing for good and each member runs its own GEMM.
+
+    Under ``torch.compile`` the same object is asked for, not the version counter (Dynamo cannot read it): a
+    model that writes into the input in place between its projections must be patched with
+    ``fuse_qkv=False``.
+    """
+
+    def __init__(self, members: tuple[nn.Module, ...]) -> None:
+        self.members = members
+        bounds, start = [], 0
+        for member in members:
+            bounds.append((start, member.out_features))
+            start += member.out_features
+        self.bounds = tuple(bounds)
+        self.fusing = True
+        self.joint: _Joint | None = _joint(members)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.input: torch.Tensor | None = None
+        self.version = 0
+        self.output: torch.Tensor | None = None
+        self.waiting = 0  # a bit per member that has not had its columns of ``output``
+
+    def columns(self, slot: int, x: torch.Tensor) -> torch.Tensor | None:
+        """Member ``slot``'s product with ``x``, or None where it must run its own GEMM."""
+        compiling = torch.compiler.is_compiling()
+        if self.input is not None:
+            if self.input is x and (compiling or self.version == x._version):
+                self.waiting &= ~(1 << slot)
+                output = self.output
+                if not self.waiting:
+                    self._clear()
+                start, width = self.bounds[slot]
+                return output.narrow(-1, start, width)
+            # Another input while a member still waits: this model does not call them all on one input.
+            self._clear()
+            self.fusing = False
+            if not compiling:
+                log.info("kernels.nn: %s are not called on one input; each runs its own GEMM from now on",
+                         ", ".join(type(m).__name__ for m in self.members))
+            return None
+        if x.dim() == 0 or torch._C._is_any_autocast_enabled():
+            return None  # the member's own forward raises, or casts as torch's linear does
+        joint = self._current()
+        if joint is None:
+            return None
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
+        if x.dim() != 2:
+            output = output.reshape(*x.shape[:-1], output.shape[-1])
+        self.input, self.output = x, output
+        self.version = 0 if compiling else x._version
+        self.waiting = ((1 << len(self.members)) - 1) & ~(1 << slot)
+        start, width = self.bounds[slot]
+        return output.narrow(-1, start, width)
+
+    def _weight_t(self, weight: torch.Tensor) -> torch.Tensor:
+        return self.joint.weight_t
+
+    def _current(self) -> _Joint | None:
+        """The joint weights, stacked again where a member's Parameters or their data changed; None where the
+        members must run their own GEMMs this time (a gradient wanted for a weight, a parametrized weight)."""
+        params = _member_params(self.members)
+        if params is None:
+            return None
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return None  # the stacked weight is no Parameter: autograd would not reach the members'
+        joint = self.joint
+        compiling = torch.compiler.is_compiling()
+        # The same Parameters (a guard under torch.compile), with the same data (asked in eager calls only:
+        # data_ptr() would break the graph).
+        if joint is not None and len(joint.params) == len(params) and all(
+                a is b for a, b in zip(joint.params, params)) and (
+                compiling or all(p.data_ptr() == ptr for p, ptr in zip(params, joint.ptrs))):
+            return joint
+        first = params[0]
+        if compiling or torch.is_inference_mode_enabled() or (first.is_cuda and torch.cuda.is_current_stream_capturing()):
+            return None  # as FusedMLP: new weights are stacked in eager calls outside inference_mode and capture
+        self.joint = _joint(self.members)
+        return self.joint
+
+
+def _member_params(members: tuple[nn.Module, ...]) -> tuple[torch.Tensor, ...] | None:
+    """The members' weights, then their biases (all or none), as Parameters; None where one is not (a
+    parametrization added since) or where they no longer match (one bias removed, a dtype changed)."""
+    weights = tuple(m._parameters.get("weight") for m in members)
+    biases = tuple(m._parameters.get("bias") for m in members)
+    if any(type(w) is not nn.Parameter for w in weights):
+        return None
+    first = weights[0]
+    if any(w.dtype is not first.dtype or w.device != first.device or w.shape[1] != first.shape[1] for w in weights):
+        return None
+    if all(b is None for b in biases):
+        return weights
+    if any(type(b) is not nn.Parameter or b.dtype is not first.dtype for b in biases):
+        return None
+    return weights + biases
+
+
+def _joint(members: tuple[nn.Module, ...]) -> _Joint | None:
+    params = _member_params(members)
+    if params is None:
+        return None
+    weights, biases = params[:len(members)], params[len(members):]
+    weight = _join(weights)
+    bias = _join(biases) if biases else None
+    return _Joint(params, tuple(p.data_ptr() for p in params), weight, weight.t(), bias)
+
+
+class SharedInputLinear(Linear):
+    """A ``kernels.nn.Linear`` that is one of a ``SharedInput`` group: its product comes from the group's stacked
+    GEMM where the model calls the group on one input, from its own GEMM elsewhere. Pickled and deep-copied
+    as a ``kernels.nn.Linear`` (patch the copy again to fuse it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        group = self.__dict__.get("_shared")
+        if group is not None and group.fusing:
+            y = group.columns(self.__dict__["_slot"], x)
+            if y is not None:
+                return y
+        return Linear.forward(self, x)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        state = {name: value for name, value in self.__getstate__().items() if name not in _SHARED_STATE}
+        return _new_module, (Linear,), state
+
+
+_SHARED_STATE = ("_shared", "_slot")  # what a SharedInputLinear keeps in its __dict__
+
+
+def _shared_input_members(module: nn.Module) -> tuple[nn.Module, ...] | None:
+    """The projections of ``module`` that one naming convention names, where they can share one GEMM: plain
+    (or patched) Linears with weights of their own, one input width, dtype and device, biases all or none."""
+    for names in _SHARED_INPUT_NAMES:
+        members = tuple(_linear_child(module, name, bias_allowed=True) for name in names)
+        if any(m is None for m in members) or any(isinstance(m, SharedInputLinear) for m in members):
+            continue
+        if _member_params(members) is not None and len({id(m) for m in members}) == len(members):
+            return members
+    return None
+
+
+def _share_input(module: nn.Module) -> bool:
+    """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them."""
+    members = _shared_input_members(module)
+    if members is None:
+        return False
+    group = SharedInput(members)
+    for slot, member in enumerate(members):
+        member.__class__ = SharedInputLinear
+        member.__dict__["_shared"] = group
+        member.__dict__["_slot"] = slot
     return True
 
 

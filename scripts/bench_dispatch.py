@@ -53,7 +53,7 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
     if args.corpus:
         from tuner import corpus
 
-        problems += corpus.corpus_problems(args.corpus, kernel)
+        problems += corpus.corpus_problems(args.corpus, kernel, qkv=getattr(args, "qkv", False))
     if args.dtype:
         problems = [p for p in problems if p.dtype in args.dtype]
     if getattr(args, "m", None):
@@ -153,6 +153,8 @@ def main() -> int:
     parser.add_argument("--key", action="append", help="a problem key, e.g. bf16:nt:8x4096x4096 (repeatable)")
     parser.add_argument("--keys", help="a file of problem keys, one per line")
     parser.add_argument("--corpus", help="a part of the model corpus: tuned, held_out or all (tuner/corpus.py)")
+    parser.add_argument("--qkv", action="store_true",
+                        help="with --corpus: the models' query/key/value projections stacked (kernels.patch runs them so)")
     parser.add_argument("--dtype", action="append", help="only these dtypes")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--db", default=None, help="the database dispatch reads (default: TUNER_DB or the default file)")

@@ -1,7 +1,7 @@
 """Whole layers, end to end: a Llama-3-70B decoder layer and a Mixtral MoE block, torch against ours.
 
 Columns (per layer and token count): torch eager; torch eager captured by hand in a CUDA graph;
-torch.compile default; torch.compile(mode="max-autotune"); ours (kernels.patch, gate/up fused, MoE through
+torch.compile default; torch.compile(mode="max-autotune"); ours (kernels.patch: gate/up and q/k/v fused, MoE through
 moe_matmul) eager, in a hand-captured CUDA graph, under torch.compile(fullgraph=True), and compiled then
 captured in a CUDA graph (ours_compile_graph: Inductor's fusions around our operators). For each: the
 latency (ms per layer call), the time to get there (compile/autotune of the first call; for ours the
@@ -88,18 +88,26 @@ def captured(fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], None], torch.
 
 # ------------------------------------------------------------------------------------- ours on and off
 
+FUSE_QKV = True  # --no-fuse-qkv: ours without the query/key/value projections stacked (an ablation)
+
+
 @contextlib.contextmanager
 def ours(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """``model`` running on our kernels as ``kernels.patch`` makes it (patched Linears, the gated MLP fused),
-    the MoE block's experts on moe_matmul; then restored."""
+    """``model`` running on our kernels as ``kernels.patch`` makes it (patched Linears, the gated MLP fused,
+    the query, key and value projections one GEMM), the MoE block's experts on moe_matmul; then restored."""
     is_moe = isinstance(model, TorchMoE)
-    kernels.patch(model)
+    kernels.patch(model, fuse_qkv=FUSE_QKV)
     if is_moe:
         model.__class__ = OursMoE
-    elif not isinstance(model.mlp, kernels.nn.FusedMLP):
-        kernels.unpatch(model)
-        raise RuntimeError("kernels.patch did not fuse the decoder layer's gated MLP: the ours columns would not "
-                           "run the gated kernel")
+    else:
+        missing = [what for what, done in (
+            ("the gated MLP", isinstance(model.mlp, kernels.nn.FusedMLP)),
+            ("the query/key/value projections", not FUSE_QKV or type(model.q_proj) is kernels.nn.SharedInputLinear))
+            if not done]
+        if missing:
+            kernels.unpatch(model)
+            raise RuntimeError(f"kernels.patch did not fuse {' and '.join(missing)} of the decoder layer: the ours "
+                               "columns would not run what a patched model runs")
     try:
         yield model
     finally:
@@ -320,8 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=None, help="timed calls per column (default 50; 10 prefill)")
     parser.add_argument("--rounds", type=int, default=2,
                         help="rounds per setting, the columns' order reversed every other round (default 2)")
+    parser.add_argument("--no-fuse-qkv", action="store_true",
+                        help="ours without the query/key/value projections stacked (kernels.patch(fuse_qkv=False))")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_layers_out"))
     args = parser.parse_args(argv)
+    global FUSE_QKV
+    FUSE_QKV = not args.no_fuse_qkv
     if args.rounds < 1:
         parser.error(f"--rounds {args.rounds}: each column needs at least one round; pass --rounds 1 or more")
     unknown = [c for c in args.columns or () if c not in ALL_COLUMNS]

@@ -6,6 +6,7 @@
     PYTHONPATH=. python3 scripts/quick_tune.py --corpus tuned --small-m-first --budget-s 520 --db sqlite:///h200.db
     PYTHONPATH=. python3 scripts/quick_tune.py --kernel gated_matmul --corpus all --m 1 --m 8 --db sqlite:///g.db
 
+``--qkv``: the corpus's query, key and value projections stacked (tuner.corpus.qkv_entries).
 ``--kernel gated_matmul``: the corpus's SiLU-gated MLPs (gate and up stacked, tuner.corpus.gated_entries).
 """
 
@@ -36,6 +37,8 @@ def main() -> int:
     parser.add_argument("--key", action="append")
     parser.add_argument("--keys")
     parser.add_argument("--corpus")
+    parser.add_argument("--qkv", action="store_true",
+                        help="with --corpus: the models' query/key/value projections stacked (kernels.patch runs them so)")
     parser.add_argument("--dtype", action="append")
     parser.add_argument("--kernel", default="matmul", choices=("matmul", "gated_matmul"),
                         help="the kernel whose problems --key, --keys and --corpus name (default matmul)")

@@ -59,9 +59,14 @@ def _entries(part: str, kernel: str, shapes: Callable[[dict], Iterator[tuple[str
     return list(found.values())
 
 
-def corpus_problems(part: str = "all", kernel: str = "matmul") -> list[Problem]:
+def corpus_problems(part: str = "all", kernel: str = "matmul", qkv: bool = False) -> list[Problem]:
     """The corpus problems of ``part`` for ``kernel``: every nn.Linear for ``matmul``; each model's MLP gate
-    and up projections, stacked, for ``gated_matmul`` (how scripts/_layers.py runs a decoder layer)."""
+    and up projections, stacked, for ``gated_matmul`` (how scripts/_layers.py runs a decoder layer).
+    ``qkv``: instead of the Linears, each model's query, key and value projections stacked (``matmul`` only)."""
+    if qkv:
+        if kernel != "matmul":
+            raise ValueError(f"the stacked query/key/value projections are matmul problems, not {kernel!r}")
+        return [entry.problem for entry in qkv_entries(part)]
     if kernel == "matmul":
         return [entry.problem for entry in entries(part)]
     if kernel == "gated_matmul":
@@ -93,6 +98,22 @@ def _gated_pairs(layers: list) -> Iterator[tuple[tuple[str, ...], int, int]]:
             yield (name,), n // 2, k
         elif name.endswith("gate_proj") and shapes.get(name[: -len("gate_proj")] + "up_proj") == (n, k):
             yield (name, name[: -len("gate_proj")] + "up_proj"), n, k
+
+
+def qkv_entries(part: str = "all") -> list[CorpusEntry]:
+    """Each model's query, key and value projections as one ``matmul`` problem per dtype and token count:
+    x @ [Wq; Wk; Wv].t(), what ``kernels.patch`` runs for them (kernels.nn.SharedInput). Models that stack
+    them already (Phi-3's ``qkv_proj``) have them among their Linears; models without the three (DeepSeek's
+    latent attention) have none."""
+    return _entries(part, "matmul", _qkv_layers)
+
+
+def _qkv_layers(document: dict) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
+    names = ("q_proj", "k_proj", "v_proj")
+    for model in document["models"]:
+        shapes = {name: (int(n), int(k)) for name, n, k in model["layers"]}
+        if all(name in shapes for name in names) and len({shapes[name][1] for name in names}) == 1:
+            yield model["name"], sum(shapes[name][0] for name in names), shapes["q_proj"][1], names
 
 
 def _layers(document: dict) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:

@@ -65,6 +65,21 @@ def test_gated_problems_are_each_silu_models_gate_and_up_pair_split_by_model() -
         corpus.corpus_problems("all", "moe_matmul")
 
 
+def test_qkv_problems_are_each_models_query_key_and_value_projections_stacked() -> None:
+    """What kernels.patch runs for an attention module's projections: one matmul of N = Nq + Nk + Nv; Phi-3
+    (qkv_proj, already among its Linears) and DeepSeek-V2-Lite (latent attention) have none."""
+    entries = corpus.qkv_entries("all")
+    assert {(e.model, e.problem.shapes[0][1:]) for e in entries} == {
+        ("Llama-3-70B", (10240, 8192)), ("Qwen2.5-7B", (4608, 3584)), ("Qwen2.5-32B", (7168, 5120)),
+        ("Gemma-2-9B", (8192, 3584))}
+    assert all(e.problem.kernel == "matmul" and e.problem.layout == "nt" for e in entries)
+    assert len(entries) == 4 * 7 * 2
+    assert {e.model for e in corpus.qkv_entries("held_out")} == {"Qwen2.5-32B", "Gemma-2-9B"}
+    assert [p.key for p in corpus.corpus_problems("tuned", qkv=True)] == [e.problem.key for e in corpus.qkv_entries("tuned")]
+    with pytest.raises(ValueError, match="matmul problems"):
+        corpus.corpus_problems("all", "gated_matmul", qkv=True)
+
+
 def test_unknown_part_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="tuned, held_out, all"):
         corpus.entries("test")
