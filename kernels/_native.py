@@ -35,11 +35,13 @@ the user's call will run it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from importlib import resources
 from typing import Any
 
@@ -119,7 +121,7 @@ def _build() -> None:
         from . import _modes
 
         _clear_stale_lock(_NAME)
-        with resources.as_file(resources.files("kernels") / "_native.cpp") as source:
+        with _builder_mark(_NAME), resources.as_file(resources.files("kernels") / "_native.cpp") as source:
             module = load(name=_NAME, sources=[str(source)], extra_cflags=["-O2"], extra_ldflags=["-ldl"],
                           verbose=False)
         module.use_modes(_modes)
@@ -152,10 +154,11 @@ def _build() -> None:
 
 
 def _clear_stale_lock(name: str, stale_s: float | None = None) -> None:
-    """Remove the build lock of extension ``name`` once nothing in its build directory has changed for
-    ``stale_s`` (STALE_LOCK_S): a live build writes its files before that, or its process exited and left
-    the lock. Until then, wait: another process may be building, and its result is ours to load. A lock
-    taken after this returns is torch's to wait on, without a limit; ``start(block=True)`` is bounded."""
+    """Remove the build lock of extension ``name`` at once where the processes that marked the directory
+    (``_builder_mark``) have all exited and none works in it, else once nothing in its build directory has
+    changed for ``stale_s`` (STALE_LOCK_S): a live build writes its files before that, or its process exited
+    and left the lock. Until then, wait: another process may be building, and its result is ours to load. A
+    lock taken after this returns is torch's to wait on, without a limit; ``start(block=True)`` is bounded."""
     try:
         from torch.utils.cpp_extension import _get_build_directory  # torch's own naming of the directory
     except ImportError:  # another torch: its load() waits as before
@@ -164,6 +167,15 @@ def _clear_stale_lock(name: str, stale_s: float | None = None) -> None:
     directory = _get_build_directory(name, verbose=False)
     lock = os.path.join(directory, "lock")
     while os.path.exists(lock):
+        try:
+            judged = os.stat(lock).st_ino  # the lock judged below: another one found later is not removed
+        except OSError:
+            return  # gone meanwhile
+        if _builders_gone(directory):
+            if _remove_unless_renewed(lock, -1.0, judged):
+                log.warning("removed %s: the process that built there exited during its build", lock)
+                _forget_dead_marks(directory)
+            return
         quiet = time.time() - _last_change(directory)
         if quiet > stale_s:
             if _remove_unless_renewed(lock, stale_s):
@@ -171,6 +183,91 @@ def _clear_stale_lock(name: str, stale_s: float | None = None) -> None:
                             "exited)", lock, quiet)
             return
         time.sleep(min(0.5, stale_s - quiet + 0.01))
+
+
+_MARK_PREFIX = "builder."
+
+
+def _mark_name() -> str:
+    return f"{_MARK_PREFIX}{socket.gethostname()}.{os.getpid()}"
+
+
+@contextlib.contextmanager
+def _builder_mark(name: str) -> Iterator[None]:
+    """A file naming this host and process in the build directory while it builds: a later process that
+    finds the lock, every such mark of a process that no longer runs, and no process working in the
+    directory, knows the lock was left behind and need not wait STALE_LOCK_S for it."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        mark = os.path.join(_get_build_directory(name, verbose=False), _mark_name())
+        with open(mark, "w"):
+            pass
+    except (ImportError, OSError):  # no mark: later processes judge a lock by its age alone
+        mark = None
+    try:
+        yield
+    finally:
+        if mark is not None:
+            try:
+                os.remove(mark)
+            except OSError:
+                pass
+
+
+def _builders_gone(directory: str) -> bool:
+    """Whether the lock in ``directory`` is known to be left behind: it has builder marks, all of this host
+    and of processes that no longer run, and no process of this host runs in the directory (a compiler that
+    an exited build left running). False where that cannot be known (no marks, another host's mark, no
+    /proc): the lock is then judged by its age."""
+    try:
+        marks = [entry.name for entry in os.scandir(directory) if entry.name.startswith(_MARK_PREFIX)]
+    except OSError:
+        return False
+    host = socket.gethostname()
+    if not marks or not os.path.isdir("/proc"):
+        return False
+    for mark in marks:
+        mark_host, _, pid = mark[len(_MARK_PREFIX):].rpartition(".")
+        if mark_host != host or not pid.isdigit() or _alive(int(pid)):
+            return False
+    return not _working_in(directory)
+
+
+def _forget_dead_marks(directory: str) -> None:
+    host = socket.gethostname()
+    for entry in os.scandir(directory):
+        mark_host, _, pid = entry.name[len(_MARK_PREFIX):].rpartition(".")
+        if entry.name.startswith(_MARK_PREFIX) and mark_host == host and pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.remove(entry.path)
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        return True
+    return True
+
+
+def _working_in(directory: str) -> bool:
+    """Whether a process of this host has its working directory in ``directory`` (ninja and its compilers
+    run there)."""
+    real = os.path.realpath(directory)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:  # gone, or not ours to read
+            continue
+        if cwd == real or cwd.startswith(real + os.sep):
+            return True
+    return False
 
 
 def _last_change(directory: str) -> float:
@@ -182,16 +279,18 @@ def _last_change(directory: str) -> float:
         return 0.0
 
 
-def _remove_unless_renewed(lock: str, stale_s: float) -> bool:
+def _remove_unless_renewed(lock: str, stale_s: float, judged: int | None = None) -> bool:
     """Remove ``lock`` if it is still the stale one: it is moved aside first (atomic), and put back where
-    another process took a fresh lock between our look and the move. True where a stale lock went."""
+    another process took a fresh lock between our look and the move (the lock moved is younger than
+    ``stale_s``, or is another file than the one judged, inode ``judged``). True where a stale lock went."""
     aside = f"{lock}.stale-{os.getpid()}-{threading.get_ident()}"
     try:
         os.rename(lock, aside)
     except OSError:  # gone already: another process removed it or its build finished
         return False
     try:
-        if time.time() - os.path.getmtime(aside) > stale_s:
+        moved = os.stat(aside)
+        if time.time() - moved.st_mtime > stale_s and (judged is None or moved.st_ino == judged):
             return True
         try:  # a fresh lock, taken after our look: back where its owner will release it
             os.link(aside, lock)

@@ -9,7 +9,9 @@ as dispatch's own are, and are timed again with that path suspended); "cublas pl
 tuned table leaves it, served by kernels/_native.cpp (built first, or loaded from torch's build cache);
 "cublas, nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). The
 public fused-bias call and a patched model's layer (``kernels.nn.Linear`` against ``torch.nn.Linear``,
-64 -> 64 with a bias, under no_grad) follow, as dispatch picks for them on this GPU. ``--profile`` then
+64 -> 64 with a bias, under no_grad) follow, as dispatch picks for them on this GPU, then an attention
+module's three projections of one input (torch's Linears, ours as three GEMMs, ours as one: kernels.patch's
+default). ``--profile`` then
 says where the host time of the tiled call, the Python cuBLAS plan and the patched layer goes.
 
     PYTHONPATH=. python3 scripts/host_cost.py [--calls 300] [--rounds 31] [--profile]
@@ -83,6 +85,19 @@ def _put_cublas_plan(a: torch.Tensor, b: torch.Tensor) -> None:
 def _no_grad(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return module(x)
+
+
+def _projections(modules: tuple[torch.nn.Module, ...], x: torch.Tensor) -> list[torch.Tensor]:
+    """An attention module's query, key and value projections of one input, as its forward calls them."""
+    with torch.no_grad():
+        return [module(x) for module in modules]
+
+
+class _Projections(torch.nn.Module):
+    def __init__(self, widths: tuple[int, ...]) -> None:
+        super().__init__()
+        for name, width in zip(("q_proj", "k_proj", "v_proj"), widths):
+            setattr(self, name, torch.nn.Linear(64, width, bias=False, device="cuda", dtype=torch.float16))
 
 
 def _put_mixed_plans(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -181,6 +196,19 @@ def main() -> None:
     our_linear = kernels.nn.Linear.from_linear(torch.nn.Linear(64, 64, device="cuda", dtype=torch.float16))
     for name, module in (("torch nn.Linear", torch_linear), ("kernels nn.Linear", our_linear)):
         call = (lambda module=module: _no_grad(module, torch_a))
+        columns.append((name, call, None))
+        samples[name] = []
+        gpu_us[name] = timing.graph_ms(call) * 1e3
+    # The three projections of a GQA attention (64 -> 64, 32, 32) of one input: three patched Linears, then
+    # the same module patched as kernels.patch leaves it by default (one GEMM of N = 128, kernels.nn.SharedInput).
+    torch_qkv, separate, shared = _Projections((64, 32, 32)), _Projections((64, 32, 32)), _Projections((64, 32, 32))
+    kernels.patch(separate, fuse_qkv=False)
+    kernels.patch(shared)
+    assert type(shared.q_proj) is kernels.nn.SharedInputLinear
+    for name, module in (("torch q/k/v Linears", torch_qkv), ("kernels q/k/v, 3 GEMMs", separate),
+                         ("kernels q/k/v, 1 GEMM", shared)):
+        modules = (module.q_proj, module.k_proj, module.v_proj)
+        call = (lambda modules=modules: _projections(modules, torch_a))
         columns.append((name, call, None))
         samples[name] = []
         gpu_us[name] = timing.graph_ms(call) * 1e3

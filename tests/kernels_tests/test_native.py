@@ -5,7 +5,9 @@ everywhere else)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,8 @@ import torch
 
 import kernels
 from kernels import _modes, _native, _plans
+
+REPO = Path(__file__).resolve().parents[2]
 
 def _cannot_build() -> str | None:
     """Why this machine cannot build the extension, or None."""
@@ -311,7 +315,6 @@ def test_with_nothing_tuned_gpu_calls_run_the_cublaslt_plan_once_the_cpp_path_is
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
 def test_kernels_native_lt_0_keeps_every_cublas_call_on_at_mm() -> None:
-    import os
     import subprocess
     import sys
 
@@ -441,7 +444,6 @@ def test_a_build_lock_left_by_an_exited_process_is_removed_once_stale(tmp_path, 
     """torch's build waits without a limit while its lock file is there; a process that exited during its
     build (a daemon thread) left one, and every later process hung. A lock older than STALE_LOCK_S goes;
     a younger one is waited for, until it is gone or stale."""
-    import os
     import time
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
@@ -467,6 +469,65 @@ def test_a_build_lock_left_by_an_exited_process_is_removed_once_stale(tmp_path, 
     started = time.monotonic()
     _native._clear_stale_lock("some_extension", stale_s=0.5)
     assert time.monotonic() - started >= 0.3 and not lock.exists(), "judged by the directory's newest file"
+
+
+_MARKED_BUILDER = """
+import pathlib, sys, time
+from kernels import _native
+with _native._builder_mark("some_extension"):
+    (pathlib.Path(sys.argv[1]) / "lock").write_text("")
+    print("building", flush=True)
+    time.sleep(600)
+"""
+
+
+def _start_builder(directory: Path) -> subprocess.Popen:
+    """A real process that marks the build directory as ``_build`` does, takes the lock, and builds (sleeps)."""
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", _MARKED_BUILDER, str(directory)], stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert child.stdout.readline().strip() == "building"
+    return child
+
+
+def test_a_lock_whose_marked_builder_was_killed_goes_at_once_and_a_live_ones_is_waited_for(tmp_path, monkeypatch) -> None:
+    """A builder killed mid-build (SIGKILL: no cleanup) leaves its lock and its mark; the next process sees the
+    mark's process gone and removes the lock at once, where it used to wait STALE_LOCK_S (180 s: the first
+    problem of a GPU call's quick tune, after a pytest run that ended during its build, session 24 call 2).
+    A live builder's lock, or one with a process still working in the directory, is judged by age as before."""
+    import signal
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    directory = tmp_path / "some_extension"
+    directory.mkdir()
+    lock = directory / "lock"
+    builder = _start_builder(directory)
+    try:
+        started = time.monotonic()
+        _native._clear_stale_lock("some_extension", stale_s=1.0)  # alive: waited for until the age rule
+        assert time.monotonic() - started >= 0.8
+    finally:
+        builder.kill()
+        builder.wait()
+    builder = _start_builder(directory)
+    builder.send_signal(signal.SIGKILL)
+    builder.wait()
+    assert lock.exists() and [p.name for p in directory.iterdir() if p.name.startswith("builder.")]
+    worker = subprocess.Popen(["sleep", "30"], cwd=directory)  # a compiler the killed build left running
+    try:
+        started = time.monotonic()
+        _native._clear_stale_lock("some_extension", stale_s=1.0)
+        assert time.monotonic() - started >= 0.8, "a process working in the directory: judged by age"
+    finally:
+        worker.kill()
+        worker.wait()
+    lock.write_text("")
+    started = time.monotonic()
+    _native._clear_stale_lock("some_extension")  # STALE_LOCK_S (180 s) by age; the marks say at once
+    assert time.monotonic() - started < 10 and not lock.exists()
+    assert not [p.name for p in directory.iterdir() if p.name.startswith("builder.")], "dead marks forgotten"
 
 
 # ---- Triton kernels launched from C++ ---------------------------------------------------------------
