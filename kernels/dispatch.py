@@ -95,6 +95,15 @@ CONSENSUS_SHARE = 0.5
 CONSENSUS_LEAST = 8
 CONSENSUS_WIN_MARGIN = 0.02
 
+# A near record's Triton config carries its win to an untuned problem only if the win survives the change of
+# shape (``_carried_speedup``): the config's critical path (programs per SM times K steps each) against
+# cuBLAS's roofline (bytes, or FLOPs over this many FLOPs per byte: the H100's and H200's balance, 800
+# TFLOP/s over 3.0-4.8 TB/s, is 170-270). On the H200, Gemma-2-9B's stacked q/k/v (8192x3584) took Phi-3's
+# 9216x3072 records, won there by 8-9%, and ran at 0.90-0.94x cuBLAS: one row of A, its gemv run over K in
+# blocks of 1024 (3.5 of them at K = 3584), and 8 rows, its 64 tiles of 16x128 one wave whose every program
+# walks a K 17% longer while the bytes grew 4% (docs/BENCHMARKS.md, "Twenty-fourth session").
+ROOFLINE_FLOPS_PER_BYTE = 250.0
+
 
 @dataclass(frozen=True)
 class _Entry:
@@ -325,7 +334,8 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
     torch (H100, docs/BENCHMARKS.md, eighth session): an untried tile is never the safe guess.
 
     The evidence is the nearest tuned problem (``_untuned_distance``) whose graph record is a Triton
-    config that beat torch.matmul there by UNTUNED_WIN_MARGIN: GPU time, which carries over to a
+    config that beat torch.matmul there by UNTUNED_WIN_MARGIN, and still does here once its critical path's
+    growth and cuBLAS's are taken into account (``_carried_speedup``): GPU time, which carries over to a
     near shape. Eager calls take it too where its host cost cannot show (``_carries_to_eager``);
     eager winners themselves are not evidence, since an eager win on a host-bound shape is a win
     of host time that a larger neighbour does not share (held out on the H100: a thin-M eager
@@ -339,7 +349,8 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
             continue
         d = _untuned_distance(spec, problem, entry.problem)
         if math.isfinite(d) and (best is None or d < best[0]) and \
-                spec.space.violation(entry.config, problem, device) is None:
+                spec.space.violation(entry.config, problem, device) is None and \
+                _carried_speedup(entry, problem, device) >= 1.0 + UNTUNED_WIN_MARGIN:
             best = (d, key, entry.config)
     if best is not None:
         return Choice(best[2], f"nearest:{best[1]}")
@@ -403,12 +414,60 @@ def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
         if not math.isfinite(d) or (best is not None and d >= best[0]):
             continue
         ratio = _work_ratio(problem, eager.problem)
-        # Even if its whole time grew with the work, it would still beat torch's time there, which
-        # torch's time here is no less than.
-        if ratio <= HOST_BOUND_MORE_WORK and eager.time_ms * max(ratio, 1.0) * (1 + UNTUNED_WIN_MARGIN) <= \
+        # Even if its whole time grew with the work, or with its own critical path where that grows more
+        # (``_triton_span``), it would still beat torch's time there, which torch's time here is no less than.
+        growth = max(ratio, 1.0)
+        if eager.problem.shapes[0][0] == problem.shapes[0][0]:  # as _carried_speedup: along N and K only
+            growth = max(growth, _triton_span(eager.config, problem, device) /
+                         _triton_span(eager.config, eager.problem, device))
+        if ratio <= HOST_BOUND_MORE_WORK and eager.time_ms * growth * (1 + UNTUNED_WIN_MARGIN) <= \
                 eager.cublas_ms and spec.space.violation(eager.config, problem, device) is None:
             best = (d, key, eager.config)
     return None if best is None else Choice(best[2], f"eager-near:{best[1]}")
+
+
+def _carried_speedup(entry: _Entry, problem: Problem, device: DeviceInfo) -> float:
+    """The speed-up over cuBLAS that ``entry``'s config should keep on ``problem``: its win where it was tuned,
+    times how cuBLAS's time grows (its roofline) over how the config's grows (its critical path)."""
+    if entry.time_ms is None or entry.cublas_ms is None:
+        return 0.0
+    tuned = entry.problem
+    won = entry.cublas_ms / entry.time_ms
+    if tuned.shapes[0][0] != problem.shapes[0][0]:
+        # Along M the model would count each new row of tiles as another pass over the weight, which L2 serves
+        # (untested against measurements); transfers across token counts keep UNTUNED_NEAR's guard alone.
+        return won
+    span_here, span_there = _triton_span(entry.config, problem, device), _triton_span(entry.config, tuned, device)
+    cublas_growth = _roofline(problem) / _roofline(tuned)
+    return won * cublas_growth / (span_here / span_there)
+
+
+def _roofline(problem: Problem) -> float:
+    """cuBLAS's time on ``problem``, up to a constant: its bytes, or its FLOPs at the card's balance."""
+    flops = bytes_ = 0.0
+    for m, n, k in problem.shapes:
+        flops += 2.0 * m * n * k
+        bytes_ += 2.0 * (m * k + k * n + m * n)
+    return max(bytes_, flops / ROOFLINE_FLOPS_PER_BYTE)
+
+
+def _triton_span(config: Config, problem: Problem, device: DeviceInfo) -> float:
+    """A Triton config's time on ``problem``, up to a constant that is the config's own: its programs per SM
+    (at least one), times the K steps each program walks (a last, partial step counts whole)."""
+    sms = max(device.sm_count, 1)
+    span = 0.0
+    for m, n, k in problem.shapes:
+        if config.get("VARIANT") == "gemv":
+            programs = m * math.ceil(n / config.get("GEMV_BLOCK_N", 1))
+            steps = math.ceil(k / config.get("GEMV_BLOCK_K", 256))
+        else:
+            split = config.get("SPLIT_K", 1)
+            programs = math.ceil(m / config.get("BLOCK_M", 64)) * math.ceil(n / config.get("BLOCK_N", 64)) * split
+            steps = math.ceil(math.ceil(k / split) / config.get("BLOCK_K", 64))
+        # Programs beyond the SMs share them (several are resident on one SM at once: a count of waves, rounded
+        # up, would make 144 programs on 132 SMs twice 128's); short of the SMs, each walks its K alone.
+        span += max(programs / sms, 1.0) * max(steps, 1)
+    return span
 
 
 def _untuned_distance(spec: KernelSpec, problem: Problem, tuned: Problem) -> float:

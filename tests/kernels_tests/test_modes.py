@@ -291,3 +291,29 @@ def test_an_untuned_moe_problem_still_takes_the_default_kernel(db_url) -> None:
     problem = kernels.moe.balanced_problem("fp16", "nn", 64, 8, 128, 256)
     chosen = Dispatcher(db_url, use_shipped=False).choose(spec, problem, H100, "graph")
     assert not is_baseline(chosen.config) and chosen.source == "default"
+
+
+H200 = DeviceInfo("NVIDIA H200", "h200", "9.0", 132, 232448)
+_PHI3_GEMV = Config.make(**_GEMV, GEMV_BLOCK_N=8, GEMV_BLOCK_K=1024, num_warps=8)
+_PHI3_TILE = Config.from_dict({**TILED.as_dict(), "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "num_stages": 4})
+
+
+def test_a_near_win_is_not_carried_where_the_configs_critical_path_grows_more_than_cublass_time(db_url) -> None:
+    """The H200's records of Phi-3's stacked q/k/v (9216x3072; gemv won by 9% at one row, a 16x128 tile by 8% at
+    eight) sent Gemma-2's (8192x3584) there, where they ran 0.90-0.94x cuBLAS: gemv's K blocks of 1024 go 3.5
+    times into 3584 (4 steps, 3 before), and the tile's 64 programs, one wave, each walk a K 17% longer while the
+    bytes grew 4%. The same records still serve a problem where the config's path grows with cuBLAS's time."""
+    _store(db_url,
+           make_record(H200, "fp16:nt:1x9216x3072", _PHI3_GEMV, mode="graph", time_ms=0.0110, cublas_ms=0.0120),
+           make_record(H200, "fp16:nt:8x9216x3072", _PHI3_TILE, mode="graph", time_ms=0.0120, cublas_ms=0.0130),
+           # a host-bound eager win (18%) that its work ratio alone (4% more bytes) would carry
+           make_record(H200, "fp16:nt:8x9216x3072", _PHI3_TILE, mode="eager", time_ms=0.0110, cublas_ms=0.0130))
+    for key in ("fp16:nt:1x8192x3584", "fp16:nt:8x8192x3584"):
+        for mode in ("graph", "eager"):
+            chosen = _choose(db_url, key, mode, H200)
+            assert is_baseline(chosen.config) and chosen.source.startswith("cublas"), (key, mode, chosen.source)
+    # Same K, N 11% wider: gemv's path and cuBLAS's bytes grow alike, so the 9% win carries.
+    wider = _choose(db_url, "fp16:nt:1x10240x3072", "graph", H200)
+    assert wider.config == _PHI3_GEMV and wider.source == "nearest:fp16:nt:1x9216x3072"
+    # Along M (another token count) the path model is not applied: UNTUNED_NEAR's guard alone, as before.
+    assert _choose(db_url, "fp16:nt:12x9216x3072", "graph", H200).config == _PHI3_TILE
