@@ -362,6 +362,13 @@ class _Joint(NamedTuple):
     bias: torch.Tensor | None
 
 
+class _Pending(NamedTuple):
+    input: torch.Tensor  # held until every member has had its columns
+    version: int  # the input's version counter then (0 under torch.compile, which cannot read it)
+    output: torch.Tensor  # [..., N_1 + N_2 + ...]
+    waiting: int  # a bit per member that has not had its columns
+
+
 class SharedInput:
     """Linears a model calls on one input (an attention module's query, key and value projections) computed
     as one GEMM over their stacked weights: the input read once, one launch, one larger problem in place of
@@ -390,31 +397,26 @@ class SharedInput:
         self.bounds = tuple(bounds)
         self.fusing = True
         self.joint: _Joint | None = _joint(members)
-        self._clear()
-
-    def _clear(self) -> None:
-        self.input: torch.Tensor | None = None
-        self.version = 0
-        self.output: torch.Tensor | None = None
-        self.waiting = 0  # a bit per member that has not had its columns of ``output``
+        self.pending: _Pending | None = None  # the product of the input the members are being called on
 
     def columns(self, slot: int, x: torch.Tensor) -> torch.Tensor | None:
         """Member ``slot``'s product with ``x``, or None where it must run its own GEMM."""
         compiling = torch.compiler.is_compiling()
-        if self.input is not None:
-            if self.input is x and (compiling or self.version == x._version):
-                self.waiting &= ~(1 << slot)
-                output = self.output
-                if not self.waiting:
-                    self._clear()
+        # One read of one attribute: a thread that calls the same module meanwhile replaces the whole tuple,
+        # so what is read here is one input's product, never another's (at worst the group stops fusing).
+        pending = self.pending
+        if pending is not None:
+            if pending.input is x and (compiling or pending.version == x._version):
+                waiting = pending.waiting & ~(1 << slot)
+                self.pending = pending._replace(waiting=waiting) if waiting else None
                 start, width = self.bounds[slot]
-                return output.narrow(-1, start, width)
+                return pending.output.narrow(-1, start, width)
             # Another input while a member still waits: this model does not call them all on one input.
-            self._clear()
+            self.pending = None
             self.fusing = False
             if not compiling:
-                log.info("kernels.nn: %s are not called on one input; each runs its own GEMM from now on",
-                         ", ".join(type(m).__name__ for m in self.members))
+                log.info("kernels.nn: projections of widths %s are not called on one input; each runs its own "
+                         "GEMM from now on", "/".join(str(width) for _, width in self.bounds))
             return None
         if x.dim() == 0 or torch._C._is_any_autocast_enabled():
             return None  # the member's own forward raises, or casts as torch's linear does
@@ -425,9 +427,8 @@ class SharedInput:
         output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
         if x.dim() != 2:
             output = output.reshape(*x.shape[:-1], output.shape[-1])
-        self.input, self.output = x, output
-        self.version = 0 if compiling else x._version
-        self.waiting = ((1 << len(self.members)) - 1) & ~(1 << slot)
+        self.pending = _Pending(x, 0 if compiling else x._version, output,
+                                ((1 << len(self.members)) - 1) & ~(1 << slot))
         start, width = self.bounds[slot]
         return output.narrow(-1, start, width)
 

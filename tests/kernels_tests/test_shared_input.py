@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
 
 import pytest
 import torch
@@ -107,7 +108,7 @@ def test_cross_attention_stops_fusing_and_every_call_stays_right(monkeypatch, ca
     group = attention.q_proj.__dict__["_shared"]
     with torch.no_grad(), caplog.at_level("INFO", logger="kernels.nn"):
         assert _error(attention(x, memory), plain(x, memory)) < FP32_TOLERANCE
-        assert not group.fusing and group.output is None  # nothing held
+        assert not group.fusing and group.pending is None  # nothing held
         assert "not called on one input" in caplog.text
         calls = _matmul_calls(monkeypatch)
         assert _error(attention(x, memory), plain(x, memory)) < FP32_TOLERANCE
@@ -157,6 +158,47 @@ def test_training_runs_each_projection_with_torchs_gradients() -> None:
         assert torch.allclose(mine[name].grad, p.grad, rtol=1e-4, atol=1e-6), name
 
 
+def test_threads_sharing_one_patched_module_each_get_their_own_inputs_products() -> None:
+    """Two threads call one attention at once: on the same inputs (the group keeps fusing, and both threads
+    serve themselves from one pending product), then each on its own. Every answer must be its input's. (The
+    group reads its pending product as one tuple, so a thread never finds it half replaced; the interleaving that
+    would catch a half-replaced state is a few bytecodes wide, which this test seldom hits: it guards the answers,
+    not that race.) float64: torch computes the stacked product (the kernels take no float64), so the threads
+    race in the group's logic alone."""
+    import threading
+
+    torch.manual_seed(0)
+    attention = _Attention(bias=True).to(DEVICE, torch.float64)
+    plain = _twin(attention).to(torch.float64)
+    kernels.patch(attention)
+    shared = [torch.randn(2, 3, 16, device=DEVICE, dtype=torch.float64) for _ in range(200)]
+    inputs = [shared + [torch.randn_like(shared[0]) for _ in range(50)] for _ in range(2)]
+    with torch.no_grad():
+        expected = [[plain(x) for x in xs] for xs in inputs]
+    errors: list[str] = []
+
+    def run(worker: int) -> None:
+        with torch.no_grad():
+            for i, x in enumerate(inputs[worker]):
+                try:
+                    if _error(attention(x), expected[worker][i]) > 1e-12:
+                        errors.append(f"thread {worker}, call {i}: another input's product")
+                except Exception as exc:  # noqa: BLE001 (any failure in a thread is the test's to report)
+                    errors.append(f"thread {worker}, call {i}: {exc!r}")
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(2)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: races show
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+
+
 def test_frozen_weights_give_the_input_its_gradient_through_the_stacked_gemm(monkeypatch) -> None:
     torch.manual_seed(0)
     attention = _Attention().to(DEVICE).requires_grad_(False)
@@ -165,7 +207,7 @@ def test_frozen_weights_give_the_input_its_gradient_through_the_stacked_gemm(mon
     x = torch.randn(2, 3, 16, device=DEVICE, requires_grad=True)
     theirs = x.detach().clone().requires_grad_()
     out = attention(x)
-    assert attention.q_proj.__dict__["_shared"].output is None  # all three served: nothing held
+    assert attention.q_proj.__dict__["_shared"].pending is None  # all three served: nothing held
     out.square().sum().backward()
     plain(theirs).square().sum().backward()
     assert _error(x.grad, theirs.grad) < FP32_TOLERANCE
@@ -248,7 +290,7 @@ def test_compiled_attention_traces_one_gemm_for_query_key_and_value() -> None:
     assert len(graphs) == 1
     linears = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "linear" in str(n.target)]
     assert len(linears) == 2  # the stacked q, k, v and o_proj
-    assert attention.q_proj.__dict__["_shared"].output is None
+    assert attention.q_proj.__dict__["_shared"].pending is None
     torch._dynamo.reset()
 
 
