@@ -435,6 +435,14 @@ class SharedInput:
     def _weight_t(self, weight: torch.Tensor) -> torch.Tensor:
         return self.joint.weight_t
 
+    def stack_if_ready(self) -> None:
+        """Stack the members' weights again where they agree (one dtype and device, as after a cast of the
+        whole module) and may be stacked now (not on the meta device, not under inference_mode)."""
+        params = _member_params(self.members)
+        if params is not None and params[0].is_floating_point() and params[0].device.type != "meta" and \
+                not torch.is_inference_mode_enabled():
+            self.joint = _joint(self.members)
+
     def _current(self) -> _Joint | None:
         """The joint weights, stacked again where a member's Parameters or their data changed; None where the
         members must run their own GEMMs this time (a gradient wanted for a weight, a parametrized weight)."""
@@ -497,6 +505,16 @@ class SharedInputLinear(Linear):
             if y is not None:
                 return y
         return Linear.forward(self, x)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:  # .to(), .half(): each member's weight moves alone
+        group = self.__dict__.get("_shared")
+        if group is not None:  # the joint weight must not keep the old storage alive after the cast
+            group.joint = None
+            group.pending = None
+        module = super()._apply(fn, recurse)
+        if group is not None:
+            group.stack_if_ready()  # once the last member has moved: all of one dtype and device again
+        return module
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         state = {name: value for name, value in self.__getstate__().items() if name not in _SHARED_STATE}

@@ -237,7 +237,11 @@ def test_the_group_follows_new_weights_a_cast_a_copy_and_a_pickle() -> None:
         check(attention)
     check(attention)
     assert attention.k_proj.weight.data_ptr() == attention.q_proj.weight.data_ptr() + 16 * 16 * 4
-    attention.half()
+    attention.half()  # stacked again by the cast itself: no old fp32 storage kept until a next call
+    joint = attention.q_proj.__dict__["_shared"].joint
+    assert joint is not None and joint.weight.dtype == torch.float16
+    assert attention.v_proj.weight.data_ptr() == attention.q_proj.weight.data_ptr() + 24 * 16 * 2
+    assert all(p.dtype == torch.float16 for p in joint.params)
     check(attention, 1e-2)
     for copied in (copy.deepcopy(attention), pickle.loads(pickle.dumps(attention))):
         assert type(copied.q_proj) is kernels.nn.Linear  # a copy is not fused: patch it again
