@@ -144,6 +144,28 @@ def drift_by_kind(rows: list[dict], mode: str) -> dict[str, dict]:
             for kind, drift in sorted(kinds.items())}
 
 
+def corpus_parts(kernel: str, qkv: bool) -> dict[str, str]:
+    """Problem key -> "tuned" or "held_out", for the corpus problems --corpus all measures."""
+    from tuner import corpus
+
+    entries = corpus.qkv_entries("all") if qkv else \
+        corpus.gated_entries("all") if kernel == "gated_matmul" else corpus.entries("all")
+    return {entry.problem.key: entry.part for entry in entries}
+
+
+def by_part(rows: list[dict], mode: str, parts: dict[str, str]) -> dict[str, dict]:
+    """Per corpus part: how many problems, their geomean speed-up, how many under 0.97x, the worst."""
+    summary = {}
+    for part in ("tuned", "held_out"):
+        mine = [row for row in rows if parts.get(row["problem"]) == part]
+        if mine:
+            worst = min(mine, key=lambda row: row[mode]["speedup"])
+            summary[part] = dict(problems=len(mine), geomean=geomean([row[mode]["speedup"] for row in mine]),
+                                 under_097=sum(row[mode]["speedup"] < 0.97 for row in mine),
+                                 worst=(worst["problem"], worst[mode]["speedup"]))
+    return summary
+
+
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
@@ -230,6 +252,11 @@ def main() -> int:
         print(f"{mode}: geomean {summary[mode]['geomean']:.3f}x cuBLAS over {len(ratios)}, "
               f"{summary[mode]['under_097']} under 0.97x; worst: "
               + ", ".join(f"{p} {s:.2f}x" for p, s, _ in summary[mode]["worst"][:3]))
+        if args.corpus == "all":  # both parts measured: each reported on its own, as the issue asks
+            summary[mode]["by_part"] = by_part(rows, mode, corpus_parts(getattr(args, "kernel", "matmul"), args.qkv))
+            for part, figures in summary[mode]["by_part"].items():
+                print(f"  {part} part: geomean {figures['geomean']:.3f}x over {figures['problems']}, "
+                      f"{figures['under_097']} under 0.97x; worst {figures['worst'][0]} {figures['worst'][1]:.3f}x")
         if args.confirm:
             again = [row[mode]["confirmed"] for row in rows if "confirmed" in row[mode]]
             summary[mode]["confirmed"] = dict(measured_again=len(again), still_under_097=sum(r < 0.97 for r in again),

@@ -46,3 +46,21 @@ def test_median_pass_keeps_each_modes_middle_pass_with_every_reading_beside_it()
     assert row["eager"]["passes"] == [1.00, 1.10, 0.90]
     assert row["graph"]["speedup"] == 1.10 and row["graph"]["passes"] == [1.00, 1.10, 1.5]
     assert script.median_pass(passes[1:], ["eager"])["eager"]["speedup"] == 0.90, "the lower middle of two"
+
+
+def test_by_part_reports_the_tuned_and_held_out_parts_each_on_its_own() -> None:
+    """--corpus all: each part's geomean, count under 0.97x and worst, from the corpus's own split."""
+    script = _script()
+    parts = script.corpus_parts("matmul", qkv=True)
+    tuned = [key for key, part in parts.items() if part == "tuned"][:2]
+    held = [key for key, part in parts.items() if part == "held_out"][:2]
+    assert len(parts) == 56 and len(tuned) == len(held) == 2
+    rows = []
+    for key, measured in zip(tuned + held + ["fp16:nt:1x4096x4096"], (1.21, 1.00, 0.95, 1.00, 0.5)):
+        row = _row(0.02, "VARIANT: cublas", measured, None)
+        row["problem"] = key
+        rows.append(row)
+    got = script.by_part(rows, "graph", parts)
+    assert got["tuned"]["problems"] == 2 and abs(got["tuned"]["geomean"] - 1.21 ** 0.5) < 1e-9
+    assert got["tuned"]["under_097"] == 0
+    assert got["held_out"] == dict(problems=2, geomean=0.95 ** 0.5, under_097=1, worst=(held[0], 0.95))
