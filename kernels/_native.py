@@ -219,27 +219,33 @@ def _builders_gone(directory: str) -> bool:
     and of processes that no longer run, and no process of this host runs in the directory (a compiler that
     an exited build left running). False where that cannot be known (no marks, another host's mark, no
     /proc): the lock is then judged by its age."""
-    try:
-        marks = [entry.name for entry in os.scandir(directory) if entry.name.startswith(_MARK_PREFIX)]
-    except OSError:
-        return False
-    host = socket.gethostname()
+    marks = _marks(directory)
     if not marks or not os.path.isdir("/proc"):
         return False
-    for mark in marks:
-        mark_host, _, pid = mark[len(_MARK_PREFIX):].rpartition(".")
-        if mark_host != host or not pid.isdigit() or _alive(int(pid)):
-            return False
-    return not _working_in(directory)
+    return all(dead for _, dead in marks) and not _working_in(directory)
+
+
+def _marks(directory: str) -> list[tuple[str, bool]]:
+    """(path, dead) of each builder mark in ``directory``: dead where it names a process of this host that no
+    longer runs (another host's process, or a name not ours to read, counts as alive)."""
+    host = socket.gethostname()
+    found = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.name.startswith(_MARK_PREFIX):
+            mark_host, _, pid = entry.name[len(_MARK_PREFIX):].rpartition(".")
+            found.append((entry.path, mark_host == host and pid.isdigit() and not _alive(int(pid))))
+    return found
 
 
 def _forget_dead_marks(directory: str) -> None:
-    host = socket.gethostname()
-    for entry in os.scandir(directory):
-        mark_host, _, pid = entry.name[len(_MARK_PREFIX):].rpartition(".")
-        if entry.name.startswith(_MARK_PREFIX) and mark_host == host and pid.isdigit() and not _alive(int(pid)):
+    for path, dead in _marks(directory):
+        if dead:
             try:
-                os.remove(entry.path)
+                os.remove(path)
             except OSError:
                 pass
 

@@ -416,10 +416,7 @@ def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
         ratio = _work_ratio(problem, eager.problem)
         # Even if its whole time grew with the work, or with its own critical path where that grows more
         # (``_triton_span``), it would still beat torch's time there, which torch's time here is no less than.
-        growth = max(ratio, 1.0)
-        if eager.problem.shapes[0][0] == problem.shapes[0][0]:  # as _carried_speedup: along N and K only
-            growth = max(growth, _triton_span(eager.config, problem, device) /
-                         _triton_span(eager.config, eager.problem, device))
+        growth = max(ratio, 1.0, _span_growth(eager.config, problem, eager.problem, device) or 1.0)
         if ratio <= HOST_BOUND_MORE_WORK and eager.time_ms * growth * (1 + UNTUNED_WIN_MARGIN) <= \
                 eager.cublas_ms and spec.space.violation(eager.config, problem, device) is None:
             best = (d, key, eager.config)
@@ -431,15 +428,20 @@ def _carried_speedup(entry: _Entry, problem: Problem, device: DeviceInfo) -> flo
     times how cuBLAS's time grows (its roofline) over how the config's grows (its critical path)."""
     if entry.time_ms is None or entry.cublas_ms is None:
         return 0.0
-    tuned = entry.problem
     won = entry.cublas_ms / entry.time_ms
-    if tuned.shapes[0][0] != problem.shapes[0][0]:
-        # Along M the model would count each new row of tiles as another pass over the weight, which L2 serves
-        # (untested against measurements); transfers across token counts keep UNTUNED_NEAR's guard alone.
+    growth = _span_growth(entry.config, problem, entry.problem, device)
+    if growth is None:
         return won
-    span_here, span_there = _triton_span(entry.config, problem, device), _triton_span(entry.config, tuned, device)
-    cublas_growth = _roofline(problem) / _roofline(tuned)
-    return won * cublas_growth / (span_here / span_there)
+    return won * (_roofline(problem) / _roofline(entry.problem)) / growth
+
+
+def _span_growth(config: Config, problem: Problem, tuned: Problem, device: DeviceInfo) -> float | None:
+    """How much ``config``'s critical path (``_triton_span``) grows from ``tuned`` to ``problem``; None across
+    token counts: along M the model would count each new row of tiles as another pass over the weight, which
+    L2 serves (untested against measurements), so those transfers keep UNTUNED_NEAR's guard alone."""
+    if tuned.shapes[0][0] != problem.shapes[0][0]:
+        return None
+    return _triton_span(config, problem, device) / _triton_span(config, tuned, device)
 
 
 def _roofline(problem: Problem) -> float:

@@ -129,12 +129,36 @@ _CONVENTIONS = (
 )
 
 
-class _Stacked(NamedTuple):
-    gate: torch.Tensor  # the Parameter objects the view was made from: another object means a stale view
-    up: torch.Tensor
-    weight_t: torch.Tensor  # [K, 2N]: gate then up, a transposed view of the one [2N, K] storage both share
-    gate_ptr: int  # their data's addresses then: another address (new .data) means a stale view too
-    up_ptr: int
+class _Joint(NamedTuple):
+    """Weights (and biases) whose data share one storage, and the views a fused call runs on."""
+    params: tuple[torch.Tensor, ...]  # the Parameter objects it was made from: another object means stale
+    ptrs: tuple[int, ...]  # their data's addresses then: another address (new .data) means stale too
+    weight: torch.Tensor  # [N_1 + N_2 + ..., K], each weight a view of its rows
+    weight_t: torch.Tensor
+    bias: torch.Tensor | None
+
+
+def _holds(joint: _Joint | None, params: tuple[torch.Tensor, ...]) -> bool:
+    """Whether ``joint`` is still made of ``params``: the same Parameters (a guard under torch.compile), with
+    the same data (asked in eager calls only: data_ptr() would break the graph)."""
+    return joint is not None and len(joint.params) == len(params) and \
+        all(a is b for a, b in zip(joint.params, params)) and \
+        (torch.compiler.is_compiling() or all(p.data_ptr() == ptr for p, ptr in zip(params, joint.ptrs)))
+
+
+def _may_stack(first: torch.Tensor) -> bool:
+    """Whether new weights may be stacked now: not under tracing, not under inference_mode (which would make
+    the Parameters' new data inference tensors, unusable in training later), not in a CUDA graph capture (the
+    stacked weights would live in the graph's memory pool). Elsewhere the module's own GEMMs run this time."""
+    return not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled() or
+                (first.is_cuda and torch.cuda.is_current_stream_capturing()))
+
+
+def _joint_of(weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor, ...] = ()) -> _Joint:
+    """The weights (and biases) moved into one storage each (``_join``), with their views."""
+    weight = _join(weights)
+    params = weights + biases
+    return _Joint(params, tuple(p.data_ptr() for p in params), weight, weight.t(), _join(biases) if biases else None)
 
 
 class FusedMLP:
@@ -177,16 +201,9 @@ class FusedMLP:
         if up.requires_grad and torch.is_grad_enabled():
             return None
         stacked = self.__dict__.get("_stacked")
-        # The same Parameters (a guard under torch.compile), with the same data (asked in eager calls only:
-        # data_ptr() would break the graph).
-        if stacked is not None and stacked.gate is gate and stacked.up is up and (torch.compiler.is_compiling() or (
-                gate.data_ptr() == stacked.gate_ptr and up.data_ptr() == stacked.up_ptr)):
+        if _holds(stacked, (gate, up)):
             return stacked.weight_t
-        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled() or (
-                gate.is_cuda and torch.cuda.is_current_stream_capturing()):
-            # New weights met under tracing, under inference_mode (which would make the Parameters' new data
-            # inference tensors, unusable in training later) or in a CUDA graph capture (the stacked weights
-            # would live in the graph's memory pool): the module's own forward this time.
+        if not _may_stack(gate):
             return None
         stacked = _stack(gate, up)  # new Parameters, or new data under the old ones
         self.__dict__["_stacked"] = stacked  # not Module.__setattr__: not a buffer, not in the state dict
@@ -236,11 +253,10 @@ def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor |
     return gate, None if names.up is None else modules[names.up]._parameters.get("weight")
 
 
-def _stack(gate: torch.Tensor, up: torch.Tensor) -> _Stacked:
+def _stack(gate: torch.Tensor, up: torch.Tensor) -> _Joint:
     """One [2N, K] storage for both weights, their data moved into it (the Parameters stay), and its
     transposed view; no copy where they already lie one after the other in one storage."""
-    both = _join((gate, up))
-    return _Stacked(gate, up, both.t(), gate.data_ptr(), up.data_ptr())
+    return _joint_of((gate, up))
 
 
 def _join(params: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -354,14 +370,6 @@ _SHARED_INPUT_NAMES = (
 )
 
 
-class _Joint(NamedTuple):
-    params: tuple[torch.Tensor, ...]  # the weights then biases it was made from: another object means stale
-    ptrs: tuple[int, ...]  # their data's addresses then: another address (new .data) means stale too
-    weight: torch.Tensor  # [N_1 + N_2 + ..., K], each member's weight a view of its rows
-    weight_t: torch.Tensor
-    bias: torch.Tensor | None
-
-
 class _Pending(NamedTuple):
     input: torch.Tensor  # held until every member has had its columns
     version: int  # the input's version counter then (0 under torch.compile, which cannot read it)
@@ -451,17 +459,10 @@ class SharedInput:
             return None
         if torch.is_grad_enabled() and any(p.requires_grad for p in params):
             return None  # the stacked weight is no Parameter: autograd would not reach the members'
-        joint = self.joint
-        compiling = torch.compiler.is_compiling()
-        # The same Parameters (a guard under torch.compile), with the same data (asked in eager calls only:
-        # data_ptr() would break the graph).
-        if joint is not None and len(joint.params) == len(params) and all(
-                a is b for a, b in zip(joint.params, params)) and (
-                compiling or all(p.data_ptr() == ptr for p, ptr in zip(params, joint.ptrs))):
-            return joint
-        first = params[0]
-        if compiling or torch.is_inference_mode_enabled() or (first.is_cuda and torch.cuda.is_current_stream_capturing()):
-            return None  # as FusedMLP: new weights are stacked in eager calls outside inference_mode and capture
+        if _holds(self.joint, params):
+            return self.joint
+        if not _may_stack(params[0]):
+            return None
         self.joint = _joint(self.members)
         return self.joint
 
@@ -487,10 +488,7 @@ def _joint(members: tuple[nn.Module, ...]) -> _Joint | None:
     params = _member_params(members)
     if params is None:
         return None
-    weights, biases = params[:len(members)], params[len(members):]
-    weight = _join(weights)
-    bias = _join(biases) if biases else None
-    return _Joint(params, tuple(p.data_ptr() for p in params), weight, weight.t(), bias)
+    return _joint_of(params[:len(members)], params[len(members):])
 
 
 class SharedInputLinear(Linear):

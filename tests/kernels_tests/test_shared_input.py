@@ -57,6 +57,15 @@ def _matmul_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
     return calls
 
 
+def _patched(bias: bool = False) -> tuple[nn.Module, nn.Module]:
+    """A seeded attention, patched, and its unpatched twin."""
+    torch.manual_seed(0)
+    attention = _Attention(bias=bias).to(DEVICE)
+    plain = _twin(attention)
+    kernels.patch(attention)
+    return attention, plain
+
+
 def _twin(module: nn.Module) -> nn.Module:
     """An unpatched copy with the same weights, for torch's answer."""
     plain = type(module)(bias=module.q_proj.bias is not None if hasattr(module, "q_proj") else False,
@@ -100,10 +109,7 @@ def test_patch_runs_the_query_key_and_value_projections_as_one_gemm(monkeypatch,
 def test_cross_attention_stops_fusing_and_every_call_stays_right(monkeypatch, caplog) -> None:
     """Keys and values from another input: the first call's stacked product is of no use to them, the group
     stops fusing, and from then on each projection runs its own GEMM."""
-    torch.manual_seed(0)
-    attention = _Attention().to(DEVICE)
-    plain = _twin(attention)
-    kernels.patch(attention)
+    attention, plain = _patched()
     x, memory = torch.randn(1, 3, 16, device=DEVICE), torch.randn(1, 5, 16, device=DEVICE)
     group = attention.q_proj.__dict__["_shared"]
     with torch.no_grad(), caplog.at_level("INFO", logger="kernels.nn"):
@@ -117,10 +123,7 @@ def test_cross_attention_stops_fusing_and_every_call_stays_right(monkeypatch, ca
 
 
 def test_an_input_written_in_place_between_the_projections_gets_a_new_product() -> None:
-    torch.manual_seed(0)
-    attention = _Attention().to(DEVICE)
-    plain = _twin(attention)
-    kernels.patch(attention)
+    attention, plain = _patched()
     x = torch.randn(4, 16, device=DEVICE)
     with torch.no_grad():
         q = attention.q_proj(x)
@@ -133,10 +136,7 @@ def test_an_input_written_in_place_between_the_projections_gets_a_new_product() 
 
 
 def test_a_projection_called_twice_on_one_input_gets_the_same_answer() -> None:
-    torch.manual_seed(0)
-    attention = _Attention().to(DEVICE)
-    plain = _twin(attention)
-    kernels.patch(attention)
+    attention, plain = _patched()
     x = torch.randn(4, 16, device=DEVICE)
     with torch.no_grad():
         for name in ("q_proj", "q_proj", "k_proj", "v_proj", "v_proj"):
@@ -146,10 +146,7 @@ def test_a_projection_called_twice_on_one_input_gets_the_same_answer() -> None:
 
 def test_training_runs_each_projection_with_torchs_gradients() -> None:
     """A gradient wanted for the weights: each member runs its own GEMM (the stacked weight is no Parameter)."""
-    torch.manual_seed(0)
-    attention = _Attention(bias=True).to(DEVICE)
-    plain = _twin(attention)
-    kernels.patch(attention)
+    attention, plain = _patched(bias=True)
     x = torch.randn(2, 3, 16, device=DEVICE)
     attention(x).square().sum().backward()
     plain(x).square().sum().backward()
@@ -273,10 +270,7 @@ def test_patch_says_how_many_groups_it_fused(caplog) -> None:
 
 
 def test_compiled_attention_traces_one_gemm_for_query_key_and_value() -> None:
-    torch.manual_seed(0)
-    attention = _Attention(bias=True).to(DEVICE)
-    plain = _twin(attention)
-    kernels.patch(attention)
+    attention, plain = _patched(bias=True)
     x = torch.randn(2, 3, 16, device=DEVICE)
     graphs: list[torch.fx.GraphModule] = []
 
