@@ -1,6 +1,8 @@
 // The cuBLAS call of kernels.matmul for signatures whose tuned plan is cuBLAS in every mode, in C++; and
 // torch.addmm for kernels.matmul_bias signatures that dispatch sends there in every mode; and the launch of
-// the tiled, split-K or repack Triton kernels that a signature's eager plan runs, on a device's default stream.
+// the tiled, split-K or repack Triton kernels that a signature's eager plan runs, on a device's default stream;
+// and the Triton epilogue kernels (kernels/epilogue.py) that kernels.matmul_bias and kernels.gated_matmul
+// signatures run, while the dispatcher's answers stand.
 //
 // Python builds a plan key per call (shapes, strides, dtype, device of two tensors), about 1.1 us of host
 // time on the H100 box, 8% of a host-bound 13 us call (scripts/host_cost.py). Here the same key is read
@@ -24,6 +26,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -73,7 +76,7 @@ PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter: a subclass whose
 // driver, with the operands' addresses filled in per call. Each parameter is one 8-byte slot; an int32
 // parameter is read from its slot's first 4 bytes (little-endian), as cuLaunchKernel copies each
 // parameter's declared size from the address it is given.
-enum Slot : int { kSlotA = 0, kSlotB = 1, kSlotC = 2, kSlotFixed64 = 3, kSlotFixed32 = 4 };
+enum Slot : int { kSlotA = 0, kSlotB = 1, kSlotC = 2, kSlotFixed64 = 3, kSlotFixed32 = 4, kSlotBias = 5 };
 constexpr size_t kMaxParams = 32;
 constexpr size_t kMaxKernels = 2;  // repack: the padding copy, then the GEMM on the padded buffer
 
@@ -91,13 +94,23 @@ struct LaunchPlan {
   std::array<int64_t, 2> out_shape{};
   std::vector<KernelLaunch> kernels;  // launched in order, on one stream
   std::vector<at::Tensor> keep;       // buffers the fixed addresses point into (split-K's, repack's)
+  // An epilogue plan's: the dispatcher's ``changes`` count it was made under (served while it stands), and
+  // the dtype its kernel reads the bias in (-1: no bias).
+  int64_t changes = -1;
+  int16_t bias_dtype = -1;
 };
 
 // Held across the launches of a plan of several kernels: they share a buffer of the plan's own (repack's
 // padded operands), which another thread's copy must not overwrite between this call's copy and its GEMM.
 std::mutex sequence_mutex;
 
-std::unordered_map<Signature, LaunchPlan, SignatureHash> launch_plans;  // every access holds the GIL
+using LaunchPlans = std::unordered_map<Signature, LaunchPlan, SignatureHash>;
+LaunchPlans launch_plans;  // every access holds the GIL
+// kernels.matmul_bias's and kernels.gated_matmul's Triton signatures (kernels/epilogue.py _triton_call), each
+// valid while the dispatcher's ``changes`` count reads the plan's own.
+LaunchPlans bias_plans;
+LaunchPlans gated_plans;
+constexpr size_t kEpiloguePlanCapacity = 4096;  // as epilogue.py's ready calls
 int64_t launched = 0;  // calls served by a launch from here (the GPU tests read it)
 PyObject* launch_allowed = nullptr;  // kernels._launch.native_allowed: no launch hooks, shortcut enabled
 
@@ -228,14 +241,53 @@ PyObject* run_released(Op&& op) {
   return THPVariable_Wrap(std::move(result));
 }
 
-// The plan's kernel on (a, b), into a fresh C, on the default stream of their device; None where this call
-// is not the plan's to serve here (the Python path then runs it, and says what is wrong if anything is).
-// The default stream alone: it cannot be capturing, and split-K's kept workspace belongs to it.
-PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::Tensor& b) {
+// 1 where ``plan`` may serve a call now (a matmul plan always; an epilogue plan while the dispatcher's
+// ``changes`` count reads the plan's), 0 where not, -1 on a Python error.
+int plan_current(const LaunchPlan& plan) {
+  if (plan.changes < 0) return 1;
+  if (dispatcher == nullptr) return 0;
+  PyObject* changes = PyObject_GetAttr(dispatcher, changes_name);
+  if (changes == nullptr) return -1;
+  const long long now = PyLong_AsLongLong(changes);
+  Py_DECREF(changes);
+  if (now == -1 && PyErr_Occurred()) return -1;
+  return now == plan.changes;
+}
+
+// The address of the bias row ``plan``'s kernel reads, from ``bias`` (one contiguous, 16-byte aligned row of
+// the output's width, in the plan's bias dtype, on a's device, with nothing to record); 0 where it is not one.
+uintptr_t bias_address(const LaunchPlan& plan, const at::Tensor& a, const at::Tensor& bias) {
+  if (bias.dim() != 1 || bias.size(0) != plan.out_shape[1] || (bias.size(0) > 1 && bias.stride(0) != 1) ||
+      static_cast<int16_t>(bias.scalar_type()) != plan.bias_dtype || bias.device() != a.device() ||
+      !bias.has_storage() || bias.key_set() != a.key_set() || bias._fw_grad(0).defined()) {
+    return 0;
+  }
+  try {
+    const auto address = reinterpret_cast<uintptr_t>(bias.const_data_ptr());
+    return address & 15 ? 0 : address;  // the kernel was specialized for a 16-byte aligned bias
+  } catch (...) {
+    return 0;
+  }
+}
+
+// The plan's kernel on (a, b) (and ``bias``, for a matmul_bias plan), into a fresh C, on the default stream of
+// their device; None where this call is not the plan's to serve here (the Python path then runs it, and says
+// what is wrong if anything is). The default stream alone: it cannot be capturing, and split-K's kept
+// workspace belongs to it.
+PyObject* run_launch(LaunchPlans& plans, const Signature& signature, const at::Tensor& a, const at::Tensor& b,
+                     const at::Tensor* bias = nullptr) {
   const c10::Device device = a.device();
-  auto found = launch_plans.find(signature);
-  if (found == launch_plans.end() || launch_kernel == nullptr || !device.is_cuda() || !on_default_stream(device) ||
+  auto found = plans.find(signature);
+  if (found == plans.end() || launch_kernel == nullptr || !device.is_cuda() || !on_default_stream(device) ||
       !is_current(device)) {
+    Py_RETURN_NONE;
+  }
+  // An epilogue plan made before the dispatcher's answers changed (a pin, a clear, another database) is
+  // dropped: the Python path resolves the call again and hands over the new plan.
+  const int current = serve_if(plan_current(found->second));
+  if (current != 1) {
+    if (current < 0) return nullptr;
+    plans.erase(found);
     Py_RETURN_NONE;
   }
   // The mode, where the graph plan is another one; then what Python says of launch hooks and
@@ -244,12 +296,16 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
   const int serve = serve_if(found->second.both_modes ? 1 : eager_now(device));
   const int allowed = serve != 1 ? serve : launch_allowed == nullptr ? 0 : serve_if(call_says(launch_allowed));
   if (allowed != 1) return allowed < 0 ? nullptr : Py_NewRef(Py_None);
-  found = launch_plans.find(signature);  // Python ran, which may have changed the plans
-  if (found == launch_plans.end()) Py_RETURN_NONE;
+  found = plans.find(signature);  // Python ran, which may have changed the plans
+  if (found == plans.end()) Py_RETURN_NONE;
   const LaunchPlan& plan = found->second;
   // Tensors without storage (under torch.func's vmap or grad, functionalization) match a signature by their
   // sizes and strides but have no address: the Python path says what happens to them.
   if (!a.has_storage() || !b.has_storage()) Py_RETURN_NONE;
+  uintptr_t bias_at = 0;
+  if (plan.bias_dtype >= 0) {
+    if (bias == nullptr || (bias_at = bias_address(plan, a, *bias)) == 0) Py_RETURN_NONE;
+  }
   uintptr_t a_address = 0, b_address = 0;
   try {
     a_address = reinterpret_cast<uintptr_t>(a.data_ptr());
@@ -278,6 +334,7 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
         case kSlotA: slots[k][i] = a_address; break;
         case kSlotB: slots[k][i] = b_address; break;
         case kSlotC: c_slots[c_count++] = {k, i}; break;
+        case kSlotBias: slots[k][i] = bias_at; break;
         case kSlotFixed32: {
           const auto value = static_cast<int32_t>(kernel.values[i]);
           std::memcpy(&slots[k][i], &value, sizeof(value));
@@ -314,7 +371,7 @@ PyObject* run_launch(const Signature& signature, const at::Tensor& a, const at::
   if (failed || status != 0) {
     // The Python path runs the call again and raises what it raises; a plan whose launch the driver refused
     // is not tried again (each call would pay an allocation and a failed launch first).
-    if (status != 0) launch_plans.erase(signature);
+    if (status != 0) plans.erase(signature);
     Py_RETURN_NONE;
   }
   ++launched;
@@ -691,7 +748,7 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (local_modes == nullptr) Py_RETURN_NONE;
     if (!eager_signatures.count(signature)) {
       if (launch_plans.empty()) Py_RETURN_NONE;
-      return run_launch(signature, a, b);
+      return run_launch(launch_plans, signature, a, b);
     }
     const int eager = serve_if(eager_now(a.device()));
     if (eager != 1) return eager < 0 ? nullptr : Py_NewRef(Py_None);
@@ -712,25 +769,46 @@ int addmm_current() {
 }
 
 PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || dispatcher == nullptr || addmm_signatures.empty() || !plain(args[0]) || !plain(args[1]) || !plain(args[2]) ||
-      at::impl::torch_function_mode_enabled()) {
+  if (nargs != 3 || dispatcher == nullptr || (addmm_signatures.empty() && bias_plans.empty()) || !plain(args[0]) ||
+      !plain(args[1]) || !plain(args[2]) || at::impl::torch_function_mode_enabled()) {
     Py_RETURN_NONE;
   }
   const at::Tensor a = THPVariable_Unpack(args[0]);
   const at::Tensor b = THPVariable_Unpack(args[1]);
   if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
   const Signature signature = make_signature(a, b);
-  if (!addmm_signatures.count(signature)) Py_RETURN_NONE;
-  const int current = serve_if(addmm_current());
-  if (current != 1) return current < 0 ? nullptr : Py_NewRef(Py_None);
   const at::Tensor bias = THPVariable_Unpack(args[2]);
-  if (PyObject* served = run_lt(signature, a, b, &bias)) return served;
-  return run_released([&] { return at::addmm(bias, a, b); });
+  if (addmm_signatures.count(signature)) {
+    const int current = serve_if(addmm_current());
+    if (current < 0) return nullptr;
+    if (current == 1) {
+      if (PyObject* served = run_lt(signature, a, b, &bias)) return served;
+      return run_released([&] { return at::addmm(bias, a, b); });
+    }
+  }
+  // Not addmm's now (a stale addmm signature must not hide a Triton plan made since: a pin, a new table).
+  if (bias_plans.empty()) Py_RETURN_NONE;
+  return run_launch(bias_plans, signature, a, b, &bias);
+}
+
+PyObject* try_gated(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2 || gated_plans.empty() || !plain(args[0]) || !plain(args[1]) ||
+      at::impl::torch_function_mode_enabled()) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor a = THPVariable_Unpack(args[0]);
+  const at::Tensor b = THPVariable_Unpack(args[1]);
+  if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
+  return run_launch(gated_plans, make_signature(a, b), a, b);
 }
 
 PyMethodDef try_addmm_def = {
     "try_addmm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_addmm)), METH_FASTCALL,
     "torch.addmm(bias, a, b) if (a, b) has a matmul_bias signature dispatch sends to addmm, else None"};
+
+PyMethodDef try_gated_def = {
+    "try_gated", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_gated)), METH_FASTCALL,
+    "kernels.gated_matmul(a, b) by its handed-over Triton launch, if it has one, else None"};
 
 PyMethodDef try_mm_def = {"try_mm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_mm)),
                           METH_FASTCALL, "a @ b by at::mm if (a, b) has a cuBLAS signature, else None"};
@@ -776,11 +854,11 @@ void discard(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device)
 using KernelFields =
     std::tuple<int64_t, std::vector<int64_t>, int64_t, int64_t, std::vector<int>, std::vector<int64_t>>;
 
-bool add_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, bool both_modes,
-                std::vector<int64_t> out_shape, std::vector<KernelFields> kernels, std::vector<at::Tensor> keep) {
+// The launch plan of ``kernels`` (as add_launch takes them), or false where this process cannot launch them.
+bool make_launch_plan(std::vector<KernelFields>& kernels, bool both_modes, const std::vector<int64_t>& out_shape,
+                      std::vector<at::Tensor> keep, LaunchPlan& plan) {
   TORCH_CHECK(out_shape.size() == 2, "a launch plan has a 2-D output");
   if (!driver_found() || kernels.empty() || kernels.size() > kMaxKernels) return false;
-  LaunchPlan plan;
   for (auto& [function, grid, threads, shared, codes, values] : kernels) {
     TORCH_CHECK(grid.size() == 3 && codes.size() == values.size(), "a kernel has a 3-D grid and a value per parameter");
     if (codes.size() > kMaxParams || function == 0) return false;
@@ -796,12 +874,46 @@ bool add_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device devi
   plan.both_modes = both_modes;
   plan.out_shape = {out_shape[0], out_shape[1]};
   plan.keep = std::move(keep);
+  return true;
+}
+
+bool add_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, bool both_modes,
+                std::vector<int64_t> out_shape, std::vector<KernelFields> kernels, std::vector<at::Tensor> keep) {
+  LaunchPlan plan;
+  if (!make_launch_plan(kernels, both_modes, out_shape, std::move(keep), plan)) return false;
   const Signature signature = signature_of(dims, dtype, device);
   cublas_signatures.erase(signature);
   eager_signatures.erase(signature);
   launch_plans[signature] = std::move(plan);
   return true;
 }
+
+// A kernels.matmul_bias (``gated`` false) or kernels.gated_matmul signature whose Triton plan
+// (kernels/epilogue.py) launches ``kernels``, made while the dispatcher's ``changes`` count read ``changes``;
+// ``bias_dtype``: the dtype its kernel reads the bias in (matmul_bias alone). Served by try_addmm or try_gated
+// while the count stands. False where this process cannot launch them (the Python path keeps serving).
+bool add_epilogue_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, bool gated,
+                         bool both_modes, std::vector<int64_t> out_shape, std::vector<KernelFields> kernels,
+                         int64_t changes, std::optional<at::ScalarType> bias_dtype) {
+  TORCH_CHECK(gated != bias_dtype.has_value(), "a matmul_bias launch reads a bias, a gated one none");
+  LaunchPlan plan;
+  if (!make_launch_plan(kernels, both_modes, out_shape, {}, plan)) return false;
+  plan.changes = changes;
+  plan.bias_dtype = bias_dtype ? static_cast<int16_t>(*bias_dtype) : -1;
+  LaunchPlans& plans = gated ? gated_plans : bias_plans;
+  if (plans.size() >= kEpiloguePlanCapacity) plans.clear();  // ever-new shapes must not grow memory for ever
+  const Signature signature = signature_of(dims, dtype, device);
+  if (!gated) addmm_signatures.erase(signature);  // addmm's answer for it is older than this one
+  plans[signature] = std::move(plan);
+  return true;
+}
+
+void clear_epilogue_launches() {
+  bias_plans.clear();
+  gated_plans.clear();
+}
+
+size_t epilogue_launch_size() { return bias_plans.size() + gated_plans.size(); }
 
 int64_t launches() { return launched; }
 
@@ -825,7 +937,9 @@ void add_addmm(std::vector<int64_t> dims, at::ScalarType dtype, at::Device devic
     addmm_signatures.clear();
     addmm_changes = changes;
   }
-  addmm_signatures.insert(signature_of(dims, dtype, device));
+  const Signature signature = signature_of(dims, dtype, device);
+  bias_plans.erase(signature);  // a Triton plan for it is older than this answer
+  addmm_signatures.insert(signature);
 }
 
 void clear_addmm() { addmm_signatures.clear(); }
@@ -840,6 +954,7 @@ void clear() {
   cublas_signatures.clear();
   eager_signatures.clear();
   launch_plans.clear();
+  clear_epilogue_launches();
 }
 
 size_t size() { return cublas_signatures.size() + eager_signatures.size() + launch_plans.size(); }
@@ -876,6 +991,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("use_dispatcher", &use_dispatcher);
   m.def("addmm_size", &addmm_size);
   m.def("add_launch", &add_launch);
+  m.def("add_epilogue_launch", &add_epilogue_launch);
+  m.def("clear_epilogue_launches", &clear_epilogue_launches);
+  m.def("epilogue_launch_size", &epilogue_launch_size);
   m.def("use_launch_check", &use_launch_check);
   m.def("launches", &launches);
   m.def("launch_size", &launch_size);
@@ -884,6 +1002,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lt_plans", &lt_plans);
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));
   m.attr("try_addmm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_addmm_def, nullptr));
+  m.attr("try_gated") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_gated_def, nullptr));
   py::object parameter = py::module_::import("torch.nn.parameter").attr("Parameter");
   parameter_type = reinterpret_cast<PyTypeObject*>(parameter.release().ptr());  // kept for the process
 }

@@ -55,12 +55,16 @@ BOTH, EAGER_ONLY = "both", "eager"  # what the C++ path serves of a signature (k
 class _Native:
     """``try_mm``: the C function while it may serve calls, else None (what kernels.matmul reads)."""
 
-    __slots__ = ("try_mm", "try_addmm", "module", "state", "suspended", "pending", "pending_addmm", "decided")
+    __slots__ = ("try_mm", "try_addmm", "try_gated", "module", "state", "suspended", "pending", "pending_addmm",
+                 "pending_epilogue", "decided")
 
     def __init__(self) -> None:
         self.try_mm: Callable[[Any, Any], Any] | None = None
         self.try_addmm: Callable[[Any, Any, Any], Any] | None = None  # kernels.matmul_bias's, as try_mm
+        self.try_gated: Callable[[Any, Any], Any] | None = None  # kernels.gated_matmul's handed-over launches
         self.pending_addmm: dict[Hashable, int] = {}  # matmul_bias key -> DISPATCHER.changes, before ready
+        # (kernel, signature key) -> remember_epilogue_launch's arguments, handed over before the module was ready
+        self.pending_epilogue: dict[Hashable, tuple] = {}
         self.module: Any = None
         self.state = "idle"  # idle, building, ready, failed, off
         self.suspended = 0
@@ -139,6 +143,7 @@ def _build() -> None:
             NATIVE.state = "failed"
             NATIVE.pending.clear()
             NATIVE.pending_addmm.clear()
+            NATIVE.pending_epilogue.clear()
             NATIVE.decided.set()
         return
     with _LOCK:
@@ -148,6 +153,9 @@ def _build() -> None:
         for key, changes in NATIVE.pending_addmm.items():
             _apply_addmm(module, key, changes)
         NATIVE.pending_addmm.clear()
+        for (_, key), value in NATIVE.pending_epilogue.items():
+            _apply_epilogue(module, key, value)
+        NATIVE.pending_epilogue.clear()
         NATIVE.module, NATIVE.state = module, "ready"
         _publish()
         NATIVE.decided.set()
@@ -330,10 +338,23 @@ def _apply_addmm(module: Any, key: Hashable, changes: int) -> None:
         module.add_addmm(*signature, changes)
 
 
+def _apply_epilogue(module: Any, key: Hashable, value: tuple) -> None:
+    gated, both, changes, made, bias_dtype = value
+    signature = _signature(key)
+    if signature is None:
+        return
+    fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by the output's width
+    width = fields[3] // 2 if gated else fields[3]
+    kernels = [(launch.function, list(launch.grid), launch.threads, launch.shared, launch.codes, launch.values)
+               for launch in made]
+    module.add_epilogue_launch(*signature, gated, both, [fields[0], width], kernels, changes, bias_dtype)
+
+
 def _publish() -> None:
     serving = NATIVE.module is not None and NATIVE.suspended == 0
     NATIVE.try_mm = NATIVE.module.try_mm if serving else None
     NATIVE.try_addmm = NATIVE.module.try_addmm if serving else None
+    NATIVE.try_gated = NATIVE.module.try_gated if serving else None
 
 
 def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
@@ -369,6 +390,19 @@ def remember_addmm(key: Hashable, changes: int, on_cuda: bool) -> None:
     _put(NATIVE.pending_addmm, key, changes, _apply_addmm, build=on_cuda)
 
 
+def remember_epilogue_launch(key: Hashable, gated: bool, both: bool, changes: int, made: list[Any],
+                             bias_dtype: Any = None) -> None:
+    """Serve the ``kernels.matmul_bias`` (or, ``gated``, ``kernels.gated_matmul``) signature ``key`` from C++
+    by ``made`` (kernels._launch.NativeLaunch, one kernel: the epilogue's Triton launch, its bias in
+    ``bias_dtype``) on the default stream, in eager calls (in graph ones too where ``both``), while
+    ``DISPATCHER.changes`` reads ``changes``. Kept until the module is ready; dropped where it cannot be."""
+    device = getattr(key[-1], "index", None)
+    if not made or any(launch.device != device for launch in made):
+        return  # loaded in another device's context than the signature's: the Python path keeps it
+    _put(NATIVE.pending_epilogue, ("gated" if gated else "bias", key), (gated, both, changes, made, bias_dtype),
+         lambda module, kind_key, value: _apply_epilogue(module, kind_key[1], value), build=True)
+
+
 def _put(pending: dict, key: Hashable, value: Any, apply: Callable[[Any, Hashable, Any], None], build: bool) -> None:
     """``apply(module, key, value)`` now where the module is ready, else kept in ``pending`` until it is
     (nothing where it failed or is off); ``build``: a GPU call that may start the build."""
@@ -398,6 +432,7 @@ def forget_all() -> None:
     """Every plan is gone (``kernels.clear_cache``, another database): serve nothing until put again."""
     with _LOCK:
         NATIVE.pending.clear()
+        NATIVE.pending_epilogue.clear()
         if NATIVE.module is not None:
             NATIVE.module.clear()
 
@@ -407,7 +442,7 @@ def suspend() -> None:
     Python path)."""
     with _LOCK:
         NATIVE.suspended += 1
-        NATIVE.try_mm = NATIVE.try_addmm = None
+        NATIVE.try_mm = NATIVE.try_addmm = NATIVE.try_gated = None
 
 
 def resume() -> None:
@@ -436,4 +471,4 @@ def lt_served() -> int:
 
 
 __all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "launches", "lt_served", "remember", "remember_addmm",
-           "remember_launch", "resume", "served", "start", "suspend", "wanted"]
+           "remember_epilogue_launch", "remember_launch", "resume", "served", "start", "suspend", "wanted"]

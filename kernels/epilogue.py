@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._gemm_triton import _gemv_row, _grouped_tile, _tile_dot, _tile_offsets
-from ._launch import DirectLaunch
+from ._launch import SLOT_A, SLOT_B, SLOT_BIAS, SLOT_C, DirectLaunch
 from . import _modes, _native
 from ._device import current_device
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
@@ -460,8 +460,8 @@ def _make_ready(key: tuple | None, spec: KernelSpec, changes: int, a: torch.Tens
         return
     calls: dict[str, Callable[..., torch.Tensor | None]] = {}
     made: dict[Config, Callable[..., torch.Tensor | None]] = {}
-    for mode in _modes.MODES:
-        config = _resolve(spec, a, b, mode)
+    configs = {mode: _resolve(spec, a, b, mode) for mode in _modes.MODES}
+    for mode, config in configs.items():
         if config not in made:
             made[config] = (_baseline_call(a, n, gated) if is_baseline(config)
                             else _triton_call(config, a, b, bias, n, gated))
@@ -469,6 +469,30 @@ def _make_ready(key: tuple | None, spec: KernelSpec, changes: int, a: torch.Tens
     if len(_READY) >= _PATHS_CAPACITY:
         _READY.clear()
     _READY[key] = _Ready(changes, calls[_modes.EAGER], calls[_modes.GRAPH])
+    eager = configs[_modes.EAGER]
+    if a.is_cuda and not is_baseline(eager):
+        _hand_over(key, eager, configs[_modes.GRAPH] == eager, changes, a, b, bias, n, gated)
+
+
+def _hand_over(key: tuple, config: Config, both: bool, changes: int, a: torch.Tensor, b: torch.Tensor,
+               bias: torch.Tensor | None, n: int, gated: bool) -> None:
+    """Hand a Triton eager plan's launch to the C++ path (kernels/_native.py), which then serves the
+    signature's eager calls (and graph ones, where ``both``) while the dispatcher's answers stand. The ready
+    call cost 0.97-1.10x torch.matmul's host time for a bias winner on the H100 hosts (docs/BENCHMARKS.md,
+    "Twenty-fourth session"); from C++ the launch reads no Python attribute. Only a launch compiled for
+    16-byte aligned operands and bias, already made once (its first call adopted the compiled kernel)."""
+    aligned = a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
+    if bias is not None:
+        aligned = aligned and bias.data_ptr() % 16 == 0 and bias.is_contiguous() and bias.shape == (n,)
+    launch = LAUNCHES.get(_launch_key(config, a, b, bias, gated)) if aligned and _native.wanted() else None
+    if launch is None or not launch.ready():
+        return
+    m, k = a.shape
+    args = (a, b, a, a, m, n, k, *a.stride(), *b.stride(), n, 1)  # C and the bias are the call's own
+    made = launch.native_launch(args, {0: SLOT_A, 1: SLOT_B, 2: SLOT_C, 3: SLOT_C if bias is None else SLOT_BIAS})
+    if made is not None:
+        _native.remember_epilogue_launch(key[1:7], gated, both, changes, [made],
+                                         None if bias is None else bias.dtype)
 
 
 def _baseline_call(a: torch.Tensor, n: int, gated: bool) -> Callable[..., torch.Tensor]:
@@ -575,6 +599,11 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
 
 def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch, with the config tuned for this problem."""
+    native = _NATIVE.try_gated
+    if native is not None:  # a Triton signature handed over to C++ (kernels/_native.py)
+        c = native(a, b)
+        if c is not None:
+            return c
     key = _ready_key("gated_matmul", a, b)
     c = _ready_call(key, a, b, None)
     if c is not None:

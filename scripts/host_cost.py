@@ -4,8 +4,8 @@ A loop of calls on a small problem (the GPU finishes each call before the host h
 timed by the wall clock with one synchronize at the end: the time per call is the host's. Beside it,
 each call's GPU time from a CUDA-graph replay shows that the host is the bound. Variants are forced
 through the public call (``kernels.matmul`` with the config pinned, as the tuner times it: a pinned
-cuBLAS plan runs on the Python path; tiled and split-K plans are launched from C++ after their first call,
-as dispatch's own are, and are timed again with that path suspended); "cublas plan, C++ path" is a signature resolved to cuBLAS as a
+cuBLAS plan runs on the Python path; tiled, split-K and gemv plans, and the epilogues' Triton plans, are
+launched from C++ after their first call, as dispatch's own are, and are timed again with that path suspended); "cublas plan, C++ path" is a signature resolved to cuBLAS as a
 tuned table leaves it, served by kernels/_native.cpp (built first, or loaded from torch's build cache);
 "cublas, nothing tuned" is dispatch with no table at all (an empty database, no shipped tables). The
 public fused-bias call and a patched model's layer (``kernels.nn.Linear`` against ``torch.nn.Linear``,
@@ -113,11 +113,18 @@ def operands(shape: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 @contextlib.contextmanager
 def _epilogue_pinned(pin: tuple):
-    """("epilogue", spec, config, a, b): the public epilogue call on a and b runs config in every mode."""
-    _, spec, config, a, b = pin
+    """("epilogue", spec, config, a, b[, "python"]): the public epilogue call on a and b runs config in every
+    mode; with "python", on the Python path (the C++ path that serves a Triton epilogue plan suspended)."""
+    _, spec, config, a, b, *python = pin
     with epilogue.pinning(spec, [config], a, b) as (install,):
         install()
-        yield
+        if python:
+            _native.suspend()
+        try:
+            yield
+        finally:
+            if python:
+                _native.resume()
 
 
 def main() -> None:
@@ -190,6 +197,10 @@ def main() -> None:
             gpu_us[name] = timing.graph_ms(call) * 1e3
         columns.append((name, call, pin))
         samples[name] = []
+        if config is not BASELINE:  # launched from C++ after its first call: the Python path beside it
+            row = f"  {kernel}, Triton, Python path"
+            columns.append((row, call, (*pin, "python")))
+            samples[row], gpu_us[row] = [], gpu_us[name]
     # A model's layer, as a patched model calls it (no_grad, as inference runs): the module path adds the
     # autocast, functorch and forward-AD checks of kernels/ops.py to whatever dispatch picks for it.
     torch_linear = torch.nn.Linear(64, 64, device="cuda", dtype=torch.float16)

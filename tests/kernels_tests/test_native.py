@@ -49,8 +49,9 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_native._Native
     kernels.clear_cache()
     with _native._LOCK:
         _native.NATIVE.module, _native.NATIVE.state, _native.NATIVE.try_mm = None, "idle", None
-        _native.NATIVE.try_addmm = None
+        _native.NATIVE.try_addmm = _native.NATIVE.try_gated = None
         _native.NATIVE.pending_addmm.clear()
+        _native.NATIVE.pending_epilogue.clear()
         _native.NATIVE.suspended = 0
         _native.NATIVE.decided.clear()
 
@@ -718,3 +719,122 @@ def test_a_handed_over_plan_leaves_hooked_switched_off_and_storage_less_calls_to
     else:
         torch.testing.assert_close(out.float(), batch.float() @ b.float(), atol=5e-2, rtol=5e-2)
     assert _native.launches() == count + 2
+
+
+# The epilogue kernels' Triton plans (kernels/epilogue.py ``_hand_over``): kernels.matmul_bias's and
+# kernels.gated_matmul's eager calls launched from C++, as matmul's are.
+_EPILOGUE_TILES = kernels.Config.make(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_SIZE_M=4, num_warps=4, num_stages=3)
+_EPILOGUE_GEMV = kernels.Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, GEMV_BLOCK_N=4,
+                                     GEMV_BLOCK_K=256, num_warps=4, num_stages=2)
+
+
+def _gated_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    product = a.float() @ b.float()
+    n = b.shape[1] // 2
+    return torch.nn.functional.silu(product[:, :n]) * product[:, n:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,config", [(100, _EPILOGUE_TILES), (1, _EPILOGUE_GEMV)], ids=["tiles", "gemv"])
+def test_a_triton_bias_plan_is_launched_from_cpp_after_its_first_call(native, dtype, rows: int,
+                                                                      config: kernels.Config) -> None:
+    """A signature addmm served before (a table refreshed since, a pin) is then the Triton plan's."""
+    from kernels import BASELINE, epilogue
+
+    def randn(*shape: int, kind: torch.dtype = dtype) -> torch.Tensor:
+        return torch.randn(*shape, device="cuda", dtype=kind)
+
+    a, b, bias = randn(rows, 512), randn(200, 512).t(), randn(200)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)  # addmm in both modes: the signature is served by at::addmm from C++
+        assert native.module.addmm_size() == 1
+    with epilogue.pinning(kernels.MATMUL_BIAS, [config], a, b) as (install,):
+        install()
+        before = _native.launches()
+        kernels.matmul_bias(a, b, bias)  # compiles; the ready call hands its launch to C++
+        assert _native.launches() == before, "the first call takes the Python path"
+        outputs = []
+        for _ in range(3):
+            a.normal_()
+            bias_now = randn(200)  # the bias's address is the call's own
+            c = kernels.matmul_bias(a, b, bias_now)
+            torch.testing.assert_close(c.float(), torch.addmm(bias_now.float(), a.float(), b.float()),
+                                       atol=5e-2, rtol=5e-2)
+            outputs.append(c)
+        assert _native.launches() == before + 3, "every call after the first was launched from C++"
+        assert len({c.data_ptr() for c in outputs}) == 3, "a fresh C per call"
+        assert native.module.addmm_size() == 0, "addmm's older answer for the signature is gone"
+        count = _native.launches()
+        odd = (randn(200, kind=torch.float32), randn(201)[1:], randn(400)[::2])  # another dtype, misaligned, strided
+        for other in odd:
+            c = kernels.matmul_bias(a, b, other)
+            torch.testing.assert_close(c.float(), torch.addmm(other.float(), a.float(), b.float()), atol=5e-2, rtol=5e-2)
+        assert _native.launches() == count, "a bias the kernel was not made for stays on the Python path"
+        with pytest.raises(ValueError, match="bias has shape"):
+            kernels.matmul_bias(a, b, randn(7))  # the Python path says what is wrong
+        install()  # a new answer (the same config again) bumps the dispatcher's count
+        kernels.matmul_bias(a, b, bias)
+        assert _native.launches() == count, "stale: the Python path resolves again and hands the launch over"
+        kernels.matmul_bias(a, b, bias)
+        assert _native.launches() == count + 1
+    kernels.matmul_bias(a, b, bias)
+    assert _native.launches() == count + 1, "the pins are gone: dispatch decides again"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("rows,config", [(64, _EPILOGUE_TILES), (1, _EPILOGUE_GEMV)], ids=["tiles", "gemv"])
+def test_a_triton_gated_plan_is_launched_from_cpp_after_its_first_call(native, rows: int, config: kernels.Config) -> None:
+    from kernels import epilogue
+
+    a = torch.randn(rows, 256, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2 * 96, 256, device="cuda", dtype=torch.bfloat16).t()  # [K, 2N]: gate columns, then up
+    with epilogue.pinning(kernels.GATED_MATMUL, [config], a, b) as (install,):
+        install()
+        kernels.gated_matmul(a, b)
+        count = _native.launches()
+        for _ in range(2):
+            a.normal_()
+            c = kernels.gated_matmul(a, b)
+            assert c.shape == (rows, 96)
+            torch.testing.assert_close(c.float(), _gated_reference(a, b), atol=5e-2, rtol=5e-2)
+        assert _native.launches() == count + 2, "launched from C++"
+        storage = torch.empty(rows * 256 + 8, device="cuda", dtype=torch.bfloat16)
+        shifted = storage[4:4 + rows * 256].view(rows, 256).copy_(a)  # 8 bytes off a 16-byte boundary
+        torch.testing.assert_close(kernels.gated_matmul(shifted, b).float(), _gated_reference(a, b),
+                                   atol=5e-2, rtol=5e-2)
+        assert _native.launches() == count + 2, "a misaligned operand: the Python path"
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_an_eager_only_triton_bias_plan_leaves_graph_calls_and_captures_to_python(native) -> None:
+    from kernels import BASELINE, epilogue
+
+    a = torch.randn(32, 512, device="cuda", dtype=torch.float16)
+    b = torch.randn(128, 512, device="cuda", dtype=torch.float16).t()
+    bias = torch.randn(128, device="cuda", dtype=torch.float16)
+    expected = torch.addmm(bias.float(), a.float(), b.float())
+    with epilogue.pinning(kernels.MATMUL_BIAS, [_EPILOGUE_TILES], a, b, graph=BASELINE) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)
+        count = _native.launches()
+        kernels.matmul_bias(a, b, bias)
+        assert _native.launches() == count + 1, "eager, on the default stream: launched from C++"
+        with _modes.dispatch_mode(kernels.GRAPH):
+            torch.testing.assert_close(kernels.matmul_bias(a, b, bias), torch.addmm(bias, a, b))
+        assert _native.launches() == count + 1, "forced graph mode runs the graph plan (addmm), in Python"
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph, out = torch.cuda.CUDAGraph(), []
+        with torch.cuda.graph(graph, stream=side):
+            out.append(kernels.matmul_bias(a, b, bias))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out[0].float(), expected, atol=5e-2, rtol=5e-2)
+        assert _native.launches() == count + 1, "capturing: the graph plan, in Python"
