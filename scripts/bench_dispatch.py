@@ -1,5 +1,7 @@
 """What a user's call gets: kernels.matmul against torch.matmul, per dispatch mode, on the GPU.
 
+``--kernel matmul_bias``: kernels.matmul_bias against torch.addmm (what nn.Linear runs with a bias), the same way.
+
 For each problem, in each mode, both calls are timed side by side, finely interleaved, the way the
 tuner's contest times its finalists (tuner/timing.py ``*_side_by_side``): eager = the public call back
 to back over rotating inputs (host time included), in blocks of about 1 ms taken in turn; graph = the
@@ -34,7 +36,7 @@ import triton
 
 import kernels
 from db import Store
-from kernels import MATMUL, Problem
+from kernels import Problem
 from tuner import timing
 from tuner.bench import Bench, relative_error, TOLERANCE
 from tuner.stamp import STAMP_PAUSE_S
@@ -64,35 +66,46 @@ def problems_of(args: argparse.Namespace) -> list[Problem]:
     return problems
 
 
+def _addmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return torch.addmm(bias, a, b)
+
+
+# Per kernel: (the public call, what a user of torch runs instead: nn.Linear's forward for a bias).
+CALLS = {"matmul": (kernels.matmul, torch.matmul), "matmul_bias": (kernels.matmul_bias, _addmm)}
+
+
 def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], rounds: int,
             control: bool = False) -> dict:
-    """One problem's row: per mode, our call's and torch.matmul's times side by side. ``control``: our
-    side is torch.matmul too (an A/A run; the choice dispatch would make is still reported)."""
-    bench = Bench(MATMUL, problem, device)
+    """One problem's row: per mode, our call's and torch's (torch.matmul, or torch.addmm for matmul_bias)
+    times side by side. ``control``: our side is torch's too (an A/A run; the choice dispatch would make
+    is still reported)."""
+    spec = kernels.get_kernel(problem.kernel)
+    public, torch_call = CALLS[problem.kernel]
+    bench = Bench(spec, problem, device)
     rotation = bench.rotation()
-    a, b = rotation[0]
+    inputs = rotation[0]
     row: dict = {"problem": problem.key}
-    ref = MATMUL.reference((a, b))
+    ref = spec.reference(inputs)
     for mode in modes:
         with kernels.dispatch_mode(mode):
-            out = kernels.matmul(a, b)
+            out = public(*inputs)
         error = relative_error(out, ref)
         if not error <= TOLERANCE[problem.dtype]:
             raise AssertionError(f"{problem.key} {mode}: relative error {error:.3g}")
-        choice = kernels.explain("matmul", problem, device, mode)
-        ours_call = torch.matmul if control else kernels.matmul
+        choice = kernels.explain(problem.kernel, problem, device, mode)
+        ours_call = torch_call if control else public
         extra: dict = {}
         if mode == "eager":
             # The figure at the host's nominal speed (what the tuner stores), and over every turn as
             # this run's host gave it (timing.eager_side_by_side).
             reading = timing.eager_side_by_side(
-                [lambda x: torch.matmul(*x), lambda x: ours_call(*x)], rotation, EAGER_MS * rounds)
+                [lambda x: torch_call(*x), lambda x: ours_call(*x)], rotation, EAGER_MS * rounds)
             theirs, ours = reading.nominal_ms
             extra = dict(as_run_speedup=reading.all_ms[0] / reading.all_ms[1],
                          nominal_turns=reading.nominal_turns, turns=reading.turns)
         else:
             theirs, ours = timing.graph_ms_side_by_side(
-                [lambda: torch.matmul(a, b), lambda: ours_call(a, b)],
+                [lambda: torch_call(*inputs), lambda: ours_call(*inputs)],
                 (GRAPH_BUDGET[0], GRAPH_BUDGET[1] * rounds))
         row[mode] = dict(ours_ms=ours, cublas_ms=theirs, speedup=theirs / ours,
                          config=str(choice.config), source=choice.source, **extra)
@@ -148,8 +161,8 @@ def corpus_parts(kernel: str, qkv: bool) -> dict[str, str]:
     """Problem key -> "tuned" or "held_out", for the corpus problems --corpus all measures."""
     from tuner import corpus
 
-    entries = corpus.qkv_entries("all") if qkv else \
-        corpus.gated_entries("all") if kernel == "gated_matmul" else corpus.entries("all")
+    entries = corpus.qkv_entries("all") if qkv else corpus.gated_entries("all") if kernel == "gated_matmul" else \
+        corpus.bias_entries("all") if kernel == "matmul_bias" else corpus.entries("all")
     return {entry.problem.key: entry.part for entry in entries}
 
 
@@ -177,6 +190,9 @@ def main() -> int:
     parser.add_argument("--corpus", help="a part of the model corpus: tuned, held_out or all (tuner/corpus.py)")
     parser.add_argument("--qkv", action="store_true",
                         help="with --corpus: the models' query/key/value projections stacked (kernels.patch runs them so)")
+    parser.add_argument("--kernel", default="matmul", choices=tuple(CALLS),
+                        help="matmul (against torch.matmul), or matmul_bias (against torch.addmm; --corpus: the "
+                             "biased query/key/value projections, stacked)")
     parser.add_argument("--dtype", action="append", help="only these dtypes")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--db", default=None, help="the database dispatch reads (default: TUNER_DB or the default file)")
@@ -212,10 +228,10 @@ def main() -> int:
         from db import load_document
 
         stored = {(r.problem_key, r.mode): r for r in load_document(args.stored_table)
-                  if r.device_name == device.name and r.kernel == "matmul"}
+                  if r.device_name == device.name and r.kernel == args.kernel}
     elif args.stored:
         with Store(args.db, create=False) as store:
-            stored = {(r.problem_key, r.mode): r for r in store.records(device=device.name, kernel="matmul")}
+            stored = {(r.problem_key, r.mode): r for r in store.records(device=device.name, kernel=args.kernel)}
     if args.passes < 1:
         parser.error(f"--passes {args.passes}: give 1 or more")
     started = time.monotonic()
@@ -253,7 +269,7 @@ def main() -> int:
               f"{summary[mode]['under_097']} under 0.97x; worst: "
               + ", ".join(f"{p} {s:.2f}x" for p, s, _ in summary[mode]["worst"][:3]))
         if args.corpus == "all":  # both parts measured: each reported on its own, as the issue asks
-            summary[mode]["by_part"] = by_part(rows, mode, corpus_parts(getattr(args, "kernel", "matmul"), args.qkv))
+            summary[mode]["by_part"] = by_part(rows, mode, corpus_parts(args.kernel, args.qkv))
             for part, figures in summary[mode]["by_part"].items():
                 print(f"  {part} part: geomean {figures['geomean']:.3f}x over {figures['problems']}, "
                       f"{figures['under_097']} under 0.97x; worst {figures['worst'][0]} {figures['worst'][1]:.3f}x")

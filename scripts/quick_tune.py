@@ -8,6 +8,7 @@
 
 ``--qkv``: the corpus's query, key and value projections stacked (tuner.corpus.qkv_entries).
 ``--kernel gated_matmul``: the corpus's SiLU-gated MLPs (gate and up stacked, tuner.corpus.gated_entries).
+``--kernel matmul_bias``: the corpus's biased query/key/value projections, stacked (tuner.corpus.bias_entries).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main() -> int:
     parser.add_argument("--qkv", action="store_true",
                         help="with --corpus: the models' query/key/value projections stacked (kernels.patch runs them so)")
     parser.add_argument("--dtype", action="append")
-    parser.add_argument("--kernel", default="matmul", choices=("matmul", "gated_matmul"),
+    parser.add_argument("--kernel", default="matmul", choices=("matmul", "gated_matmul", "matmul_bias"),
                         help="the kernel whose problems --key, --keys and --corpus name (default matmul)")
     parser.add_argument("--m", type=int, action="append", help="only problems with this many rows of A (repeatable)")
     parser.add_argument("--limit", type=int, default=0)

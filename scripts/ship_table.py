@@ -6,7 +6,8 @@ newest database last (it wins), as one export document (db.io, schema_version 2)
 
 ``--base`` keeps an earlier table's records (the public suite's) unless a database has the same
 problem and mode; ``--only corpus-part`` keeps only problems of that corpus part from the databases
-(matmul's, the stacked query/key/value projections' and gated_matmul's: tuner.corpus.corpus_problems).
+(matmul's, the stacked query/key/value projections', gated_matmul's and the biased q/k/v's matmul_bias
+ones: tuner.corpus.corpus_problems).
 ``--same-winners`` (with ``--base``): a problem's database records replace the base's only where every
 mode names the same winner in both, so that a re-decision (scripts/redecide.py) refreshes the stored
 times without flipping winners on a contest's noise (host-bound eager contests moved 10-20% between
@@ -64,7 +65,8 @@ def main() -> None:
         from tuner import corpus
 
         # (kernel, problem key): a gated MLP's key can read like a matmul key of another part
-        keep = {(kernel, p.key) for kernel in ("matmul", "gated_matmul") for p in corpus.corpus_problems(args.only, kernel)}
+        keep = {(kernel, p.key) for kernel in ("matmul", "gated_matmul", "matmul_bias")
+                for p in corpus.corpus_problems(args.only, kernel)}
         keep |= {("matmul", p.key) for p in corpus.corpus_problems(args.only, "matmul", qkv=True)}
     found: dict[tuple, Record] = {}
     for url in args.db:

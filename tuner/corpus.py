@@ -61,17 +61,21 @@ def _entries(part: str, kernel: str, shapes: Callable[[dict], Iterator[tuple[str
 
 def corpus_problems(part: str = "all", kernel: str = "matmul", qkv: bool = False) -> list[Problem]:
     """The corpus problems of ``part`` for ``kernel``: every nn.Linear for ``matmul``; each model's MLP gate
-    and up projections, stacked, for ``gated_matmul`` (how scripts/_layers.py runs a decoder layer).
+    and up projections, stacked, for ``gated_matmul`` (how scripts/_layers.py runs a decoder layer); each
+    model's biased query, key and value projections, stacked, for ``matmul_bias``.
     ``qkv``: instead of the Linears, each model's query, key and value projections stacked (``matmul`` only)."""
     if qkv:
         if kernel != "matmul":
-            raise ValueError(f"the stacked query/key/value projections are matmul problems, not {kernel!r}")
+            raise ValueError(f"the stacked query/key/value projections are matmul problems, not {kernel!r} "
+                             "(their biased ones are --kernel matmul_bias's problems)")
         return [entry.problem for entry in qkv_entries(part)]
     if kernel == "matmul":
         return [entry.problem for entry in entries(part)]
     if kernel == "gated_matmul":
         return [entry.problem for entry in gated_entries(part)]
-    raise ValueError(f"the corpus has matmul and gated_matmul problems, not {kernel!r}")
+    if kernel == "matmul_bias":
+        return [entry.problem for entry in bias_entries(part)]
+    raise ValueError(f"the corpus has matmul, gated_matmul and matmul_bias problems, not {kernel!r}")
 
 
 def gated_entries(part: str = "all") -> list[CorpusEntry]:
@@ -108,12 +112,27 @@ def qkv_entries(part: str = "all") -> list[CorpusEntry]:
     return _entries(part, "matmul", _qkv_layers)
 
 
-def _qkv_layers(document: dict) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
-    names = ("q_proj", "k_proj", "v_proj")
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _qkv_layers(document: dict, biased: bool | None = None) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
+    """(model, N, K, names) of each model's q/k/v stacked; ``biased``: only models whose three carry a
+    bias (True) or none (False); None: every model."""
     for model in document["models"]:
         shapes = {name: (int(n), int(k)) for name, n, k in model["layers"]}
-        if all(name in shapes for name in names) and len({shapes[name][1] for name in names}) == 1:
-            yield model["name"], sum(shapes[name][0] for name in names), shapes["q_proj"][1], names
+        with_bias = set(_QKV) <= set(model.get("biased", ()))
+        if biased is not None and with_bias != biased:
+            continue
+        if all(name in shapes for name in _QKV) and len({shapes[name][1] for name in _QKV}) == 1:
+            yield model["name"], sum(shapes[name][0] for name in _QKV), shapes["q_proj"][1], _QKV
+
+
+def bias_entries(part: str = "all") -> list[CorpusEntry]:
+    """Each model's query, key and value projections that carry a bias (Qwen2.5's), stacked as
+    ``kernels.patch`` runs them (kernels.nn.SharedInput, the biases stacked too): one ``matmul_bias``
+    problem per dtype and token count. The same shapes are among ``qkv_entries``' matmul problems, which
+    a patched model of theirs never calls: its call carries the bias."""
+    return _entries(part, "matmul_bias", functools.partial(_qkv_layers, biased=True))
 
 
 def _layers(document: dict) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:

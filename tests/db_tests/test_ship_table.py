@@ -86,20 +86,21 @@ def test_ship_table_with_nothing_to_write_is_refused_with_the_fix(tmp_path: Path
 
 
 def test_only_keeps_each_kernels_problems_of_that_corpus_part(tmp_path: Path) -> None:
-    """``--only tuned`` keeps the tuned part's matmul, stacked query/key/value and gated_matmul problems and
-    drops the held-out part's (a gated MLP's key is checked against the gated problems, not the matmul ones)."""
+    """``--only tuned`` keeps the tuned part's matmul, stacked query/key/value, gated_matmul and biased q/k/v
+    (matmul_bias) problems and drops the held-out part's (a gated MLP's key is checked against the gated
+    problems, not the matmul ones)."""
     from tuner import corpus
 
     gated_config = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_SIZE_M": 1, "GEMV_BLOCK_N": 2,
                     "GEMV_BLOCK_K": 1024, "num_warps": 4, "num_stages": 2}
     records, expected = [], set()
-    for kernel, qkv in (("matmul", False), ("gated_matmul", False), ("matmul", True)):
+    for kernel, qkv in (("matmul", False), ("gated_matmul", False), ("matmul", True), ("matmul_bias", False)):
         for part in ("tuned", "held_out"):
             problem = next(p for p in corpus.corpus_problems(part, kernel, qkv=qkv) if p.shapes[0][0] == 1)
             m, n, k = problem.shapes[0]
             changes = dict(kernel=kernel, problem_key=problem.key, dtype=problem.dtype, mode="graph", time_ms=0.05,
                            cublas_ms=0.06)
-            if kernel == "gated_matmul":
+            if kernel in ("gated_matmul", "matmul_bias"):
                 changes.update(config=gated_config, triton_config=gated_config)
             records.append(make_record(m, n, k, **changes))
             if part == "tuned":

@@ -38,3 +38,9 @@ def test_keys_are_problems_of_the_kernel_asked_and_a_comment_is_skipped(tmp_path
                                                      ("gated_matmul", "bf16:nt:64x2816x2048")]
     assert [p.kernel for p in _problems_of(keys=str(keys))] == ["matmul", "matmul"], "matmul unless told"
     assert _problems_of(keys=str(keys), m=[1]) == [], "no problem of those has one row"
+
+
+def test_the_bias_corpus_is_the_biased_qkv_projections_as_matmul_bias_problems() -> None:
+    problems = _problems_of(kernel="matmul_bias", corpus="tuned", m=[1])
+    assert [(p.kernel, p.key) for p in problems] == [("matmul_bias", "fp16:nt:1x4608x3584"),
+                                                     ("matmul_bias", "bf16:nt:1x4608x3584")]

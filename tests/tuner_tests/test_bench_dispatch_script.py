@@ -64,3 +64,16 @@ def test_by_part_reports_the_tuned_and_held_out_parts_each_on_its_own() -> None:
     assert got["tuned"]["problems"] == 2 and abs(got["tuned"]["geomean"] - 1.21 ** 0.5) < 1e-9
     assert got["tuned"]["under_097"] == 0
     assert got["held_out"] == dict(problems=2, geomean=0.95 ** 0.5, under_097=1, worst=(held[0], 0.95))
+
+
+def test_the_matmul_bias_corpus_parts_and_calls_are_the_biased_qkv_against_torch_addmm() -> None:
+    """--kernel matmul_bias: the parts come from the biased q/k/v corpus, and torch's side is torch.addmm."""
+    import torch
+
+    script = _script()
+    parts = script.corpus_parts("matmul_bias", qkv=False)
+    assert len(parts) == 28 and set(parts.values()) == {"tuned", "held_out"}
+    ours, theirs = script.CALLS["matmul_bias"]
+    a, b, bias = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
+    torch.testing.assert_close(theirs(a, b, bias), a @ b + bias)
+

@@ -61,7 +61,7 @@ def test_gated_problems_are_each_silu_models_gate_and_up_pair_split_by_model() -
     assert {e.model for e in corpus.gated_entries("held_out")} == {"Qwen2.5-32B"}
     assert [p.key for p in corpus.corpus_problems("tuned", "gated_matmul")] == [
         e.problem.key for e in corpus.gated_entries("tuned")]
-    with pytest.raises(ValueError, match="matmul and gated_matmul"):
+    with pytest.raises(ValueError, match="matmul, gated_matmul and matmul_bias"):
         corpus.corpus_problems("all", "moe_matmul")
 
 
@@ -78,6 +78,20 @@ def test_qkv_problems_are_each_models_query_key_and_value_projections_stacked() 
     assert [p.key for p in corpus.corpus_problems("tuned", qkv=True)] == [e.problem.key for e in corpus.qkv_entries("tuned")]
     with pytest.raises(ValueError, match="matmul problems"):
         corpus.corpus_problems("all", "gated_matmul", qkv=True)
+
+
+def test_biased_qkv_problems_are_the_matmul_bias_calls_a_patched_qwen_makes() -> None:
+    """Qwen2.5's q/k/v Linears carry a bias (the corpus file says so, with its source): kernels.patch runs
+    the three as one kernels.matmul_bias call, so the corpus holds that problem, split by model as the rest."""
+    entries = corpus.bias_entries("all")
+    assert {(e.model, e.part, e.problem.shapes[0][1:]) for e in entries} == {
+        ("Qwen2.5-7B", "tuned", (4608, 3584)), ("Qwen2.5-32B", "held_out", (7168, 5120))}
+    assert all(e.problem.kernel == "matmul_bias" and e.problem.layout == "nt" for e in entries)
+    assert len(entries) == 2 * 7 * 2
+    assert [p.key for p in corpus.corpus_problems("held_out", "matmul_bias")] == [
+        e.problem.key for e in corpus.bias_entries("held_out")]
+    with pytest.raises(ValueError, match="biased ones"):
+        corpus.corpus_problems("all", "matmul_bias", qkv=True)
 
 
 def test_unknown_part_is_refused_with_the_choices() -> None:
