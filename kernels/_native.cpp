@@ -58,6 +58,12 @@ std::unordered_set<Signature, SignatureHash> eager_signatures;
 // valid while the dispatcher's ``changes`` counter reads ``addmm_changes``: a clear, another database or a
 // pin bumps it, and the set is then stale until matmul_bias's Python path puts signatures again.
 std::unordered_set<Signature, SignatureHash> addmm_signatures;
+// matmul_bias signatures that dispatch sends to torch.addmm in eager calls and to a Triton kernel under
+// capture (an eager record cuBLAS won beside a graph record a kernel won): served where the call is eager,
+// as ``eager_signatures`` are for kernels.matmul. On the H100 such a call from Python (its ready call, then
+// torch.addmm) read 0.81-0.90x of torch.addmm where the GPU takes 16 us (docs/BENCHMARKS.md, "Twenty-fifth
+// session"). Valid under the same ``addmm_changes``.
+std::unordered_set<Signature, SignatureHash> addmm_eager_signatures;
 int64_t addmm_changes = -1;
 constexpr size_t kAddmmCapacity = 4096;  // as _PATHS: ever-new shapes must not grow memory for ever
 PyObject* dispatcher = nullptr;  // kernels.dispatch.DISPATCHER
@@ -769,7 +775,8 @@ int addmm_current() {
 }
 
 PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || dispatcher == nullptr || (addmm_signatures.empty() && bias_plans.empty()) || !plain(args[0]) ||
+  if (nargs != 3 || dispatcher == nullptr ||
+      (addmm_signatures.empty() && addmm_eager_signatures.empty() && bias_plans.empty()) || !plain(args[0]) ||
       !plain(args[1]) || !plain(args[2]) || at::impl::torch_function_mode_enabled()) {
     Py_RETURN_NONE;
   }
@@ -778,10 +785,13 @@ PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
   const Signature signature = make_signature(a, b);
   const at::Tensor bias = THPVariable_Unpack(args[2]);
-  if (addmm_signatures.count(signature)) {
+  const bool every_mode = addmm_signatures.count(signature) > 0;
+  if (every_mode || addmm_eager_signatures.count(signature)) {
     const int current = serve_if(addmm_current());
     if (current < 0) return nullptr;
     if (current == 1) {
+      const int eager = every_mode ? 1 : serve_if(eager_now(a.device()));
+      if (eager != 1) return eager < 0 ? nullptr : Py_NewRef(Py_None);  // a graph call: the Python path's plan
       if (PyObject* served = run_lt(signature, a, b, &bias)) return served;
       return run_released([&] { return at::addmm(bias, a, b); });
     }
@@ -903,7 +913,10 @@ bool add_epilogue_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::De
   LaunchPlans& plans = gated ? gated_plans : bias_plans;
   if (plans.size() >= kEpiloguePlanCapacity) plans.clear();  // ever-new shapes must not grow memory for ever
   const Signature signature = signature_of(dims, dtype, device);
-  if (!gated) addmm_signatures.erase(signature);  // addmm's answer for it is older than this one
+  if (!gated) {  // addmm's answer for it is older than this one
+    addmm_signatures.erase(signature);
+    addmm_eager_signatures.erase(signature);
+  }
   plans[signature] = std::move(plan);
   return true;
 }
@@ -931,18 +944,24 @@ size_t launch_size() { return launch_plans.size(); }
 
 // A matmul_bias signature that dispatch sends to torch.addmm in every mode, as the dispatcher's ``changes``
 // counter read ``changes``: a newer count drops the set's older signatures, an older one is ignored.
-void add_addmm(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, int64_t changes) {
+// ``eager_only``: dispatch sends the signature to torch.addmm in eager calls alone.
+void add_addmm(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device, int64_t changes, bool eager_only) {
   if (changes < addmm_changes) return;
-  if (changes > addmm_changes || addmm_signatures.size() >= kAddmmCapacity) {
+  if (changes > addmm_changes || addmm_signatures.size() + addmm_eager_signatures.size() >= kAddmmCapacity) {
     addmm_signatures.clear();
+    addmm_eager_signatures.clear();
     addmm_changes = changes;
   }
   const Signature signature = signature_of(dims, dtype, device);
   bias_plans.erase(signature);  // a Triton plan for it is older than this answer
-  addmm_signatures.insert(signature);
+  (eager_only ? addmm_signatures : addmm_eager_signatures).erase(signature);
+  (eager_only ? addmm_eager_signatures : addmm_signatures).insert(signature);
 }
 
-void clear_addmm() { addmm_signatures.clear(); }
+void clear_addmm() {
+  addmm_signatures.clear();
+  addmm_eager_signatures.clear();
+}
 
 // kernels.dispatch.DISPATCHER, kept for the process: whose ``changes`` counter try_addmm reads.
 void use_dispatcher(py::object object) {
@@ -959,7 +978,7 @@ void clear() {
 
 size_t size() { return cublas_signatures.size() + eager_signatures.size() + launch_plans.size(); }
 
-size_t addmm_size() { return addmm_signatures.size(); }
+size_t addmm_size() { return addmm_signatures.size() + addmm_eager_signatures.size(); }
 
 // kernels._launch.native_allowed, kept for the process: asked before every launch from here.
 void use_launch_check(py::object check) { launch_allowed = check.release().ptr(); }

@@ -62,7 +62,8 @@ class _Native:
         self.try_mm: Callable[[Any, Any], Any] | None = None
         self.try_addmm: Callable[[Any, Any, Any], Any] | None = None  # kernels.matmul_bias's, as try_mm
         self.try_gated: Callable[[Any, Any], Any] | None = None  # kernels.gated_matmul's handed-over launches
-        self.pending_addmm: dict[Hashable, int] = {}  # matmul_bias key -> DISPATCHER.changes, before ready
+        # matmul_bias key -> (DISPATCHER.changes, eager calls alone), put before the module was ready
+        self.pending_addmm: dict[Hashable, tuple[int, bool]] = {}
         # (kernel, signature key) -> remember_epilogue_launch's arguments, handed over before the module was ready
         self.pending_epilogue: dict[Hashable, tuple] = {}
         self.module: Any = None
@@ -150,8 +151,8 @@ def _build() -> None:
         for key, served in NATIVE.pending.items():
             _apply(module, key, served)
         NATIVE.pending.clear()
-        for key, changes in NATIVE.pending_addmm.items():
-            _apply_addmm(module, key, changes)
+        for key, value in NATIVE.pending_addmm.items():
+            _apply_addmm(module, key, value)
         NATIVE.pending_addmm.clear()
         for (_, key), value in NATIVE.pending_epilogue.items():
             _apply_epilogue(module, key, value)
@@ -332,10 +333,10 @@ def _apply(module: Any, key: Hashable, served: str | None) -> None:
         {BOTH: module.add, EAGER_ONLY: module.add_eager}.get(served, module.discard)(*signature)
 
 
-def _apply_addmm(module: Any, key: Hashable, changes: int) -> None:
+def _apply_addmm(module: Any, key: Hashable, value: tuple[int, bool]) -> None:
     signature = _signature(key)
     if signature is not None:
-        module.add_addmm(*signature, changes)
+        module.add_addmm(*signature, *value)
 
 
 def _apply_epilogue(module: Any, key: Hashable, value: tuple) -> None:
@@ -383,11 +384,12 @@ def remember_launch(key: Hashable, both: bool, made: Any) -> bool:
         return bool(module.add_launch(*signature, both, [fields[0], fields[3]], kernels, keep))
 
 
-def remember_addmm(key: Hashable, changes: int, on_cuda: bool) -> None:
-    """``kernels.matmul_bias`` found that dispatch sends the signature ``key`` to torch.addmm in every mode,
-    as ``DISPATCHER.changes`` read ``changes``: served from C++ while that count stands (a clear, another
-    database or a pin bumps it, and the C++ path then leaves the call to Python, which puts it again)."""
-    _put(NATIVE.pending_addmm, key, changes, _apply_addmm, build=on_cuda)
+def remember_addmm(key: Hashable, changes: int, on_cuda: bool, eager_only: bool = False) -> None:
+    """``kernels.matmul_bias`` found that dispatch sends the signature ``key`` to torch.addmm in every mode
+    (``eager_only``: in eager calls alone), as ``DISPATCHER.changes`` read ``changes``: served from C++ (in
+    eager calls alone where ``eager_only``) while that count stands (a clear, another database or a pin
+    bumps it, and the C++ path then leaves the call to Python, which puts it again)."""
+    _put(NATIVE.pending_addmm, key, (changes, eager_only), _apply_addmm, build=on_cuda)
 
 
 def remember_epilogue_launch(key: Hashable, gated: bool, both: bool, changes: int, made: list[Any],

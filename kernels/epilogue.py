@@ -579,13 +579,16 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
             return c
     config = _resolve(MATMUL_BIAS, a, b)  # a and b checked on their signature's first call
     if key is not None and (known is None or known[0] != changes):
-        addmm = is_baseline(config) and all(is_baseline(_resolve(MATMUL_BIAS, a, b, mode)) for mode in _modes.MODES)
+        # An eager call that runs a kernel needs no more asking: neither mode is addmm's to serve from C++.
+        asked = is_baseline(config) or _modes.current(a.is_cuda) != _modes.EAGER
+        on_addmm = {mode: asked and is_baseline(_resolve(MATMUL_BIAS, a, b, mode)) for mode in _modes.MODES}
+        addmm = all(on_addmm.values())
         if len(_PATHS) >= _PATHS_CAPACITY:
             _PATHS.clear()
             _native.forget_addmm()  # what C++ serves stays a part of what _PATHS knows
         _PATHS[key] = (changes, addmm)
-        if addmm:
-            _native.remember_addmm(key, changes, a.device.type == "cuda")
+        if on_addmm[_modes.EAGER]:  # eager calls (graph ones too, where addmm) served from C++
+            _native.remember_addmm(key, changes, a.device.type == "cuda", eager_only=not addmm)
     if is_baseline(config):
         c = _baseline((a, b, bias))
     elif bias.shape != (b.shape[1],) or bias.device != a.device or not bias.is_contiguous():

@@ -369,6 +369,32 @@ def test_a_matmul_bias_signature_on_addmm_is_served_by_at_addmm_while_the_dispat
         torch.testing.assert_close(x.grad, torch.ones(8, 12) @ w.detach())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() and not kernels._INTERPRETED,
+                    reason="a Triton graph plan runs CPU tensors only under TRITON_INTERPRET=1")
+def test_a_matmul_bias_signature_on_addmm_in_eager_calls_alone_is_served_where_the_call_is_eager(native) -> None:
+    """An eager record cuBLAS won beside a graph record a kernel won: eager calls are at::addmm's from C++ (in
+    Python they paid the ready call's key and the mode check before torch.addmm), graph calls the Python
+    path's Triton plan. The capture check is faked by forcing the mode (on the CPU, where there is no GPU;
+    on a GPU, the same calls)."""
+    from kernels import BASELINE, epilogue
+
+    tiles = kernels.Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=4, num_warps=2, num_stages=2)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = torch.randn(8, 16, device=device), torch.randn(12, 16, device=device).t()
+    bias = torch.randn(12, device=device)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b, graph=tiles) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)  # learnt: addmm in eager calls alone
+        assert native.module.addmm_size() == 1
+        torch.testing.assert_close(native.try_addmm(a, b, bias), torch.addmm(bias, a, b))
+        with _modes.dispatch_mode(kernels.GRAPH):
+            assert native.try_addmm(a, b, bias) is None, "a graph call: the Python path's Triton plan"
+            torch.testing.assert_close(kernels.matmul_bias(a, b, bias), torch.addmm(bias, a, b), atol=1e-2, rtol=1e-2)
+        with _modes.dispatch_mode(kernels.EAGER):
+            assert native.try_addmm(a, b, bias) is not None
+    assert native.try_addmm(a, b, bias) is None, "the pins are gone: dispatch decides again"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
