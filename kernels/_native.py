@@ -27,8 +27,10 @@ torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached acr
 ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
 cannot be built, the Python path serves every call: nothing but host time depends on it.
 ``kernels.matmul_bias`` signatures that dispatch sends to ``torch.addmm`` in every mode (an untuned or
-cuBLAS-won layer with a bias: most of a patched model's layers) are served the same way, by ``try_addmm``,
-while ``DISPATCHER.changes`` stands. ``KERNELS_NATIVE=0`` turns it off. Record mode suspends it (it counts every call in Python). A plan the
+cuBLAS-won layer with a bias: most of a patched model's layers), or in eager calls alone, are served the
+same way, by ``try_addmm``, while ``DISPATCHER.changes`` stands; and so are the Triton plans of
+``kernels.matmul_bias`` and ``kernels.gated_matmul`` (``try_addmm``, ``try_gated``), handed over by
+kernels/epilogue.py after their first call (docs/MODES.md, step 9). ``KERNELS_NATIVE=0`` turns it off. Record mode suspends it (it counts every call in Python). A plan the
 tuner pins (kernels/_plans.py ``pinning``) is mirrored like any other, so that the tuner times cuBLAS as
 the user's call will run it.
 """
