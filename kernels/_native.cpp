@@ -247,17 +247,18 @@ PyObject* run_released(Op&& op) {
   return THPVariable_Wrap(std::move(result));
 }
 
-// 1 where ``plan`` may serve a call now (a matmul plan always; an epilogue plan while the dispatcher's
-// ``changes`` count reads the plan's), 0 where not, -1 on a Python error.
-int plan_current(const LaunchPlan& plan) {
-  if (plan.changes < 0) return 1;
+// 1 where a plan made under the dispatcher's count ``made_under`` may serve a call now (a matmul plan, -1,
+// always; an epilogue plan while the dispatcher's ``changes`` count reads its own), 0 where not, -1 on a
+// Python error. Takes the count, not the plan: the Python it runs may change the plans.
+int plan_current(int64_t made_under) {
+  if (made_under < 0) return 1;
   if (dispatcher == nullptr) return 0;
   PyObject* changes = PyObject_GetAttr(dispatcher, changes_name);
   if (changes == nullptr) return -1;
   const long long now = PyLong_AsLongLong(changes);
   Py_DECREF(changes);
   if (now == -1 && PyErr_Occurred()) return -1;
-  return now == plan.changes;
+  return now == made_under;
 }
 
 // The address of the bias row ``plan``'s kernel reads, from ``bias`` (one contiguous, 16-byte aligned row of
@@ -290,20 +291,23 @@ PyObject* run_launch(LaunchPlans& plans, const Signature& signature, const at::T
   }
   // An epilogue plan made before the dispatcher's answers changed (a pin, a clear, another database) is
   // dropped: the Python path resolves the call again and hands over the new plan.
-  const int current = serve_if(plan_current(found->second));
+  const int64_t made_under = found->second.changes;
+  const bool both_modes = found->second.both_modes;
+  const int current = serve_if(plan_current(made_under));
   if (current != 1) {
     if (current < 0) return nullptr;
-    plans.erase(found);
+    found = plans.find(signature);  // Python ran, which may have changed the plans
+    if (found != plans.end() && found->second.changes == made_under) plans.erase(found);
     Py_RETURN_NONE;
   }
   // The mode, where the graph plan is another one; then what Python says of launch hooks and
   // KERNELS_DIRECT_LAUNCH=0 (kernels._launch.native_allowed, asked on every call as DirectLaunch asks):
   // a profiler's hook must see every launch.
-  const int serve = serve_if(found->second.both_modes ? 1 : eager_now(device));
+  const int serve = serve_if(both_modes ? 1 : eager_now(device));
   const int allowed = serve != 1 ? serve : launch_allowed == nullptr ? 0 : serve_if(call_says(launch_allowed));
   if (allowed != 1) return allowed < 0 ? nullptr : Py_NewRef(Py_None);
   found = plans.find(signature);  // Python ran, which may have changed the plans
-  if (found == plans.end()) Py_RETURN_NONE;
+  if (found == plans.end() || found->second.changes != made_under) Py_RETURN_NONE;  // gone, or another one
   const LaunchPlan& plan = found->second;
   // Tensors without storage (under torch.func's vmap or grad, functionalization) match a signature by their
   // sizes and strides but have no address: the Python path says what happens to them.
