@@ -247,11 +247,9 @@ PyObject* run_released(Op&& op) {
   return THPVariable_Wrap(std::move(result));
 }
 
-// 1 where a plan made under the dispatcher's count ``made_under`` may serve a call now (a matmul plan, -1,
-// always; an epilogue plan while the dispatcher's ``changes`` count reads its own), 0 where not, -1 on a
-// Python error. Takes the count, not the plan: the Python it runs may change the plans.
-int plan_current(int64_t made_under) {
-  if (made_under < 0) return 1;
+// 1 where the dispatcher's ``changes`` counter still reads ``made_under`` (what an addmm set or an epilogue
+// plan was put under), 0 where not (or no dispatcher is known), -1 on a Python error.
+int dispatcher_reads(int64_t made_under) {
   if (dispatcher == nullptr) return 0;
   PyObject* changes = PyObject_GetAttr(dispatcher, changes_name);
   if (changes == nullptr) return -1;
@@ -260,6 +258,11 @@ int plan_current(int64_t made_under) {
   if (now == -1 && PyErr_Occurred()) return -1;
   return now == made_under;
 }
+
+// As dispatcher_reads, for a launch plan: a matmul plan (made under -1) serves whatever the count; an
+// epilogue plan while the count reads its own. Takes the count, not the plan: the Python it runs may change
+// the plans.
+int plan_current(int64_t made_under) { return made_under < 0 ? 1 : dispatcher_reads(made_under); }
 
 // The address of the bias row ``plan``'s kernel reads, from ``bias`` (one contiguous, 16-byte aligned row of
 // the output's width, in the plan's bias dtype, on a's device, with nothing to record); 0 where it is not one.
@@ -767,17 +770,6 @@ PyObject* try_mm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return run_released([&] { return at::mm(a, b); });
 }
 
-// 1 where the dispatcher's ``changes`` counter still reads what the addmm set was put under, 0 where not,
-// -1 on a Python error.
-int addmm_current() {
-  PyObject* changes = PyObject_GetAttr(dispatcher, changes_name);
-  if (changes == nullptr) return -1;
-  const long long now = PyLong_AsLongLong(changes);
-  Py_DECREF(changes);
-  if (now == -1 && PyErr_Occurred()) return -1;
-  return now == addmm_changes;
-}
-
 PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 || dispatcher == nullptr ||
       (addmm_signatures.empty() && addmm_eager_signatures.empty() && bias_plans.empty()) || !plain(args[0]) ||
@@ -791,7 +783,7 @@ PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const at::Tensor bias = THPVariable_Unpack(args[2]);
   const bool every_mode = addmm_signatures.count(signature) > 0;
   if (every_mode || addmm_eager_signatures.count(signature)) {
-    const int current = serve_if(addmm_current());
+    const int current = serve_if(dispatcher_reads(addmm_changes));
     if (current < 0) return nullptr;
     if (current == 1) {
       const int eager = every_mode ? 1 : serve_if(eager_now(a.device()));

@@ -66,7 +66,7 @@ class _Native:
         self.try_gated: Callable[[Any, Any], Any] | None = None  # kernels.gated_matmul's handed-over launches
         # matmul_bias key -> (DISPATCHER.changes, eager calls alone), put before the module was ready
         self.pending_addmm: dict[Hashable, tuple[int, bool]] = {}
-        # (kernel, signature key) -> remember_epilogue_launch's arguments, handed over before the module was ready
+        # (gated, signature key) -> remember_epilogue_launch's arguments, handed over before the module was ready
         self.pending_epilogue: dict[Hashable, tuple] = {}
         self.module: Any = None
         self.state = "idle"  # idle, building, ready, failed, off
@@ -156,8 +156,8 @@ def _build() -> None:
         for key, value in NATIVE.pending_addmm.items():
             _apply_addmm(module, key, value)
         NATIVE.pending_addmm.clear()
-        for (_, key), value in NATIVE.pending_epilogue.items():
-            _apply_epilogue(module, key, value)
+        for kind_key, value in NATIVE.pending_epilogue.items():
+            _apply_epilogue(module, kind_key, value)
         NATIVE.pending_epilogue.clear()
         NATIVE.module, NATIVE.state = module, "ready"
         _publish()
@@ -341,16 +341,22 @@ def _apply_addmm(module: Any, key: Hashable, value: tuple[int, bool]) -> None:
         module.add_addmm(*signature, *value)
 
 
-def _apply_epilogue(module: Any, key: Hashable, value: tuple) -> None:
-    gated, both, changes, made, bias_dtype = value
+def _kernel_fields(made: list[Any]) -> list[tuple]:
+    """Each kernels._launch.NativeLaunch of ``made`` as the C++ path's add functions take a kernel."""
+    return [(launch.function, list(launch.grid), launch.threads, launch.shared, launch.codes, launch.values)
+            for launch in made]
+
+
+def _apply_epilogue(module: Any, kind_key: tuple[bool, Hashable], value: tuple) -> None:
+    """``kind_key``: (gated, the signature's key); ``value``: (both, changes, made, bias_dtype)."""
+    gated, key = kind_key
+    both, changes, made, bias_dtype = value
     signature = _signature(key)
     if signature is None:
         return
     fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by the output's width
     width = fields[3] // 2 if gated else fields[3]
-    kernels = [(launch.function, list(launch.grid), launch.threads, launch.shared, launch.codes, launch.values)
-               for launch in made]
-    module.add_epilogue_launch(*signature, gated, both, [fields[0], width], kernels, changes, bias_dtype)
+    module.add_epilogue_launch(*signature, gated, both, [fields[0], width], _kernel_fields(made), changes, bias_dtype)
 
 
 def _publish() -> None:
@@ -380,10 +386,8 @@ def remember_launch(key: Hashable, both: bool, made: Any) -> bool:
         if module is None or not made or signature is None or any(l.device != device for l in made):
             return False
         fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by b's columns
-        kernels = [(launch.function, list(launch.grid), launch.threads, launch.shared, launch.codes, launch.values)
-                   for launch in made]
         keep = [tensor for launch in made for tensor in launch.keep]
-        return bool(module.add_launch(*signature, both, [fields[0], fields[3]], kernels, keep))
+        return bool(module.add_launch(*signature, both, [fields[0], fields[3]], _kernel_fields(made), keep))
 
 
 def remember_addmm(key: Hashable, changes: int, on_cuda: bool, eager_only: bool = False) -> None:
@@ -403,8 +407,7 @@ def remember_epilogue_launch(key: Hashable, gated: bool, both: bool, changes: in
     device = getattr(key[-1], "index", None)
     if not made or any(launch.device != device for launch in made):
         return  # loaded in another device's context than the signature's: the Python path keeps it
-    _put(NATIVE.pending_epilogue, ("gated" if gated else "bias", key), (gated, both, changes, made, bias_dtype),
-         lambda module, kind_key, value: _apply_epilogue(module, kind_key[1], value), build=True)
+    _put(NATIVE.pending_epilogue, (gated, key), (both, changes, made, bias_dtype), _apply_epilogue, build=True)
 
 
 def _put(pending: dict, key: Hashable, value: Any, apply: Callable[[Any, Hashable, Any], None], build: bool) -> None:

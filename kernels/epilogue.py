@@ -490,7 +490,7 @@ def _hand_over(key: tuple, config: Config, both: bool, changes: int, a: torch.Te
     m, k = a.shape
     args = (a, b, a, a, m, n, k, *a.stride(), *b.stride(), n, 1)  # C and the bias are the call's own
     made = launch.native_launch(args, {0: SLOT_A, 1: SLOT_B, 2: SLOT_C, 3: SLOT_C if bias is None else SLOT_BIAS})
-    if made is not None:
+    if made is not None:  # key[1:7]: the ready key's (a's and b's sizes and strides, dtype, device), a plan key
         _native.remember_epilogue_launch(key[1:7], gated, both, changes, [made],
                                          None if bias is None else bias.dtype)
 
