@@ -15,8 +15,8 @@ With --passes N, the whole list is timed N times, 2 s apart, and each problem ke
 mode): the host's speed moves from second to second on the GPU boxes, and one pass meets one phase of it.
 This is how a stamp (tuner/stamp.py, ``python -m tuner stamp``) times the records it stores. Eager figures
 are read at the host's nominal speed (tuner/timing.py ``eager_side_by_side``: turns inside a slow-host burst
-are set aside), as the tuner reads what it stores; the figures over every turn are reported beside them
-("as run").
+are set aside, and through a slow phase of seconds the timing waits, ``--settle-s``), as a stamp reads what it
+stores; the figures over every turn are reported beside them ("as run").
 
     PYTHONPATH=. python3 scripts/bench_dispatch.py --corpus held_out --db sqlite:///fresh.db --json out.json
     PYTHONPATH=. python3 scripts/bench_dispatch.py --keys keys.txt --no-shipped --modes graph
@@ -75,10 +75,11 @@ CALLS = {"matmul": (kernels.matmul, torch.matmul), "matmul_bias": (kernels.matmu
 
 
 def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], rounds: int,
-            control: bool = False) -> dict:
+            control: bool = False, settle_s: float = 0.0) -> dict:
     """One problem's row: per mode, our call's and torch's (torch.matmul, or torch.addmm for matmul_bias)
     times side by side. ``control``: our side is torch's too (an A/A run; the choice dispatch would make
-    is still reported)."""
+    is still reported). ``settle_s``: the eager timing waits up to this long for the host's nominal speed,
+    as a stamp's does (timing.eager_side_by_side)."""
     spec = kernels.get_kernel(problem.kernel)
     public, torch_call = CALLS[problem.kernel]
     bench = Bench(spec, problem, device)
@@ -99,10 +100,11 @@ def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], roun
             # The figure at the host's nominal speed (what the tuner stores), and over every turn as
             # this run's host gave it (timing.eager_side_by_side).
             reading = timing.eager_side_by_side(
-                [lambda x: torch_call(*x), lambda x: ours_call(*x)], rotation, EAGER_MS * rounds)
+                [lambda x: torch_call(*x), lambda x: ours_call(*x)], rotation, EAGER_MS * rounds,
+                settle_s=settle_s)
             theirs, ours = reading.nominal_ms
             extra = dict(as_run_speedup=reading.all_ms[0] / reading.all_ms[1],
-                         nominal_turns=reading.nominal_turns, turns=reading.turns)
+                         nominal_turns=reading.nominal_turns, turns=reading.turns, waited_s=reading.waited_s)
         else:
             theirs, ours = timing.graph_ms_side_by_side(
                 [lambda: torch_call(*inputs), lambda: ours_call(*inputs)],
@@ -123,7 +125,7 @@ def confirm(rows: list[dict], problems: list[Problem], device: kernels.DeviceInf
     for row, problem in zip(rows, problems):
         for mode in modes:
             if row[mode]["speedup"] < args.confirm:
-                again = measure(problem, device, [mode], 3 * args.rounds, args.control)[mode]
+                again = measure(problem, device, [mode], 3 * args.rounds, args.control, args.settle_s)[mode]
                 row[mode]["confirmed"] = again["speedup"]
 
 
@@ -209,6 +211,9 @@ def main() -> int:
                         help="time torch.matmul against itself (A/A): the method's own spread on this host")
     parser.add_argument("--passes", type=int, default=1,
                         help="time the whole list this many times, 2 s apart; each problem keeps its median pass")
+    parser.add_argument("--settle-s", type=float, default=timing.HOST_SETTLE_S,
+                        help="eager: wait up to this long for the host's nominal speed before and while timing, as "
+                             "a stamp does (0: time in whatever phase the host is)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -241,7 +246,7 @@ def main() -> int:
             time.sleep(STAMP_PAUSE_S)  # as far apart as a stamp's passes
         passes.append([])
         for index, problem in enumerate(problems, 1):
-            row = measure(problem, device, modes, args.rounds, args.control)
+            row = measure(problem, device, modes, args.rounds, args.control, args.settle_s)
             passes[-1].append(row)
             text = "  ".join(f"{m} {row[m]['speedup']:.3f}x ({row[m]['source'][:24]})" for m in modes)
             print(f"[{pass_ + 1}: {index}/{len(problems)}] {problem.key:28} {text}", flush=True)
@@ -290,7 +295,8 @@ def main() -> int:
             summary[mode]["as_run"] = dict(geomean=geomean(as_run), under_097=sum(r < 0.97 for r in as_run),
                                            within_3pct_of_stored=sum(abs(d - 1) <= 0.03 for d in as_run_drift),
                                            turns_nominal=sum(row[mode]["nominal_turns"] for row in rows),
-                                           turns=sum(row[mode]["turns"] for row in rows))
+                                           turns=sum(row[mode]["turns"] for row in rows),
+                                           waited_s=round(sum(row[mode]["waited_s"] for row in rows), 1))
             print(f"  as run (every turn, host bursts included): {summary[mode]['as_run']}")
     print(f"# {time.monotonic() - started:.0f} s")
     if args.json:

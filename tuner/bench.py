@@ -52,6 +52,9 @@ class SideBySide:
 
     graph_budget: tuple[int, int] = timing.FULL_MS
     eager_ms: float = timing.SIDE_EAGER_MS
+    # > 0: an eager contest waits up to this long for the host's nominal speed (timing.eager_side_by_side);
+    # for readings that are stored as what the user's call gets (a stamp) or checked against them.
+    settle_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -288,7 +291,8 @@ class Bench:
         with timing.public_calls(self.spec, configs, rotation[0], graph) as sides:
             calls = [call for call, _ in sides] + [self.spec.baseline]
             installers = [install for _, install in sides] + [None]
-            return timing.eager_ms_side_by_side(calls, rotation, how.eager_ms, before=installers)
+            return timing.eager_ms_side_by_side(calls, rotation, how.eager_ms, before=installers,
+                                                settle_s=how.settle_s)
 
 
 

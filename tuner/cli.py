@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="only this problem key, e.g. bf16:nt:8x4096x4096 (repeatable)")
     sp.add_argument("--passes", type=int, default=3,
                     help="timings of each record, 2 s apart over all of them; the median is stored (default 3)")
+    sp.add_argument("--settle-s", type=float, default=None,
+                    help="each timing waits up to this long for the host's nominal speed, so that a slow phase of "
+                         "the host is not stored as the call's speed (default 15; 0: time in whatever phase)")
     sp.add_argument("--dry-run", action="store_true", help="time and print, but store nothing")
 
     im = with_db(sub.add_parser("import", help="read tuned records from a JSON file"))

@@ -299,7 +299,11 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_stamp(args: argparse.Namespace) -> int:
-    from .stamp import stamp_eager, stampable, store_stamps, summary
+    from .stamp import STAMP_SETTLE_S, stamp_eager, stampable, store_stamps, summary
+
+    settle_s = STAMP_SETTLE_S if args.settle_s is None else args.settle_s
+    if settle_s < 0:
+        raise UserError(f"--settle-s {args.settle_s}: give the seconds a timing may wait for the host, 0 or more")
 
     if _no_gpu():
         raise UserError("stamp times the stored winners on the GPU they were tuned for, and this machine has "
@@ -324,7 +328,7 @@ def cmd_stamp(args: argparse.Namespace) -> int:
             shown = note or f"{record.kernel} {record.problem_key}  {stamp.was or 0:.3f}x stored -> {stamp.speedup:.3f}x"
             print(f"  [{index}/{len(chosen)}] {shown}", flush=True)
 
-    stamps = stamp_eager(records, device, passes=args.passes, progress=progress)
+    stamps = stamp_eager(records, device, passes=args.passes, settle_s=settle_s, progress=progress)
     print(summary(stamps))
     if args.dry_run or not stamps:
         return 0

@@ -44,6 +44,9 @@ STAMP_PASSES = 3
 STAMP_PAUSE_S = EAGER_PASS_PAUSE_S
 # The eager ms per side of one record's timing: the bench's per problem (bench_dispatch.py, 2 rounds).
 STAMP_EAGER_MS = 40.0
+# Each timing waits for the host's nominal speed (up to this long): the host runs slower for seconds at a
+# time on the lent machines, and a stamp read in such a phase is not what the same call reads in the next.
+STAMP_SETTLE_S = timing.HOST_SETTLE_S
 
 MakeBench = Callable[[KernelSpec, Problem], Bench]
 
@@ -90,13 +93,15 @@ def stampable(record: Record) -> str | None:
 
 
 def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = STAMP_PASSES,
-                pause_s: float = STAMP_PAUSE_S, make_bench: MakeBench | None = None,
+                pause_s: float = STAMP_PAUSE_S, settle_s: float = STAMP_SETTLE_S,
+                make_bench: MakeBench | None = None,
                 sleep: Callable[[float], None] = time.sleep,
                 progress: Callable[[int, int, Stamp | None, str], None] | None = None) -> list[Stamp]:
     """Each stampable eager record of ``device`` in ``records``, timed ``passes`` times and stored with its
     median pass (``Stamp.record``); a Triton winner slower than the baseline there is replaced by cuBLAS,
     timed in as many passes again, where cuBLAS's median is no lower (``Stamp.demoted_from``). A record whose timing fails in every pass is left
-    out (logged). ``make_bench``: how a problem is timed (default: a side-by-side Bench on this GPU;
+    out (logged). ``settle_s``: each timing waits up to this long for the host's nominal speed (0: none).
+    ``make_bench``: how a problem is timed (default: a side-by-side Bench on this GPU;
     a test passes one with its own timer). ``progress(pass, index, stamp, note)`` after each timing."""
     if passes < 1:
         raise ValueError(f"passes={passes}: give 1 or more (passes over the records, median kept)")
@@ -104,7 +109,8 @@ def stamp_eager(records: Sequence[Record], device: DeviceInfo, *, passes: int = 
         raise ValueError("stamping times the user's call on the GPU its records are for; run it on that GPU "
                          "(a CPU's interpreter times nothing a user runs)")
     make_bench = make_bench or (lambda spec, problem: Bench(spec, problem, device,
-                                                            side_by_side=SideBySide(eager_ms=STAMP_EAGER_MS)))
+                                                            side_by_side=SideBySide(eager_ms=STAMP_EAGER_MS,
+                                                                                    settle_s=settle_s)))
     graphs = {r.key[:3]: r for r in records if r.mode == GRAPH and r.device_name == device.name}
     graph_winner = {key: Config.from_dict(r.config) for key, r in graphs.items()}
     graph_cublas_ms = {key: r.cublas_ms for key, r in graphs.items()}

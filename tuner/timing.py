@@ -16,7 +16,9 @@ as it runs; timed seconds apart, two runs of the very same cuBLAS kernel came ou
 each other (the held-out benchmark of 2026-11-24). Interleaved at this grain, both sides meet the
 same host and the same clocks. The host also slows in bursts of a tenth of a second or so; an eager
 reading sets aside the turns inside one (``eager_side_by_side``, HOST_NOMINAL_SLACK), so that what it
-reads is what the same call reads a second later.
+reads is what the same call reads a second later. And it slows for seconds at a time: a reading that must
+be read at the host's nominal speed whatever the moment (a stamp's, the bench's) waits for that speed to
+come back (``settle_s``; HostSpeed.learn and HostSpeed.settle).
 """
 
 from __future__ import annotations
@@ -253,19 +255,37 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> 
 # time than torch.matmul's (scripts/host_cost.py), so a slower host widens our lead: the nominal figure is the
 # one a user's call can count on. While too few turns are nominal the turns go on, up to HOST_EXTRA_TURNS
 # times those asked; with fewer than HOST_MIN_NOMINAL_TURNS nominal turns, every turn counts.
+#
+# Bursts are not the whole story. On 2026-11-27 (H100 box, scripts/probes/host_phase_series_probe.py, docs/BENCHMARKS.md
+# "Twenty-sixth session") the same loop read about 600 us for some seconds and 1000 us for others, in phases of
+# 1 to 12 s, with no hypervisor steal; torch.matmul's host cost per call (13 against 18.5 us) and a bare launch
+# followed it, pinned to one CPU or not. A reading that falls in such a phase cannot find nominal turns by
+# taking more of them. So a reading whose figure is stored or checked against a stored one (a stamp, the
+# bench) may wait for the nominal speed instead (``settle_s``): HostSpeed.learn first finds that speed in
+# this process (a slow phase at the start would otherwise pass for it), then HostSpeed.settle waits for it.
 HOST_SPIN_LOOPS = 2000  # about 70 us of pure Python on the lent machines' hosts
 HOST_NOMINAL_SLACK = 1.2
 HOST_EXTRA_TURNS = 3
 HOST_MIN_NOMINAL_TURNS = 3
+HOST_LEVELS = 1.3  # two windows' medians this far apart: both of the host's speeds were seen (1.6x measured)
+HOST_LEARN_S = 15.0  # at most this long to see both (the longest phase measured: 12 s)
+HOST_LEARN_WINDOW_S = 0.1
+HOST_POLL_S = 0.01  # between spins while learning or waiting: the spin must not become the host's load
+HOST_SETTLE_S = 15.0  # a reading waits at most this long for the nominal speed, each time it needs it
+HOST_SETTLED_SPINS = 2  # nominal spins in a row that end a wait (one fast spin inside a slow phase does not)
+HOST_SETTLE_TRIES = 2  # waits per reading, each followed by its turns
 
 
 class HostSpeed:
     """The time of a fixed pure-Python loop (no GPU in it), and the least seen in this process: the host's
-    speed when nothing holds it back."""
+    speed when nothing holds it back. ``clock`` and ``sleep`` are the wall clock's (a test scripts them)."""
 
-    def __init__(self, loops: int = HOST_SPIN_LOOPS) -> None:
+    def __init__(self, loops: int = HOST_SPIN_LOOPS, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.loops = loops
         self.fastest_us = math.inf
+        self.clock, self.sleep = clock, sleep
+        self.learned = False
 
     def spin_us(self) -> float:
         started = time.perf_counter()
@@ -275,6 +295,43 @@ class HostSpeed:
         spent = (time.perf_counter() - started) * 1e6
         self.fastest_us = min(self.fastest_us, spent)
         return spent
+
+    def learn(self, budget_s: float = HOST_LEARN_S) -> float:
+        """The host's nominal spin (``fastest_us``), once per process: spins every HOST_POLL_S until the
+        medians of two HOST_LEARN_WINDOW_S windows stand HOST_LEVELS apart (both speeds seen, so the least
+        spin is the fast one's), or ``budget_s`` passes (a steady host: the least is its only speed).
+        Medians of windows, so that one slow spin (an interrupt) does not pass for the slow phase."""
+        if self.learned:
+            return self.fastest_us
+        started = window_started = self.clock()
+        window: list[float] = []
+        medians: list[float] = []
+        while True:
+            window.append(self.spin_us())
+            now = self.clock()
+            if now - window_started >= HOST_LEARN_WINDOW_S:
+                medians.append(statistics.median(window))
+                window, window_started = [], now
+                if max(medians) >= HOST_LEVELS * min(medians):
+                    break
+            if now - started >= budget_s:
+                break
+            self.sleep(HOST_POLL_S)
+        self.learned = True
+        log.debug("host: nominal spin %.1f us, learned in %.1f s", self.fastest_us, self.clock() - started)
+        return self.fastest_us
+
+    def settle(self, budget_s: float = HOST_SETTLE_S, slack: float = HOST_NOMINAL_SLACK) -> float:
+        """Wait until HOST_SETTLED_SPINS spins in a row read within ``slack`` of ``fastest_us``, or
+        ``budget_s`` passes; the seconds waited."""
+        started = self.clock()
+        in_a_row = 0
+        while True:
+            in_a_row = in_a_row + 1 if self.spin_us() <= slack * self.fastest_us else 0
+            waited = self.clock() - started
+            if in_a_row >= HOST_SETTLED_SPINS or waited >= budget_s:
+                return waited
+            self.sleep(HOST_POLL_S)
 
 
 HOST = HostSpeed()
@@ -297,27 +354,36 @@ class EagerReading:
     all_ms: list[float]
     nominal_turns: int
     turns: int
+    waited_s: float = 0.0  # waited for the host's nominal speed (``settle_s``)
 
 
 def eager_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
                           total_ms: float = SIDE_EAGER_MS, block_ms: float = SIDE_BLOCK_MS,
-                          before: Sequence[Callable[[], None] | None] | None = None) -> list[float]:
+                          before: Sequence[Callable[[], None] | None] | None = None,
+                          settle_s: float = 0.0) -> list[float]:
     """``eager_side_by_side``'s figure at the host's nominal speed, per side."""
-    return eager_side_by_side(calls, inputs, total_ms, block_ms, before).nominal_ms
+    return eager_side_by_side(calls, inputs, total_ms, block_ms, before, settle_s=settle_s).nominal_ms
 
 
 def eager_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence[tuple],
                        total_ms: float = SIDE_EAGER_MS, block_ms: float = SIDE_BLOCK_MS,
                        before: Sequence[Callable[[], None] | None] | None = None,
-                       host: HostSpeed | None = None) -> EagerReading:
+                       host: HostSpeed | None = None, settle_s: float = 0.0) -> EagerReading:
     """Median ms per call of each ``call(inputs[i % len(inputs)])``, back to back as ``eager_ms`` times
     them, in blocks of about ``block_ms`` taken in turn: each block is timed by events around it, so a
     block sees max(host, GPU) per call, and neighbouring blocks of the sides meet the same host speed.
     A spin of the host between turns tells the turns at its nominal speed (HOST_NOMINAL_SLACK above).
 
+    ``settle_s`` > 0: the host's nominal speed is learned (once per process) and the turns start once the
+    host runs at it (a wait of ``settle_s`` at most); where they still find fewer than
+    HOST_MIN_NOMINAL_TURNS nominal turns, they wait and go on again, HOST_SETTLE_TRIES waits in all.
+
     ``before[i]``, where given, runs ahead of each of side i's blocks, untimed (``public_calls``'s
     installers: several configs of one call signature take turns)."""
     host = host or HOST
+    waited = 0.0
+    if settle_s > 0:
+        host.learn()
     enter = list(before) if before is not None else [None] * len(calls)
     one_ms = []
     for call, ready in zip(calls, enter):  # warm-up (compiles, plans, allocator), then a first estimate
@@ -332,33 +398,46 @@ def eager_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequence
     wanted = _turns(per_block * sum(one_ms), total_ms * len(calls))
     events: list[list[tuple[torch.cuda.Event, torch.cuda.Event]]] = [[] for _ in calls]
     position = [0] * len(calls)  # each side walks its own way round the inputs
-    torch.cuda.synchronize()
-    spins = [host.spin_us()]
+    # Turns come in runs, each bracketed by a chain of spins; a wait for the host breaks the chain.
+    runs: list[list[float]] = []
     turn = 0
-    while turn < wanted or (sum(nominal_turns(spins, host.fastest_us)) < wanted
-                            and turn < HOST_EXTRA_TURNS * wanted):
-        for side in _order(len(calls), turn):
-            call = calls[side]
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            i = position[side]
-            if enter[side] is not None:
-                enter[side]()
-            begin.record()
-            for j in range(i, i + per_block):
-                call(inputs[j % len(inputs)])
-            end.record()
-            events[side].append((begin, end))
-            position[side] = (i + per_block) % len(inputs)
-        spins.append(host.spin_us())
-        turn += 1
+
+    def counted() -> int:
+        return sum(sum(nominal_turns(spins, host.fastest_us)) for spins in runs)
+
+    for attempt in range(HOST_SETTLE_TRIES if settle_s > 0 else 1):
+        if attempt and counted() >= HOST_MIN_NOMINAL_TURNS:
+            break
+        torch.cuda.synchronize()
+        if settle_s > 0:
+            waited += host.settle(settle_s)
+        spins = [host.spin_us()]
+        runs.append(spins)
+        limit = turn + HOST_EXTRA_TURNS * wanted
+        target = turn + wanted
+        while turn < target or (counted() < wanted and turn < limit):
+            for side in _order(len(calls), turn):
+                call = calls[side]
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                i = position[side]
+                if enter[side] is not None:
+                    enter[side]()
+                begin.record()
+                for j in range(i, i + per_block):
+                    call(inputs[j % len(inputs)])
+                end.record()
+                events[side].append((begin, end))
+                position[side] = (i + per_block) % len(inputs)
+            spins.append(host.spin_us())
+            turn += 1
     torch.cuda.synchronize()
     per_turn = [[b.elapsed_time(e) / per_block for b, e in side] for side in events]
-    nominal = nominal_turns(spins, host.fastest_us)
+    nominal = [keep for spins in runs for keep in nominal_turns(spins, host.fastest_us)]
     all_ms = [statistics.median(times) for times in per_turn]
     if sum(nominal) < HOST_MIN_NOMINAL_TURNS:
-        return EagerReading(all_ms, all_ms, 0, turn)
+        return EagerReading(all_ms, all_ms, 0, turn, waited)
     nominal_ms = [statistics.median(t for t, keep in zip(times, nominal) if keep) for times in per_turn]
-    return EagerReading(nominal_ms, all_ms, sum(nominal), turn)
+    return EagerReading(nominal_ms, all_ms, sum(nominal), turn, waited)
 
 
 def _warmed_estimate_ms(call: Callable[[tuple], Any], inputs: Sequence[tuple]) -> float:

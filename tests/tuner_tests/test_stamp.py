@@ -210,11 +210,11 @@ def _tuner(*args: str, db: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-@pytest.mark.parametrize("args", [[], ["--dry-run"], ["--passes", "0"]])
+@pytest.mark.parametrize("args", [[], ["--dry-run"], ["--passes", "0"], ["--settle-s", "-1"]])
 def test_the_cli_on_a_missing_database_or_without_a_gpu_is_one_error_and_creates_nothing(
         args: list[str], tmp_path: Path, monkeypatch, capsys) -> None:
     """Without a GPU: where to run it; with one, on a database that is not there: that it is not there (or
-    the bad --passes). Either way one line, exit 2, and no file."""
+    the bad --passes or --settle-s). Either way one line, exit 2, and no file."""
     from tuner.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -222,7 +222,7 @@ def test_the_cli_on_a_missing_database_or_without_a_gpu_is_one_error_and_creates
     assert main(["stamp", *args, "--db", url]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
-    assert "run it there" in err or "does not exist" in err or "--passes 0" in err
+    assert "run it there" in err or "does not exist" in err or "--passes 0" in err or "--settle-s -1" in err
     assert list(tmp_path.iterdir()) == []
 
 
