@@ -216,13 +216,16 @@ def main() -> int:
                              "a stamp does (0: time in whatever phase the host is)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.settle_s < 0:
+        parser.error(f"--settle-s {args.settle_s}: give the seconds a timing may wait for the host, 0 or more")
     modes = args.modes.split(",")
     kernels.use_database(args.db, use_shipped=not args.no_shipped)
     device = kernels.current_device()
     problems = problems_of(args)
     print(f"# {device.name}, torch {torch.__version__}, triton {triton.__version__}, {time.strftime('%Y-%m-%d')}, "
           f"{len(problems)} problems, db {args.db}, shipped {'off' if args.no_shipped else 'on'}, "
-          f"{args.rounds} rounds, {args.passes} pass(es)" + (", CONTROL: torch.matmul against itself" if args.control else ""), flush=True)
+          f"{args.rounds} rounds, {args.passes} pass(es), eager waits up to {args.settle_s:g} s for the host"
+          + (", CONTROL: torch.matmul against itself" if args.control else ""), flush=True)
     # What a process gets once the C++ path of cuBLAS plans is built (kernels/_native.py): wait for it
     # here, so that the figures do not depend on how far a background build got.
     print(f"# C++ path of cuBLAS plans: {kernels._native.start(block=True)}", flush=True)
