@@ -1,0 +1,21 @@
+"""scripts/bench_dispatch.py refuses a negative --settle-s (how long an eager timing may wait for the host's
+nominal speed) before it reads a database or touches a GPU: one error naming the flag, exit 2, no file."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_negative_wait_for_the_host_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_dispatch.py"), "--settle-s", "-1",
+                           "--db", f"sqlite:///{tmp_path / 'none.db'}", "--key", "fp16:nt:64x64x64"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "--settle-s -1.0: give the seconds a timing may wait for the host, 0 or more" in done.stderr
+    assert list(tmp_path.iterdir()) == [], "nothing written: no database, no cache"
