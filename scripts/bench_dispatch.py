@@ -139,7 +139,7 @@ def median_pass(readings: list[dict], modes: list[str]) -> dict:
     return row
 
 
-HOST_BOUND_MS = 0.030  # torch.matmul under this a call (eager): the host, not the GPU, sets the pace
+HOST_BOUND_MS = timing.HOST_PACED_MS  # torch.matmul under this a call (eager): the host may set the pace
 
 
 def drift_by_kind(rows: list[dict], mode: str) -> dict[str, dict]:

@@ -239,16 +239,32 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no tuned problems" + (f" for {args.device}" if args.device else "")
               + "; run `python -m tuner search` first")
         return 0
-    rows = [("device", "kernel", "problem", "mode", "ms", "TFLOP/s", "cuBLAS ms", "speed-up", "trials", "config")]
+    graph_baseline_ms = {r.key[:3]: r.cublas_ms for r in records if r.mode == kernels.GRAPH and r.cublas_ms}
+    rows = [("device", "kernel", "problem", "mode", "ms", "TFLOP/s", "cuBLAS ms", "speed-up", "bound", "trials",
+             "config")]
     for r in records:
         rows.append((r.device_alias, r.kernel, _short_key(r.problem_key, len(r.shapes)), r.mode,
                      f"{r.time_ms:.4f}", f"{r.tflops:.1f}",
                      f"{r.cublas_ms:.4f}" if r.cublas_ms else "-", f"{r.speedup:.2f}x" if r.speedup else "-",
-                     str(r.trials), str(kernels.Config.from_dict(r.config))))
+                     baseline_bound(r, graph_baseline_ms.get(r.key[:3])), str(r.trials),
+                     str(kernels.Config.from_dict(r.config))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    if any(row[8] == "host" for row in rows[1:]):
+        print("bound host: the baseline's eager call is paced by the host, not the GPU, so that speed-up moves with "
+              "the host's speed (by up to 20% between processes on the lent H100s; docs/MODES.md)")
     return 0
+
+
+def baseline_bound(record: Record, graph_baseline_ms: float | None) -> str:
+    """What paces the baseline's call in an eager record (tuner.timing.baseline_paced_by: "host" or "gpu"),
+    beside the problem's graph record's baseline time; "-" for a graph record or without the two times.
+    Where the host paces it, the stored speed-up is a ratio to the host's speed at the time, and a process
+    on a faster or slower host reads another."""
+    from .timing import baseline_paced_by
+
+    return baseline_paced_by(record.cublas_ms, graph_baseline_ms) if record.mode == kernels.EAGER else "-"
 
 
 def _list_untuned(args: argparse.Namespace) -> int:

@@ -336,6 +336,20 @@ class HostSpeed:
 
 HOST = HostSpeed()
 
+# What paces a baseline's eager call: the host where the call is shorter than HOST_PACED_MS (torch.matmul's own
+# host cost read 13-27 us a call on the lent H100 hosts, slow phases included, so the host paces such a call
+# at least part of the time) or HOST_PACED_RATIO or more over its GPU time (its graph timing). An eager
+# speed-up over a host-paced baseline moves with the host's speed (docs/BENCHMARKS.md, "Twenty-sixth session").
+HOST_PACED_MS = 0.030
+HOST_PACED_RATIO = 1.15
+
+
+def baseline_paced_by(eager_ms: float | None, graph_ms: float | None) -> str:
+    """"host" or "gpu" for a baseline's eager time beside its GPU (graph) time, as above; "-" without both."""
+    if not eager_ms or not graph_ms:
+        return "-"
+    return "host" if eager_ms < HOST_PACED_MS or eager_ms >= HOST_PACED_RATIO * graph_ms else "gpu"
+
 
 def nominal_turns(spins: Sequence[float], fastest_us: float, slack: float = HOST_NOMINAL_SLACK) -> list[bool]:
     """Turn ``t`` ran between ``spins[t]`` and ``spins[t + 1]``: it is at the host's nominal speed where both
