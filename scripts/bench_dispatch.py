@@ -229,6 +229,8 @@ def main() -> int:
     # What a process gets once the C++ path of cuBLAS plans is built (kernels/_native.py): wait for it
     # here, so that the figures do not depend on how far a background build got.
     print(f"# C++ path of cuBLAS plans: {kernels._native.start(block=True)}", flush=True)
+    if "eager" in modes and args.settle_s > 0:
+        print(f"# {timing.learn_host()}", flush=True)
     global GRAPH_BUDGET
     GRAPH_BUDGET = tuple(int(x) for x in args.graph_budget.split(","))
     stored = {}

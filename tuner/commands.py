@@ -337,6 +337,10 @@ def cmd_stamp(args: argparse.Namespace) -> int:
               + (f" ({args.kernel})" if args.kernel else "") + "; `python -m tuner list` shows what is stored")
         return 1
     print(f"stamping {len(chosen)} eager record(s) of {device.name}, {args.passes} pass(es)", flush=True)
+    if settle_s > 0:
+        from .timing import learn_host
+
+        print(learn_host(), flush=True)
 
     def progress(pass_: int, index: int, stamp, note: str) -> None:
         if pass_ == args.passes:

@@ -336,6 +336,16 @@ class HostSpeed:
 
 HOST = HostSpeed()
 
+
+def learn_host(host: HostSpeed | None = None) -> str:
+    """Learn the host's nominal speed now (HostSpeed.learn) and say it in a line for a run's log: two
+    processes whose nominal spins differ ran on hosts of different speeds, and their host-bound eager
+    figures differ with them."""
+    host = host or HOST
+    started = time.monotonic()
+    fastest = host.learn()
+    return f"host: nominal spin {fastest:.0f} us ({host.loops} loops of Python), learned in {time.monotonic() - started:.1f} s"
+
 # What paces a baseline's eager call: the host where the call is shorter than HOST_PACED_MS (torch.matmul's own
 # host cost read 13-27 us a call on the lent H100 hosts, slow phases included, so the host paces such a call
 # at least part of the time) or HOST_PACED_RATIO or more over its GPU time (its graph timing). An eager

@@ -221,3 +221,10 @@ def test_a_reading_that_waited_in_vain_says_so_and_counts_every_turn(monkeypatch
     reading = _phased_reading(monkeypatch, host, settle_s=0.5)
     assert reading.nominal_turns == 0 and abs(reading.nominal_ms[0] - 0.020) < 1e-6
     assert reading.waited_s >= timing.HOST_SETTLE_TRIES * 0.5
+
+
+def test_the_learned_speed_is_said_in_one_line_for_the_log() -> None:
+    host = _PhasedHost(lambda now: now < 2.0)
+    line = timing.learn_host(host)
+    assert line.startswith("host: nominal spin 100 us (2000 loops of Python), learned in "), line
+    assert host.learned
