@@ -3,28 +3,18 @@ speed, docs/BENCHMARKS.md "Twenty-sixth session"): a real SQLite file holding ma
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 
-import kernels
 from db import Record, Store
-from kernels import MATMUL, Problem
+from tests.db_tests.conftest import make_record
 from tuner.cli import main
 from tuner.commands import baseline_bound
 from tuner.timing import HOST_PACED_MS, HOST_PACED_RATIO
 
-DEVICE = kernels.DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
-
 
 def _record(key: str, mode: str, time_ms: float, cublas_ms: float) -> Record:
-    problem = Problem.from_key("matmul", key)
-    config = MATMUL.default_config(problem, DEVICE).as_dict()
-    return Record(device_name=DEVICE.name, device_alias=DEVICE.alias, compute_capability=DEVICE.compute_capability,
-                  sm_count=DEVICE.sm_count, kernel="matmul", problem_key=key, dtype=problem.dtype,
-                  layout=problem.layout, shapes=problem.shapes, config=config, time_ms=time_ms,
-                  tflops=problem.flops / (time_ms * 1e-3) / 1e12, cublas_ms=cublas_ms, triton_config=config,
-                  triton_ms=time_ms, torch_version="2.11.0", triton_version="3.6.0", cuda_version="13.0",
-                  trials=20, created_at=datetime(2026, 11, 27, tzinfo=timezone.utc), mode=mode)
+    m, n, k = (int(x) for x in key.split(":")[-1].split("x"))
+    return make_record(m, n, k, dtype="bf16", mode=mode, time_ms=time_ms, cublas_ms=cublas_ms, triton_ms=time_ms)
 
 
 HOST_BOUND = "bf16:nt:1x4096x4096"  # torch's eager call 18 us, its kernel 10 us
