@@ -372,6 +372,14 @@ def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
     _put(NATIVE.pending, key, served, _apply, build=served is not None and on_cuda)
 
 
+def _launchable_for(key: Hashable, made: Any) -> bool:
+    """Whether ``made`` (kernels._launch.NativeLaunch) can serve the signature ``key``: a kernel runs only in
+    the context it was loaded in, so one loaded on another device than the signature's (its first call ran
+    with another device current) stays on the Python path."""
+    device = getattr(key[-1], "index", None)
+    return bool(made) and all(launch.device == device for launch in made)
+
+
 def remember_launch(key: Hashable, both: bool, made: Any) -> bool:
     """Serve the signature ``key`` from C++ by launching compiled Triton kernels (``made``, a list of
     kernels._launch.NativeLaunch, made in order; None: they cannot be launched that way) on the default
@@ -380,10 +388,7 @@ def remember_launch(key: Hashable, both: bool, made: Any) -> bool:
     signature = _signature(key)
     with _LOCK:
         module = NATIVE.module
-        device = getattr(key[-1], "index", None)
-        # A kernel runs only in the context it was loaded in: one loaded on another device than the
-        # signature's (its first call ran with another device current) stays on the Python path.
-        if module is None or not made or signature is None or any(l.device != device for l in made):
+        if module is None or signature is None or not _launchable_for(key, made):
             return False
         fields = signature[0]  # a's sizes, b's sizes, then strides: C is a's rows by b's columns
         keep = [tensor for launch in made for tensor in launch.keep]
@@ -404,9 +409,8 @@ def remember_epilogue_launch(key: Hashable, gated: bool, both: bool, changes: in
     by ``made`` (kernels._launch.NativeLaunch, one kernel: the epilogue's Triton launch, its bias in
     ``bias_dtype``) on the default stream, in eager calls (in graph ones too where ``both``), while
     ``DISPATCHER.changes`` reads ``changes``. Kept until the module is ready; dropped where it cannot be."""
-    device = getattr(key[-1], "index", None)
-    if not made or any(launch.device != device for launch in made):
-        return  # loaded in another device's context than the signature's: the Python path keeps it
+    if not _launchable_for(key, made):
+        return  # the Python path keeps it
     _put(NATIVE.pending_epilogue, (gated, key), (both, changes, made, bias_dtype), _apply_epilogue, build=True)
 
 
