@@ -189,7 +189,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--key", action="append", help="a problem key, e.g. bf16:nt:8x4096x4096 (repeatable)")
     parser.add_argument("--keys", help="a file of problem keys, one per line")
-    parser.add_argument("--corpus", help="a part of the model corpus: tuned, held_out or all (tuner/corpus.py)")
+    parser.add_argument("--corpus", help="a part of the model corpus: tuned, held_out or all; or unseen, models "
+                                         "outside it that no table holds (tuner/corpus.py)")
     parser.add_argument("--qkv", action="store_true",
                         help="with --corpus: the models' query/key/value projections stacked (kernels.patch runs them so)")
     parser.add_argument("--kernel", default="matmul", choices=tuple(CALLS),

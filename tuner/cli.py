@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operand layout, A then B: nn (row-major) or nt (B = w.t()); repeatable; default nn")
     s.add_argument("--shape", action="append",
                    help="MxNxK (repeatable); a group (grouped_matmul, moe_matmul) joins GEMMs with '+': 128x128x128+64x64x64")
-    s.add_argument("--corpus", choices=("all", "tuned", "held_out"), default=None,
-                   help="the real-model corpus (benchmarks/corpus/models.json) or one part of its split; "
-                        "--dtype narrows it")
+    s.add_argument("--corpus", choices=("all", "tuned", "held_out", "unseen"), default=None,
+                   help="the real-model corpus (benchmarks/corpus/models.json) or one part of its split, or "
+                        "unseen: the models outside it (benchmarks/corpus/unseen.json); --dtype narrows it")
     s.add_argument("--trials", type=int, default=40, help="measured trials per problem (default 40)")
     s.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
     s.add_argument("--budget", action="append", default=None, metavar="N|Ns",

@@ -17,7 +17,10 @@ from pathlib import Path
 from kernels import Problem
 
 CORPUS_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "corpus" / "models.json"
-PARTS = ("tuned", "held_out", "all")
+# Models outside the corpus, in the same form: never tuned, never shipped, never learned from. Where the
+# corpus's split measures the fallback on one fixed pair of models, these are shapes nobody tuned at all.
+UNSEEN_FILE = CORPUS_FILE.with_name("unseen.json")
+PARTS = ("tuned", "held_out", "all", "unseen")  # "all": the corpus (tuned and held out), not the unseen models
 
 
 @dataclass(frozen=True)
@@ -25,30 +28,44 @@ class CorpusEntry:
     problem: Problem
     model: str
     layers: tuple[str, ...]  # the layers of that model with this (N, K)
-    part: str  # "tuned" or "held_out"
+    part: str  # "tuned", "held_out" or "unseen"
 
 
-@functools.lru_cache(maxsize=1)
-def _document() -> dict:
-    return json.loads(CORPUS_FILE.read_text())
+@functools.lru_cache(maxsize=2)
+def _document(path: Path = CORPUS_FILE) -> dict:
+    return json.loads(path.read_text())
 
 
 def entries(part: str = "all") -> list[CorpusEntry]:
-    """The corpus problems of ``part`` ("tuned", "held_out" or "all"), in a stable order."""
+    """The corpus problems of ``part`` ("tuned", "held_out" or "all"), or the unseen models' ("unseen"), in
+    a stable order."""
     return _entries(part, "matmul", _layers)
 
 
-def _entries(part: str, kernel: str, shapes: Callable[[dict], Iterator[tuple[str, int, int, tuple[str, ...]]]]
-             ) -> list[CorpusEntry]:
+Shapes = Callable[[dict], Iterator[tuple[str, int, int, tuple[str, ...]]]]
+
+
+def _entries(part: str, kernel: str, shapes: Shapes) -> list[CorpusEntry]:
     """``kernel``'s problem for each (model, N, K, layer names) of ``shapes`` in ``part``, per dtype and token
-    count."""
+    count. The unseen part leaves out the problems the corpus holds (tuned or held out there)."""
     if part not in PARTS:
         raise ValueError(f"corpus part {part!r} is not one of {', '.join(PARTS)}")
+    if part == "unseen":
+        known = {entry.problem.key for corpus_shapes in _CORPUS_SHAPES.get(kernel, (shapes,))
+                 for entry in _entries("all", kernel, corpus_shapes)}
+        return [entry for entry in _problems(_document(UNSEEN_FILE), kernel, shapes, lambda model: part)
+                if entry.problem.key not in known]
     document = _document()
     held_out = set(document["held_out_models"])
+    return _problems(document, kernel, shapes, lambda model: "held_out" if model in held_out else "tuned", part)
+
+
+def _problems(document: dict, kernel: str, shapes: Shapes, part_of: Callable[[str], str], part: str = "all"
+              ) -> list[CorpusEntry]:
+    """The problems of ``document``'s models whose part (``part_of(model)``) is ``part`` (or any, "all")."""
     found: dict[str, CorpusEntry] = {}
     for model, n, k, layers in shapes(document):
-        model_part = "held_out" if model in held_out else "tuned"
+        model_part = part_of(model)
         if part != "all" and model_part != part:
             continue
         for dtype in document["dtypes"]:
@@ -143,3 +160,11 @@ def _layers(document: dict) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
             by_shape.setdefault((int(n), int(k)), []).append(name)
         for (n, k), names in by_shape.items():
             yield model["name"], n, k, tuple(names)
+
+
+# Every way the corpus poses a kernel's problems: an unseen problem is one that none of them poses.
+_CORPUS_SHAPES: dict[str, tuple[Shapes, ...]] = {
+    "matmul": (_layers, _qkv_layers),
+    "gated_matmul": (_gated_layers,),
+    "matmul_bias": (functools.partial(_qkv_layers, biased=True),),
+}

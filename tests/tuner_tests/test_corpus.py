@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import optuna
@@ -97,6 +99,48 @@ def test_biased_qkv_problems_are_the_matmul_bias_calls_a_patched_qwen_makes() ->
 def test_unknown_part_is_refused_with_the_choices() -> None:
     with pytest.raises(ValueError, match="tuned, held_out, all"):
         corpus.entries("test")
+
+
+def test_unseen_models_pose_only_problems_the_corpus_never_does() -> None:
+    unseen = json.loads(corpus.UNSEEN_FILE.read_text())
+    document = json.loads(corpus.CORPUS_FILE.read_text())
+    assert {m["name"] for m in unseen["models"]}.isdisjoint(m["name"] for m in document["models"])
+    assert all(m["source"].startswith("https://") for m in unseen["models"])
+    # Each kernel's unseen problems against every problem the corpus poses for that kernel, in any part.
+    posed = {
+        ("matmul", False): {p.key for p in corpus.corpus_problems("all")} | {p.key for p in corpus.corpus_problems("all", qkv=True)},
+        ("matmul", True): {p.key for p in corpus.corpus_problems("all")} | {p.key for p in corpus.corpus_problems("all", qkv=True)},
+        ("gated_matmul", False): {p.key for p in corpus.corpus_problems("all", "gated_matmul")},
+        ("matmul_bias", False): {p.key for p in corpus.corpus_problems("all", "matmul_bias")},
+    }
+    for (kernel, qkv), corpus_keys in posed.items():
+        problems = corpus.corpus_problems("unseen", kernel, qkv=qkv)
+        assert problems, (kernel, qkv)
+        assert corpus_keys.isdisjoint(p.key for p in problems), (kernel, qkv)
+    assert {e.part for e in corpus.entries("unseen")} == {"unseen"}
+    # "all" stays the corpus: the unseen models never join its tuned or held-out part.
+    assert {e.model for e in corpus.entries("all")} == {m["name"] for m in document["models"]}
+
+
+def test_unseen_leaves_out_a_shape_the_corpus_holds_and_keeps_the_rest_of_its_model() -> None:
+    keys = {e.problem.key: e.model for e in corpus.entries("unseen")}
+    # Qwen2.5-72B's attention is Llama-3-70B's (tuned): only its MLP shapes are unseen.
+    assert "bf16:nt:8x8192x8192" not in keys and keys["bf16:nt:8x29568x8192"] == "Qwen2.5-72B"
+    # Llama-3.2-3B's gate/up pair is Phi-3-mini's stacked gate_up (a tuned gated problem); as plain Linears
+    # (matmul problems) nobody tuned them.
+    assert keys["fp16:nt:1x8192x3072"] == "Llama-3.2-3B"
+    assert "fp16:nt:1x8192x3072" not in {p.key for p in corpus.corpus_problems("unseen", "gated_matmul")}
+    for problem in corpus.corpus_problems("unseen"):
+        kernels.MATMUL.check_problem(problem)
+
+
+def test_search_takes_the_unseen_models_and_a_shipped_table_refuses_them() -> None:
+    args = build_parser().parse_args(["search", "--corpus", "unseen", "--dtype", "fp16"])
+    assert _problems(args, H100) == [p for p in corpus.corpus_problems("unseen") if p.dtype == "fp16"]
+    shipped = subprocess.run([sys.executable, str(ROOT / "scripts" / "ship_table.py"), "--device", "h100",
+                              "--only", "unseen", "--db", "sqlite:///:memory:", "-o", "unused.json"],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert shipped.returncode == 2 and "invalid choice: 'unseen'" in shipped.stderr
 
 
 H100 = DeviceInfo("NVIDIA H100 80GB HBM3", "h100", "9.0", 132, 232448)
