@@ -376,6 +376,7 @@ def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mo
     (GPU time carries across shapes; an eager win may be a win of host time), and for an eager call only
     configs whose host cost cannot show (``_carries_to_eager``)."""
     rows, votes, voters = problem.shapes[0][0], {}, 0
+    won: dict[Config, list[Problem]] = {}
     for (_, entry_mode), entry in table.items():
         tuned = entry.problem
         if entry_mode != GRAPH or tuned.layout != problem.layout or tuned.shapes[0][0] != rows:
@@ -383,12 +384,31 @@ def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mo
         voters += 1
         if _won_clearly(entry, CONSENSUS_WIN_MARGIN) and (mode == GRAPH or _carries_to_eager(entry)):
             votes[entry.config] = votes.get(entry.config, 0) + 1
+            won.setdefault(entry.config, []).append(tuned)
     if voters < CONSENSUS_LEAST or not votes:
         return None
     config, count = max(votes.items(), key=lambda item: item[1])
     if count <= CONSENSUS_SHARE * voters or spec.space.violation(config, problem, device) is not None:
         return None
+    # Its wins say nothing of a K its blocks fill worse than on any problem it won: gemv's 2048-wide blocks
+    # walk K = 2304 in two steps, the second one-eighth full, and ran 9216x2304 at 0.86-0.90x cuBLAS on the
+    # H100, where it won down to K = 3072, three quarters full (docs/BENCHMARKS.md, "Twenty-seventh session").
+    if _k_fill(config, problem) < min(_k_fill(config, tuned) for tuned in won[config]):
+        return None
     return Choice(config, f"consensus:{count} of {voters} tuned {problem.layout} problems with M = {rows}")
+
+
+def _k_fill(config: Config, problem: Problem) -> float:
+    """How full ``config``'s K steps are on ``problem`` (its least over the GEMMs): K over the steps' width
+    (``_triton_span``'s steps, a last, partial one counted whole)."""
+    fills = []
+    for _, _, k in problem.shapes:
+        if config.get("VARIANT") == "gemv":
+            width, part = config.get("GEMV_BLOCK_K", 256), k
+        else:
+            width, part = config.get("BLOCK_K", 64), math.ceil(k / config.get("SPLIT_K", 1))
+        fills.append(part / (math.ceil(part / width) * width))
+    return min(fills)
 
 
 def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
@@ -436,12 +456,14 @@ def _carried_speedup(entry: _Entry, problem: Problem, device: DeviceInfo) -> flo
 
 
 def _span_growth(config: Config, problem: Problem, tuned: Problem, device: DeviceInfo) -> float | None:
-    """How much ``config``'s critical path (``_triton_span``) grows from ``tuned`` to ``problem``; None across
-    token counts: along M the model would count each new row of tiles as another pass over the weight, which
-    L2 serves (untested against measurements), so those transfers keep UNTUNED_NEAR's guard alone."""
+    """How much ``config``'s critical path (``_triton_span``) grows from ``tuned`` to ``problem``, the larger
+    of two counts of programs beyond the SMs: shared evenly, or in whole waves. None across token counts:
+    along M the model would count each new row of tiles as another pass over the weight, which L2 serves
+    (untested against measurements), so those transfers keep UNTUNED_NEAR's guard alone."""
     if tuned.shapes[0][0] != problem.shapes[0][0]:
         return None
-    return _triton_span(config, problem, device) / _triton_span(config, tuned, device)
+    return max(_triton_span(config, problem, device, whole) / _triton_span(config, tuned, device, whole)
+               for whole in (False, True))
 
 
 def _roofline(problem: Problem) -> float:
@@ -453,9 +475,14 @@ def _roofline(problem: Problem) -> float:
     return max(bytes_, flops / ROOFLINE_FLOPS_PER_BYTE)
 
 
-def _triton_span(config: Config, problem: Problem, device: DeviceInfo) -> float:
+def _triton_span(config: Config, problem: Problem, device: DeviceInfo, whole_waves: bool = False) -> float:
     """A Triton config's time on ``problem``, up to a constant that is the config's own: its programs per SM
-    (at least one), times the K steps each program walks (a last, partial step counts whole)."""
+    (at least one), times the K steps each program walks (a last, partial step counts whole).
+
+    Programs beyond the SMs: shared evenly (several are resident on one SM at once), or, ``whole_waves``, as
+    the busiest SM holds them (programs over SMs rounded up). Neither alone tells the time: on the H100 a
+    16x32 tile's 144 programs (K = 2048) took 1.03x its 128 programs' time at K = 2816, where evenly
+    shared they count 0.79x and in whole waves 1.45x (docs/BENCHMARKS.md, "Twenty-seventh session")."""
     sms = max(device.sm_count, 1)
     span = 0.0
     for m, n, k in problem.shapes:
@@ -466,9 +493,8 @@ def _triton_span(config: Config, problem: Problem, device: DeviceInfo) -> float:
             split = config.get("SPLIT_K", 1)
             programs = math.ceil(m / config.get("BLOCK_M", 64)) * math.ceil(n / config.get("BLOCK_N", 64)) * split
             steps = math.ceil(math.ceil(k / split) / config.get("BLOCK_K", 64))
-        # Programs beyond the SMs share them (several are resident on one SM at once: a count of waves, rounded
-        # up, would make 144 programs on 132 SMs twice 128's); short of the SMs, each walks its K alone.
-        span += max(programs / sms, 1.0) * max(steps, 1)
+        per_sm = math.ceil(programs / sms) if whole_waves else programs / sms
+        span += max(per_sm, 1.0) * max(steps, 1)
     return span
 
 

@@ -317,3 +317,32 @@ def test_a_near_win_is_not_carried_where_the_configs_critical_path_grows_more_th
     assert wider.config == _PHI3_GEMV and wider.source == "nearest:fp16:nt:1x9216x3072"
     # Along M (another token count) the path model is not applied: UNTUNED_NEAR's guard alone, as before.
     assert _choose(db_url, "fp16:nt:12x9216x3072", "graph", H200).config == _PHI3_TILE
+
+
+# The H100's record of DeepSeek-V2-Lite's shared-expert down projection at 32 rows (graph, shipped table)
+_DEEPSEEK_TILE = Config.from_dict({**TILED.as_dict(), "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "num_stages": 5})
+
+
+def test_a_near_win_is_not_carried_where_its_programs_spill_past_one_wave(db_url) -> None:
+    """Its 16x32 tile won 32x2048x2816 by 12% with 128 programs on 132 SMs; Gemma-2-2B's 32x2304x2048 (an
+    unseen model) took it and ran at 0.85-0.87x cuBLAS: 144 programs, 12 SMs with two. Shared evenly, the
+    programs' path shrinks with K (0.79x) and the win seems to carry; counted in whole waves it grows (1.45x),
+    and the larger of the two is the one dispatch believes. A neighbour that stays within one wave still
+    takes it."""
+    _store(db_url, make_record(H100, "bf16:nt:32x2048x2816", _DEEPSEEK_TILE, mode="graph",
+                               time_ms=0.01264, cublas_ms=0.01421))
+    spilled = _choose(db_url, "bf16:nt:32x2304x2048", "graph")
+    assert is_baseline(spilled.config) and spilled.source.startswith("cublas"), spilled.source
+    within = _choose(db_url, "bf16:nt:32x2048x3072", "graph")  # 128 programs, one more K step, 9% more bytes
+    assert within.config == _DEEPSEEK_TILE and within.source == "nearest:bf16:nt:32x2048x2816"
+
+
+def test_a_consensus_config_serves_no_k_its_blocks_fill_worse_than_where_it_won(db_url) -> None:
+    """GEMV_A (K blocks of 2048) won K = 2048, 8192, 3072 (three quarters full) and 28672. K = 2304 fills its
+    second block to one eighth: the H100 ran Gemma-2-2B's 9216x2304 that way at 0.86-0.90x cuBLAS. K = 5120
+    (five sixths full) is within what it won."""
+    _store(db_url, *_one_row_records([GEMV_A] * 5 + [GEMV_B, None, None]))
+    for mode in ("graph", "eager"):
+        thin = _choose(db_url, "bf16:nt:1x5120x2304", mode)
+        assert is_baseline(thin.config) and thin.source.startswith("cublas"), (mode, thin.source)
+        assert _choose(db_url, "bf16:nt:1x5120x5120", mode).config == GEMV_A, mode
