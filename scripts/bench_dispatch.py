@@ -1,6 +1,8 @@
 """What a user's call gets: kernels.matmul against torch.matmul, per dispatch mode, on the GPU.
 
 ``--kernel matmul_bias``: kernels.matmul_bias against torch.addmm (what nn.Linear runs with a bias), the same way.
+``--kernel gated_matmul``: kernels.gated_matmul against a torch MLP's gate: silu(x @ Wg.t()) * (x @ Wu.t()), the
+two projections' weights the halves of the stacked B (--corpus: the models' SiLU-gated MLPs).
 
 For each problem, in each mode, both calls are timed side by side, finely interleaved, the way the
 tuner's contest times its finalists (tuner/timing.py ``*_side_by_side``): eager = the public call back
@@ -70,8 +72,16 @@ def _addmm(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     return torch.addmm(bias, a, b)
 
 
+def _torch_gate(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """What a torch model's gated MLP runs: its gate and up Linears (each weight a half of the stacked B), then
+    silu and the product."""
+    n = b.shape[1] // 2
+    return torch.nn.functional.silu(a @ b[:, :n]) * (a @ b[:, n:])
+
+
 # Per kernel: (the public call, what a user of torch runs instead: nn.Linear's forward for a bias).
-CALLS = {"matmul": (kernels.matmul, torch.matmul), "matmul_bias": (kernels.matmul_bias, _addmm)}
+CALLS = {"matmul": (kernels.matmul, torch.matmul), "matmul_bias": (kernels.matmul_bias, _addmm),
+         "gated_matmul": (kernels.gated_matmul, _torch_gate)}
 
 
 def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], rounds: int,
@@ -194,8 +204,9 @@ def main() -> int:
     parser.add_argument("--qkv", action="store_true",
                         help="with --corpus: the models' query/key/value projections stacked (kernels.patch runs them so)")
     parser.add_argument("--kernel", default="matmul", choices=tuple(CALLS),
-                        help="matmul (against torch.matmul), or matmul_bias (against torch.addmm; --corpus: the "
-                             "biased query/key/value projections, stacked)")
+                        help="matmul (against torch.matmul), matmul_bias (against torch.addmm; --corpus: the "
+                             "biased query/key/value projections, stacked) or gated_matmul (against a torch MLP's "
+                             "gate and up Linears, silu and the product; --corpus: the SiLU-gated MLPs)")
     parser.add_argument("--dtype", action="append", help="only these dtypes")
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--db", default=None, help="the database dispatch reads (default: TUNER_DB or the default file)")
@@ -219,6 +230,10 @@ def main() -> int:
     args = parser.parse_args()
     if args.settle_s < 0:
         parser.error(f"--settle-s {args.settle_s}: give the seconds a timing may wait for the host, 0 or more")
+    if args.kernel == "gated_matmul" and (args.stored or args.stored_table):
+        parser.error("--stored with --kernel gated_matmul: a gated record's speed-up is against one cuBLAS GEMM and "
+                     "the gating pass, and this script times a torch MLP's two Linears; compare the stored figures "
+                     "with `python -m tuner stamp --kernel gated_matmul --dry-run` instead")
     modes = args.modes.split(",")
     kernels.use_database(args.db, use_shipped=not args.no_shipped)
     device = kernels.current_device()

@@ -77,3 +77,21 @@ def test_the_matmul_bias_corpus_parts_and_calls_are_the_biased_qkv_against_torch
     a, b, bias = torch.randn(3, 4), torch.randn(4, 5), torch.randn(5)
     torch.testing.assert_close(theirs(a, b, bias), a @ b + bias)
 
+
+
+def test_the_gated_call_is_a_torch_mlps_gate_and_up_linears_and_its_parts_the_gated_mlps() -> None:
+    """--kernel gated_matmul: torch's side is what a torch model runs (two Linears whose weights are the halves
+    of the stacked B, silu, the product), equal to the kernel's reference; the parts are the corpus's gated MLPs."""
+    import torch
+
+    import kernels
+
+    script = _script()
+    parts = script.corpus_parts("gated_matmul", qkv=False)
+    assert parts and set(parts.values()) == {"tuned", "held_out"}
+    spec = kernels.get_kernel("gated_matmul")
+    inputs = spec.make_inputs(kernels.Problem.from_key("gated_matmul", "fp16:nt:3x8x16"), "cpu", 0)
+    inputs = tuple(x.float() for x in inputs)
+    ours, theirs = script.CALLS["gated_matmul"]
+    assert ours is kernels.gated_matmul
+    torch.testing.assert_close(theirs(*inputs), spec.reference(inputs))
