@@ -619,6 +619,15 @@ const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, 
     destroy(plan);
     return nullptr;
   }
+  // A bias plan whose algorithm wants workspace (a split-K pass and its reduction) is not the kernel torch.addmm
+  // runs: on the H100, unseen Qwen2.5-72B's 10240x8192 at 8 and 32 rows got a split-K 256x8 tile and a reduce
+  // kernel (62.4 + 2.3 us) where torch.addmm ran one 128x8 tile (60.3 us): 0.92-0.95x torch.addmm's eager
+  // call (scripts/probes/addmm_plan_probe.py, docs/BENCHMARKS.md, "Twenty-seventh session"). Such a key stays
+  // refused, and at::addmm serves it: torch's own choice of kernel, with less host time than from Python.
+  if (key.bias && result.workspace > 0) {
+    destroy(plan);
+    return nullptr;
+  }
   plan.algo = result.algo;
   plan.workspace = result.workspace;
   if (key.bias) plan.bias_lock = std::make_shared<std::mutex>();

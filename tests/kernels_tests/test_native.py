@@ -419,6 +419,36 @@ def test_a_matmul_bias_signature_on_addmm_runs_a_kept_cublaslt_plan_with_the_bia
     torch.cuda.synchronize()
 
 
+def _cuda_kernels(call) -> list[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return sorted(event.key for event in prof.key_averages() if event.device_type.name == "CUDA")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("rows", [8, 32, 128])
+def test_a_matmul_bias_signature_on_addmm_runs_the_kernel_torch_addmm_runs(native, rows: int) -> None:
+    """Qwen2.5-72B's stacked q/k/v: at 8 and 32 rows cublasLt's heuristic gave our kept plan a split-K kernel and
+    its reduction, where torch.addmm runs one kernel (0.92-0.95x torch.addmm on the H100). A plan that wants
+    workspace is refused: at::addmm serves the signature, with torch's kernel; elsewhere the kept plan runs."""
+    from kernels import BASELINE, epilogue
+
+    a = torch.randn(rows, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(10240, 8192, device="cuda", dtype=torch.bfloat16).t()
+    bias = torch.randn(10240, device="cuda", dtype=torch.bfloat16)
+    with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
+        install()
+        kernels.matmul_bias(a, b, bias)  # learnt: addmm in both modes, put in C++
+        ours = _cuda_kernels(lambda: native.try_addmm(a, b, bias))
+        assert ours == _cuda_kernels(lambda: torch.addmm(bias, a, b)), ours
+        torch.testing.assert_close(native.try_addmm(a, b, bias), torch.addmm(bias, a, b), atol=0.5, rtol=2e-2)
+    torch.cuda.synchronize()
+
+
 def test_addmm_signatures_learnt_before_the_build_are_served_once_it_is_ready(native) -> None:
     """A process's first layers run before the extension is built (a daemon thread): what matmul_bias
     learnt meanwhile waits, and is put when the build is done. The real build runs here (from the cache)."""
