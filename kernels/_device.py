@@ -34,6 +34,19 @@ CPU = DeviceInfo(name="cpu", alias="cpu", compute_capability="", sm_count=4,
                  shared_memory_bytes=232_448)  # the H100's limit, so constraints prune the same way on CPU
 
 
+# The most shared memory one block may opt in to, per compute capability (the CUDA C++ Programming Guide's
+# table of technical specifications): what a config's buffers must fit in on a GPU this process does not see.
+OPT_IN_SHARED_MEMORY = {"7.0": 98_304, "7.5": 65_536, "8.0": 166_912, "8.6": 101_376, "8.7": 166_912,
+                        "8.9": 101_376, "9.0": 232_448, "10.0": 232_448}
+
+
+def described_device(name: str, compute_capability: str, sm_count: int) -> DeviceInfo:
+    """A GPU known from its records (a shipped table, a database), not from this machine: its shared memory
+    is its compute capability's opt-in limit (OPT_IN_SHARED_MEMORY; 99 KiB where the capability is not listed)."""
+    return DeviceInfo(name=name, alias=alias_of(name), compute_capability=compute_capability, sm_count=sm_count,
+                      shared_memory_bytes=OPT_IN_SHARED_MEMORY.get(compute_capability, 101_376))
+
+
 def alias_of(name: str) -> str:
     """The short family name of a canonical GPU name ("NVIDIA H100 80GB HBM3" → "h100")."""
     if name == "cpu":

@@ -551,6 +551,19 @@ def _database_records(url: str | None, device_name: str, kernel: str) -> list:
 _WARNED: set[str] = set()  # databases already warned about: a dead server warns once, not per kernel
 
 
+def shipped_devices() -> list[dict]:
+    """The ``devices`` entries (name, alias, compute_capability, sm_count) of the tables inside the package."""
+    found: list[dict] = []
+    folder = resources.files(__package__).joinpath(SHIPPED_TABLES)
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        if entry.name.endswith(".json"):
+            try:
+                found += [d for d in json.loads(entry.read_text()).get("devices", []) if isinstance(d, dict)]
+            except (ValueError, OSError, AttributeError):  # a damaged table: _shipped_records warns of it
+                continue
+    return found
+
+
 def _shipped_records(device_name: str, kernel: str) -> list[dict]:
     """Records of the JSON tables inside the package for this GPU (raw dicts: validated when shipped)."""
     found: list[dict] = []

@@ -138,6 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
                          "the host is not stored as the call's speed (default 15; 0: time in whatever phase)")
     sp.add_argument("--dry-run", action="store_true", help="time and print, but store nothing")
 
+    xp = with_db(sub.add_parser("explain", help="which config dispatch runs for problems on a GPU, and why; reads "
+                                                "the database and the shipped tables, times nothing, needs no GPU"))
+    xp.add_argument("keys", nargs="*", metavar="KEY", help="problem keys, e.g. bf16:nt:8x4096x4096")
+    xp.add_argument("--device", default="auto",
+                    help="alias (h100) or canonical name of a GPU with records (shipped, or in --db); auto: this GPU")
+    xp.add_argument("--kernel", default="matmul", help="the kernel of the KEYs and --corpus (default matmul)")
+    xp.add_argument("--corpus", choices=("all", "tuned", "held_out", "unseen"), default=None,
+                    help="the corpus problems of --kernel (matmul, gated_matmul or matmul_bias), or of the unseen models")
+    xp.add_argument("--qkv", action="store_true", help="with --corpus: the stacked query/key/value projections")
+    xp.add_argument("--problems", default=None, metavar="FILE",
+                    help="the problems listed in FILE (one 'kernel dtype:layout:shape [weight]' per line)")
+    xp.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
+                    help="how the call runs: eager, under a CUDA graph, or both (default)")
+    xp.add_argument("--no-shipped", action="store_true", help="leave the shipped tables out")
+
     im = with_db(sub.add_parser("import", help="read tuned records from a JSON file"))
     im.add_argument("file")
     im.add_argument("--on-conflict", default="faster",

@@ -230,6 +230,95 @@ def _open_reader(url: str | None) -> Store:
     return store
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    """What ``kernels.matmul`` (or the kernel named) would run for each problem on a GPU, and why: the record,
+    a near one, the class's consensus or cuBLAS (docs/MODES.md, "How dispatch picks"). Reads only."""
+    problems = _explain_problems(args)
+    if args.db is not None:
+        _open_reader(args.db).close()  # a mistyped --db is an error here, not a silent "no records"
+    device = _explain_device(args)
+    dispatcher = kernels.dispatch.Dispatcher(args.db, use_shipped=not args.no_shipped)
+    modes = (kernels.EAGER, kernels.GRAPH) if args.mode == "both" else (args.mode,)
+    print(f"# {device.name} ({device.alias}, {device.sm_count} SMs); records: "
+          f"{'--db and ' if args.db else 'the default database (if any) and '}"
+          f"{'no shipped table' if args.no_shipped else 'the shipped tables'}")
+    rows = [("kernel", "problem", "mode", "source", "config")]
+    for problem in problems:
+        spec = kernels.get_kernel(problem.kernel)
+        for mode in modes:
+            choice = dispatcher.choose(spec, problem, device, mode)
+            rows.append((problem.kernel, problem.key, mode, choice.source, str(choice.config)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def _explain_problems(args: argparse.Namespace) -> list[kernels.Problem]:
+    if not (args.keys or args.corpus or args.problems):
+        raise UserError("name the problems: KEYs (e.g. bf16:nt:8x4096x4096), --corpus PART or --problems FILE")
+    try:
+        spec = kernels.get_kernel(args.kernel)
+    except (KeyError, ValueError) as exc:
+        raise UserError(f"--kernel {args.kernel}: {exc}") from None
+    problems = []
+    for key in args.keys:
+        try:
+            problem = kernels.Problem.from_key(spec.name, key)
+            spec.check_problem(problem)
+        except ValueError as exc:
+            raise UserError(f"{key!r} is not a {spec.name} problem key (dtype:layout:MxNxK, e.g. "
+                            f"bf16:nt:8x4096x4096): {exc}") from None
+        problems.append(problem)
+    if args.corpus:
+        from .corpus import corpus_problems
+        try:
+            problems += corpus_problems(args.corpus, spec.name, qkv=args.qkv)
+        except ValueError as exc:
+            raise UserError(f"--corpus {args.corpus} --kernel {spec.name}: {exc}") from None
+    if args.problems:
+        problems += problems_from_file(args.problems)[0]
+    return problems
+
+
+def _explain_device(args: argparse.Namespace) -> kernels.DeviceInfo:
+    """This GPU for ``auto``; otherwise the GPU the shipped tables or the database have records of, by alias or
+    canonical name."""
+    import torch
+
+    wanted = args.device.strip().lower()
+    here = kernels.current_device() if torch.cuda.is_available() and not kernels.interpreter_enabled() else None
+    if wanted == "auto" or (here is not None and wanted in (here.alias, here.name.lower())):
+        if here is None:
+            raise UserError(f"this machine sees no GPU: name one with --device ({_device_list(args)})")
+        return here
+    for name, (capability, sms) in _known_devices(args).items():
+        if wanted in (kernels._device.alias_of(name), name.lower()):
+            return kernels._device.described_device(name, capability, sms)
+    raise UserError(f"--device {args.device}: no records of that GPU in the shipped tables or the database "
+                    f"({_device_list(args)})")
+
+
+def _device_list(args: argparse.Namespace) -> str:
+    known = _known_devices(args)
+    if not known:
+        return "none has records: tune one with `python -m tuner search` or `import` a table"
+    return "the GPUs with records: " + ", ".join(f"{kernels._device.alias_of(name)} ({name})" for name in known)
+
+
+def _known_devices(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
+    """Canonical name -> (compute capability, SMs) of every GPU with records, shipped or in the database."""
+    known = {} if args.no_shipped else {d["name"]: (str(d.get("compute_capability", "")), int(d.get("sm_count", 0)))
+                                          for d in kernels.dispatch.shipped_devices() if "name" in d}
+    try:
+        with Store(args.db, create=False) as store:
+            for record in store.records():
+                known.setdefault(record.device_name, (record.compute_capability, record.sm_count))
+    except StoreError:  # no default database: the shipped tables alone
+        pass
+    return known
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     if args.untuned:
         return _list_untuned(args)
