@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ._device import CPU, current_device, interpreter_enabled, resolve_device
+from ._device import CPU, alias_of, current_device, described_device, interpreter_enabled, resolve_device
 from ._spec import BASELINE, Config, is_baseline, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, parse_shape
 from .dispatch import DISPATCHER, Choice
 from . import _modes, _native, _plans
@@ -28,7 +28,8 @@ from ._refresh import REFRESHER as _REFRESHER, env_ttl_s
 
 __all__ = [
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
-    "CPU", "clear_cache", "current_device", "interpreter_enabled", "explain", "get_kernel", "grouped_matmul",
+    "CPU", "alias_of", "clear_cache", "current_device", "described_device", "interpreter_enabled", "explain",
+    "get_kernel", "grouped_matmul",
     "grouped_matmul_with", "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape",
     "recording", "refresh_every", "resolve_device", "use_database", "validate_record", "dispatch_mode", "EAGER", "GRAPH", "MODES",
 ]

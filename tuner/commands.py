@@ -293,8 +293,8 @@ def _explain_device(args: argparse.Namespace) -> kernels.DeviceInfo:
             raise UserError(f"this machine sees no GPU: name one with --device ({_device_list(args)})")
         return here
     for name, (capability, sms) in _known_devices(args).items():
-        if wanted in (kernels._device.alias_of(name), name.lower()):
-            return kernels._device.described_device(name, capability, sms)
+        if wanted in (kernels.alias_of(name), name.lower()):
+            return kernels.described_device(name, capability, sms)
     raise UserError(f"--device {args.device}: no records of that GPU in the shipped tables or the database "
                     f"({_device_list(args)})")
 
@@ -303,7 +303,7 @@ def _device_list(args: argparse.Namespace) -> str:
     known = _known_devices(args)
     if not known:
         return "none has records: tune one with `python -m tuner search` or `import` a table"
-    return "the GPUs with records: " + ", ".join(f"{kernels._device.alias_of(name)} ({name})" for name in known)
+    return "the GPUs with records: " + ", ".join(f"{kernels.alias_of(name)} ({name})" for name in known)
 
 
 def _known_devices(args: argparse.Namespace) -> dict[str, tuple[str, int]]:
