@@ -399,16 +399,21 @@ def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mo
 
 
 def _k_fill(config: Config, problem: Problem) -> float:
-    """How full ``config``'s K steps are on ``problem`` (its least over the GEMMs): K over the steps' width
-    (``_triton_span``'s steps, a last, partial one counted whole)."""
+    """How full ``config``'s K steps are on ``problem`` (its least over the GEMMs): the K a program walks over
+    its steps' width (``_k_walk``, the steps ``_triton_span`` counts; a last, partial one counted whole)."""
     fills = []
     for _, _, k in problem.shapes:
-        if config.get("VARIANT") == "gemv":
-            width, part = config.get("GEMV_BLOCK_K", 256), k
-        else:
-            width, part = config.get("BLOCK_K", 64), math.ceil(k / config.get("SPLIT_K", 1))
+        part, width = _k_walk(config, k)
         fills.append(part / (math.ceil(part / width) * width))
     return min(fills)
+
+
+def _k_walk(config: Config, k: int) -> tuple[int, int]:
+    """The K one program of ``config`` walks, and the width of its steps: all of K in GEMV_BLOCK_K steps for
+    gemv, K over SPLIT_K in BLOCK_K steps otherwise."""
+    if config.get("VARIANT") == "gemv":
+        return k, config.get("GEMV_BLOCK_K", 256)
+    return math.ceil(k / config.get("SPLIT_K", 1)), config.get("BLOCK_K", 64)
 
 
 def _host_bound_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo,
@@ -488,11 +493,11 @@ def _triton_span(config: Config, problem: Problem, device: DeviceInfo, whole_wav
     for m, n, k in problem.shapes:
         if config.get("VARIANT") == "gemv":
             programs = m * math.ceil(n / config.get("GEMV_BLOCK_N", 1))
-            steps = math.ceil(k / config.get("GEMV_BLOCK_K", 256))
         else:
-            split = config.get("SPLIT_K", 1)
-            programs = math.ceil(m / config.get("BLOCK_M", 64)) * math.ceil(n / config.get("BLOCK_N", 64)) * split
-            steps = math.ceil(math.ceil(k / split) / config.get("BLOCK_K", 64))
+            programs = (math.ceil(m / config.get("BLOCK_M", 64)) * math.ceil(n / config.get("BLOCK_N", 64))
+                        * config.get("SPLIT_K", 1))
+        part, width = _k_walk(config, k)
+        steps = math.ceil(part / width)
         per_sm = math.ceil(programs / sms) if whole_waves else programs / sms
         span += max(per_sm, 1.0) * max(steps, 1)
     return span

@@ -230,6 +230,13 @@ def _open_reader(url: str | None) -> Store:
     return store
 
 
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    """Rows in aligned columns, the last one (a config, of any length) left ragged."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """What ``kernels.matmul`` (or the kernel named) would run for each problem on a GPU, and why: the record,
     a near one, the class's consensus or cuBLAS (docs/MODES.md, "How dispatch picks"). Reads only."""
@@ -248,9 +255,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for mode in modes:
             choice = dispatcher.choose(spec, problem, device, mode)
             rows.append((problem.kernel, problem.key, mode, choice.source, str(choice.config)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    _print_table(rows)
     return 0
 
 
@@ -337,9 +342,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                      f"{r.cublas_ms:.4f}" if r.cublas_ms else "-", f"{r.speedup:.2f}x" if r.speedup else "-",
                      baseline_bound(r, graph_baseline_ms.get(r.key[:3])), str(r.trials),
                      str(kernels.Config.from_dict(r.config))))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    _print_table(rows)
     if any(row[8] == "host" for row in rows[1:]):
         print("bound host: the baseline's eager call is paced by the host, not the GPU, so that speed-up moves with "
               "the host's speed (by up to 20% between processes on the lent H100s; docs/MODES.md)")
