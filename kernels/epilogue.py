@@ -29,7 +29,7 @@ from ._launch import SLOT_A, SLOT_B, SLOT_BIAS, SLOT_C, DirectLaunch
 from . import _modes, _native
 from ._device import current_device
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
-from .dispatch import DISPATCHER
+from .dispatch import DISPATCHER, TORCH_HOST_FLOOR_MS
 from .gemm import (_GEMV_MAX_ROWS, DTYPE_NAMES, GEMV_SEEDS, LAUNCHES, TORCH_DTYPES, _dot_precision, _needs_int64,
                    gemv_blocks_fit, gemv_unsupported, layout_letter)
 
@@ -345,10 +345,10 @@ def _spec(kernel: str, run: Any, baseline_host_floor_ms: float = 0.0) -> KernelS
 # The gated baseline is two launches from Python (torch.mm, then the gating pass): its cached call cost
 # 1.87-2.15x torch.matmul's host time on the H100 (scripts/host_cost.py, 2026-11-26, docs/BENCHMARKS.md
 # "Twenty-second session"), and torch.matmul's call took at least 11.5 us on every H100 and H200 box met
-# (tuner/search.py GPU_BOUND_EAGER_MS). 1.8 of those is its floor: on DeepSeek-V2-Lite's 2816x2048 MLP
+# (kernels.dispatch.TORCH_HOST_FLOOR_MS). 1.8 of those is its floor: on DeepSeek-V2-Lite's 2816x2048 MLP
 # (18.5-18.9 us on the GPU) it ran 29-51 us a call eagerly, where the one-launch kernel ran 13-20 us, and
 # the fast-host rule, comparing GPU times alone, had still given eager to cuBLAS.
-GATED_BASELINE_HOST_FLOOR_MS = 1.8 * 0.0115
+GATED_BASELINE_HOST_FLOOR_MS = 1.8 * TORCH_HOST_FLOOR_MS
 
 MATMUL_BIAS = _spec("matmul_bias", lambda config, inputs: matmul_bias_with(config, *inputs))
 GATED_MATMUL = _spec("gated_matmul", lambda config, inputs: gated_matmul_with(config, *inputs),

@@ -8,11 +8,9 @@ kernels under the interpreter.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 
 import pytest
-import torch
 
 import kernels
 from db import Store
@@ -212,13 +210,19 @@ _ONE_ROW_WEIGHTS = ((576, 2048), (1024, 8192), (3072, 3072), (28672, 8192), (819
                     (2048, 10944), (576, 16384), (10944, 512))
 
 
-def _one_row_records(configs: list, time_ms: float = 1.0, cublas_ms: float = 1.1) -> list:
-    """A graph record per weight in _ONE_ROW_WEIGHTS, its winner the config at that position (None: cuBLAS)."""
+def _one_row_records(configs: list, time_ms: float = 1.0, cublas_ms: float = 1.1, eager: list | None = None,
+                     streaming: bool = False) -> list:
+    """A graph and an eager record per weight in _ONE_ROW_WEIGHTS, each mode's winner the config at that position
+    (None: cuBLAS) of ``configs``, or for eager of ``eager`` where given. ``streaming``: cuBLAS's time is a launch
+    plus the weight at 2.6 TB/s, as on the H100, and a winner's 0.9 of it, in place of the two times given."""
     records = []
-    for (n, k), config in zip(_ONE_ROW_WEIGHTS, configs):
-        won = config is not None
-        records.append(make_record(H100, f"bf16:nt:1x{n}x{k}", config if won else BASELINE, mode="graph",
-                                   time_ms=time_ms if won else cublas_ms, cublas_ms=cublas_ms))
+    for mode, winners in (("graph", configs), ("eager", configs if eager is None else eager)):
+        for (n, k), config in zip(_ONE_ROW_WEIGHTS, winners):
+            won = config is not None
+            cublas = 0.006 + 2.0 * n * k / 2.6e9 if streaming else cublas_ms
+            ours = 0.9 * cublas if streaming else time_ms
+            records.append(make_record(H100, f"bf16:nt:1x{n}x{k}", config if won else BASELINE, mode=mode,
+                                       time_ms=ours if won else cublas, cublas_ms=cublas))
     return records
 
 
@@ -346,3 +350,28 @@ def test_a_consensus_config_serves_no_k_its_blocks_fill_worse_than_where_it_won(
         thin = _choose(db_url, "bf16:nt:1x5120x2304", mode)
         assert is_baseline(thin.config) and thin.source.startswith("cublas"), (mode, thin.source)
         assert _choose(db_url, "bf16:nt:1x5120x5120", mode).config == GEMV_A, mode
+
+
+def test_an_eager_call_takes_the_consensus_only_at_a_k_fill_its_eager_contests_won_unless_the_host_paces_it(
+        db_url, tmp_path) -> None:
+    """GEMV_A won every graph contest of _one_row_records' first five weights, K = 3072 (three quarters full)
+    among them, but 3072x3072's eager contest went to GEMV_B: on the H100 GEMV_A ran 5120x3072 and 8192x3072 at
+    0.97x torch.matmul's eager call, 1.02-1.03x in graph replays. Its eager wins fill K at least to 1: an eager
+    call at K = 3072 takes cuBLAS, a graph call GEMV_A; at K = 4096 both take GEMV_A. Where cuBLAS's GPU time is under the fastest host's
+    torch.matmul call, the host paces the eager call and hides the GPU
+    time: the graph wins speak for it (the H100 ran 1024x3072 at 2.6x torch.matmul eagerly that way).
+    cuBLAS's GPU time there is bounded by its graph time on the quickest record of at least as much work."""
+    graph_winners = [GEMV_A] * 5 + [GEMV_B, None, None, None]
+    eager_winners = [GEMV_A, GEMV_A, GEMV_B, GEMV_A, GEMV_A, GEMV_B, None, None, None]
+    _store(db_url, *_one_row_records(graph_winners, eager=eager_winners))  # cuBLAS 1.1 ms: GPU-bound
+    assert _choose(db_url, "bf16:nt:1x5120x3072", "graph").config == GEMV_A
+    gpu_bound = _choose(db_url, "bf16:nt:1x5120x3072", "eager")
+    assert is_baseline(gpu_bound.config) and gpu_bound.source.startswith("cublas"), gpu_bound.source
+    full = _choose(db_url, "bf16:nt:1x5120x4096", "eager")  # K blocks full, as where its eager contests went to it
+    assert full.config == GEMV_A and full.source.startswith("consensus"), full.source
+    assert is_baseline(_choose(db_url, "bf16:nt:1x1024x3072", "eager").config)
+    streaming = f"sqlite:///{tmp_path}/streaming.db"
+    _store(streaming, *_one_row_records(graph_winners, eager=eager_winners, streaming=True))
+    paced = _choose(streaming, "bf16:nt:1x1024x3072", "eager")  # 10944x512 (more bytes): cuBLAS 10.3 us
+    assert paced.config == GEMV_A and paced.source.startswith("consensus"), paced.source
+    assert is_baseline(_choose(streaming, "bf16:nt:1x5120x3072", "eager").config), "2048x10944's cuBLAS: 23 us"
