@@ -1,3 +1,5 @@
+# This call ran this file (the job of session 28, call 1), with old_dispatch.py = `git show 668a69f:kernels/dispatch.py`
+# and k3072_keys.txt (beside it) at the repository root.
 #!/bin/bash
 # session 28, call 1: on an H200, the held-out fallback check (Linears and stacked q/k/v) and the unseen models on
 # its own table; on an H100, the eager K-fill rule for the one-row consensus (six unseen problems), old code
