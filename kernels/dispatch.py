@@ -358,20 +358,21 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
     if best is not None:
         return Choice(best[2], f"nearest:{best[1]}")
     consensus = _consensus_choice(spec, problem, device, mode, table)
-    if consensus is not None:
+    if consensus is not None and not is_baseline(consensus.config):
         return consensus
     if mode == EAGER and spec.name == "matmul":  # only matmul has the cheap direct launch (kernels/_launch.py)
         host_bound = _host_bound_choice(spec, problem, device, table)
         if host_bound is not None:
             return host_bound
-    return Choice(BASELINE, "cublas: no tuned evidence that a Triton config wins here")
+    return consensus or Choice(BASELINE, "cublas: no tuned evidence that a Triton config wins here")
 
 
 def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str,
                       table: dict[tuple[str, str], _Entry]) -> Choice | None:
     """An untuned problem with no near record: the Triton config that won clearly on a majority of this
     GPU's tuned problems of its class (as many rows of A, the same layout), where that class is large enough
-    to judge by (CONSENSUS_SHARE, CONSENSUS_LEAST), else None.
+    to judge by (CONSENSUS_SHARE, CONSENSUS_LEAST), else None; cuBLAS, saying why, where its blocks fill this
+    problem's K worse than any its wins speak for (``_least_fill_won``).
 
     A class where one config wins most problems whatever their N and K is a class where that config's
     advantage does not hang on the shape: one row of A against a K-major weight streams the weight, and
@@ -397,8 +398,13 @@ def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mo
     # An eager call that torch's host paces (cuBLAS's GPU time under the fastest host's call) shows the GPU
     # time that graph contests judge, under the host: there the graph wins speak for the eager call too.
     judged_by = EAGER if mode == EAGER and _cublas_ms_at_most(problem, peers) >= TORCH_HOST_FLOOR_MS else GRAPH
-    if _k_fill(config, problem) < _least_fill_won(config, won[config], judged_by, table):
-        return None
+    fill, least = _k_fill(config, problem), _least_fill_won(config, won[config], judged_by, table)
+    if fill < least:
+        if not math.isfinite(least):
+            return Choice(BASELINE, f"cublas: the M = {rows} consensus won no eager contest where it won the graph one")
+        contests = "eager contests" if judged_by == EAGER else "contests"
+        return Choice(BASELINE, f"cublas: the M = {rows} consensus fills K to {fill:.2f} here; it won {contests} "
+                                f"only at fills of {least:.2f} or more")
     return Choice(config, f"consensus:{count} of {voters} tuned {problem.layout} problems with M = {rows}")
 
 
