@@ -357,10 +357,10 @@ def test_an_eager_call_takes_the_consensus_only_at_a_k_fill_its_eager_contests_w
     """GEMV_A won every graph contest of _one_row_records' first five weights, K = 3072 (three quarters full)
     among them, but 3072x3072's eager contest went to GEMV_B: on the H100 GEMV_A ran 5120x3072 and 8192x3072 at
     0.97x torch.matmul's eager call, 1.02-1.03x in graph replays. Its eager wins fill K at least to 1: an eager
-    call at K = 3072 takes cuBLAS, a graph call GEMV_A; at K = 4096 both take GEMV_A. Where cuBLAS's GPU time is under the fastest host's
-    torch.matmul call, the host paces the eager call and hides the GPU
-    time: the graph wins speak for it (the H100 ran 1024x3072 at 2.6x torch.matmul eagerly that way).
-    cuBLAS's GPU time there is bounded by its graph time on the quickest record of at least as much work."""
+    call at K = 3072 takes cuBLAS, a graph call GEMV_A; at K = 4096 both take GEMV_A. Where cuBLAS's GPU time
+    (bounded by its graph time on the quickest record of at least as much work) is under the fastest host's
+    torch.matmul call, the host paces the eager call and hides the GPU time: the graph wins speak for it (the
+    H100 ran 1024x3072 at 2.6x torch.matmul eagerly that way)."""
     graph_winners = [GEMV_A] * 5 + [GEMV_B, None, None, None]
     eager_winners = [GEMV_A, GEMV_A, GEMV_B, GEMV_A, GEMV_A, GEMV_B, None, None, None]
     _store(db_url, *_one_row_records(graph_winners, eager=eager_winners))  # cuBLAS 1.1 ms: GPU-bound
