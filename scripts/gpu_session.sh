@@ -20,6 +20,10 @@
 #              Every sweep stage resumes from the committed benchmarks/sweeps file of the same name
 #              and stops after SWEEP_BUDGET seconds (default 480).
 #   retune-XY  re-tune the dense suite for one dtype/layout (XY: fp16-nn, fp16-nt, bf16-nn, bf16-nt)
+#   out-of-box  what a user of this GPU gets from the shipped table alone (a fresh database per run; NO_SHIPPED=1:
+#              no table either): the held-out part (Linears, stacked q/k/v), then the unseen models (stacked
+#              q/k/v, Linears per dtype, gated MLPs, biased q/k/v), each against torch in both modes, until
+#              OOB_BUDGET seconds (default 540) are spent; every run's files in $OUT/out-of-box.tgz as well
 #   one-row-layer  the epilogues' one-row loop on the GPU (its tests), then the decoder layer at one decode token
 #              with the layer's untuned problems quick-tuned (the gated gate/up product among them), against
 #              torch in a CUDA graph and max-autotune (docs/BENCHMARKS.md, twentieth session, "Still open")
@@ -48,6 +52,25 @@ sweep() {
 }
 
 case "$stage" in
+out-of-box)
+    # One tarball beside the files: the device tool brings back a limited number of files from $OUT.
+    mkdir -p "$out/out-of-box"
+    started=$(date +%s)
+    shipped=(); [ "${NO_SHIPPED:-0}" = 1 ] && shipped=(--no-shipped)
+    for run in held_out: held_out:--qkv unseen:--qkv unseen:--dtype=bf16 unseen:--dtype=fp16 \
+               unseen:--kernel=gated_matmul unseen:--kernel=matmul_bias; do
+        part=${run%%:*}; extra=${run#*:}; name="$part${extra//[-=]/_}"
+        left=$(( ${OOB_BUDGET:-540} - ($(date +%s) - started) ))
+        if [ "$left" -lt 30 ]; then echo "$name: not run, the budget is spent" | tee -a "$log"; continue; fi
+        rm -f "/tmp/out-of-box-$name.db"
+        timeout "$left" $py scripts/bench_dispatch.py --corpus "$part" ${extra:+${extra/=/ }} "${shipped[@]}" \
+            --db "sqlite:////tmp/out-of-box-$name.db" --modes graph,eager --rounds 2 --graph-budget 10,40 \
+            --confirm 0.98 --json "$out/out-of-box/$name.json" > "$out/out-of-box/$name.txt" 2>&1 \
+            || echo "$name: stopped (exit $?)" >> "$out/out-of-box/$name.txt"
+        echo "== $name" | tee -a "$log"
+        grep -h "geomean\|measured again\|stopped" "$out/out-of-box/$name.txt" | cut -c1-400 | tee -a "$log"
+    done
+    tar czf "$out/out-of-box.tgz" -C "$out" out-of-box ;;
 one-row-layer)
     $py -m pytest -q tests/kernels_tests/test_epilogue.py tests/kernels_tests/test_capture.py -p no:cacheprovider \
         2>&1 | tail -20 | tee -a "$log"
