@@ -395,9 +395,11 @@ def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mo
     config, count = max(votes.items(), key=lambda item: item[1])
     if count <= CONSENSUS_SHARE * voters or spec.space.violation(config, problem, device) is not None:
         return None
-    # An eager call that torch's host paces (cuBLAS's GPU time under the fastest host's call) shows the GPU
-    # time that graph contests judge, under the host: there the graph wins speak for the eager call too.
-    judged_by = EAGER if mode == EAGER and _cublas_ms_at_most(problem, peers) >= TORCH_HOST_FLOOR_MS else GRAPH
+    # An eager call whose baseline the host paces (its GPU time under the fastest host's call: torch.matmul's,
+    # or the kernel's baseline's own floor where that is more) shows the GPU time that graph contests judge,
+    # under the host: there the graph wins speak for the eager call too.
+    host_floor_ms = max(TORCH_HOST_FLOOR_MS, spec.baseline_host_floor_ms)
+    judged_by = EAGER if mode == EAGER and _cublas_ms_at_most(problem, peers) >= host_floor_ms else GRAPH
     fill, least = _k_fill(config, problem), _least_fill_won(config, won[config], judged_by, table)
     if fill < least:
         if not math.isfinite(least):
@@ -446,10 +448,16 @@ def _k_fill(config: Config, problem: Problem) -> float:
     return min(fills)
 
 
+def _row_loop(config: Config) -> bool:
+    """Whether ``config`` runs a program row per row of A over GEMV_BLOCK_N columns: matmul's ``gemv`` variant,
+    or the epilogue kernels' one-row loop (GEMV_BLOCK_N > 0, no VARIANT; kernels/epilogue.py)."""
+    return config.get("VARIANT") == "gemv" or (config.get("VARIANT") is None and config.get("GEMV_BLOCK_N", 0) > 0)
+
+
 def _k_walk(config: Config, k: int) -> tuple[int, int]:
-    """The K one program of ``config`` walks, and the width of its steps: all of K in GEMV_BLOCK_K steps for
-    gemv, K over SPLIT_K in BLOCK_K steps otherwise."""
-    if config.get("VARIANT") == "gemv":
+    """The K one program of ``config`` walks, and the width of its steps: all of K in GEMV_BLOCK_K steps for a
+    row loop (``_row_loop``), K over SPLIT_K in BLOCK_K steps otherwise."""
+    if _row_loop(config):
         return k, config.get("GEMV_BLOCK_K", 256)
     return math.ceil(k / config.get("SPLIT_K", 1)), config.get("BLOCK_K", 64)
 
@@ -529,7 +537,7 @@ def _triton_span(config: Config, problem: Problem, device: DeviceInfo, whole_wav
     sms = max(device.sm_count, 1)
     span = 0.0
     for m, n, k in problem.shapes:
-        if config.get("VARIANT") == "gemv":
+        if _row_loop(config):
             programs = m * math.ceil(n / config.get("GEMV_BLOCK_N", 1))
         else:
             programs = (math.ceil(m / config.get("BLOCK_M", 64)) * math.ceil(n / config.get("BLOCK_N", 64))

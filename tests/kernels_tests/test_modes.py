@@ -381,3 +381,24 @@ def test_an_eager_call_takes_the_consensus_only_at_a_k_fill_its_eager_contests_w
     paced = _choose(streaming, "bf16:nt:1x1024x3072", "eager")  # 10944x512 (more bytes): cuBLAS 10.3 us
     assert paced.config == GEMV_A and paced.source.startswith("consensus"), paced.source
     assert is_baseline(_choose(streaming, "bf16:nt:1x5120x3072", "eager").config), "2048x10944's cuBLAS: 23 us"
+
+
+GATED_ROW = Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, GEMV_BLOCK_N=2, GEMV_BLOCK_K=1024,
+                        num_warps=4, num_stages=2)
+
+
+def test_the_gated_one_row_loop_is_judged_by_its_own_k_blocks(db_url) -> None:
+    """gated_matmul's one-row loop (GEMV_BLOCK_N > 0, no VARIANT) walks K in GEMV_BLOCK_K steps, as matmul's gemv
+    does; read as a tile, its K steps would be BLOCK_K = 32 wide and always full. It won five one-row problems
+    whose K its 1024-wide blocks fill whole: K = 2560 (the third block half full) is not among them, K = 4096 is."""
+    records = []
+    for mode in ("graph", "eager"):
+        for (n, k), won in zip(_ONE_ROW_WEIGHTS, [True] * 5 + [False] * 4):
+            records.append(make_record(H100, f"bf16:nt:1x{n}x{k}", GATED_ROW if won else BASELINE,
+                                       kernel="gated_matmul", mode=mode, time_ms=1.0 if won else 1.1, cublas_ms=1.1))
+    _store(db_url, *records)
+    for mode in ("graph", "eager"):
+        full = _choose_epilogue(db_url, "gated_matmul", "bf16:nt:1x5120x4096", mode)
+        assert full.config == GATED_ROW and full.source.startswith("consensus"), (mode, full.source)
+        half = _choose_epilogue(db_url, "gated_matmul", "bf16:nt:1x5120x2560", mode)
+        assert is_baseline(half.config) and "fills K to 0.83 here" in half.source, (mode, half.source)
