@@ -1,6 +1,7 @@
 """A cost model learnt from every timed trial: predicted time / cuBLAS time of a config on a problem.
 
-Dispatch uses it for problems nobody tuned (``choose_fallback``), the search for its warm start.
+The search ranks its warm start with it (tuner/search.py ``_model_picks``); ``kernels._fallback`` is a
+fallback by it, evaluated but not what dispatch runs (docs/COSTMODEL.md).
 numpy and the standard library only: the runtime must not import Optuna or the tuner.
 
 Two learners, compared by ``scripts/costmodel_eval.py`` (docs/COSTMODEL.md has the numbers):
@@ -26,11 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._spec import Config, Problem, is_baseline
+from ._spec import Config, Problem, is_baseline, is_row_loop
 
 MODES = ("eager", "graph")
 KINDS = ("knn", "ridge")
-FORMAT_VERSION = 2  # 2: gemv among the variants, its own blocks in the features
+FORMAT_VERSION = 3  # 2: gemv among the variants, its own blocks in the features; 3: the epilogues' row loop too
 
 _VARIANTS = ("tiled", "splitk", "tma", "repack", "gemv")
 # fp16 and bf16 share element size and tensor-core rate: the same shape in the other one counts as
@@ -83,17 +84,22 @@ def shape_distance(p: Problem, q: Problem) -> float:
     return math.sqrt(sum((math.log2(a) - math.log2(b)) ** 2 for a, b in zip(_dims(p), _dims(q)))) + extra
 
 
+def _variant(config: Config) -> str:
+    """``config``'s variant, a row loop (``is_row_loop``: the epilogue kernels' has no VARIANT) counted as gemv."""
+    return "gemv" if is_row_loop(config) else config.get("VARIANT", "tiled")
+
+
 def _blocks(config: Config) -> tuple[float, float, float]:
-    """The (rows, columns, K run) a program of ``config`` covers: gemv's own blocks where it is gemv (its
-    BLOCK_M/N/K are folded placeholders), else BLOCK_M/N/K."""
-    if config.get("VARIANT") == "gemv":
+    """The (rows, columns, K run) a program of ``config`` covers: a row loop's own blocks (its BLOCK_M/N/K are
+    folded placeholders), else BLOCK_M/N/K."""
+    if is_row_loop(config):
         return 1.0, float(config.get("GEMV_BLOCK_N", 1)), float(config.get("GEMV_BLOCK_K", 256))
     return tuple(float(config.get(name, 64)) for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))  # type: ignore[return-value]
 
 
 def _config_vector(config: Config) -> np.ndarray:
     get = config.get
-    variant = get("VARIANT", "tiled")
+    variant = _variant(config)
     onehot = [4.0 * (variant == v) for v in _VARIANTS]  # a variant change weighs as two factors of 2 in a tile
     bm, bn, bk = _blocks(config)
     return np.array([math.log2(bm), math.log2(bn), math.log2(bk),
@@ -117,7 +123,7 @@ def features(problem: Problem, config: Config) -> np.ndarray:
     pad_waste = (math.ceil(m / bm) * bm * math.ceil(n / bn) * bn) / (m * n) - 1.0
     k_steps = math.ceil(k / (bk * split))
     intensity = bm * bn / (bm + bn)  # FLOPs per element loaded in one K step of a tile
-    variant = config.get("VARIANT", "tiled")
+    variant = _variant(config)
     return np.array([math.log2(m), math.log2(n), math.log2(k), math.log2(bm), math.log2(bn), math.log2(bk),
                      math.log2(split), math.log2(config.num_warps), float(config.num_stages),
                      math.log2(programs), math.log2(max(waves, 1e-3)), wave_waste, math.log2(1 + pad_waste),

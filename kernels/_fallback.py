@@ -1,8 +1,9 @@
-"""The fallback for a problem nobody tuned: a Triton config only where the evidence says it wins.
+"""A fallback for a problem nobody tuned, by the cost model: a Triton config only where the model says it wins.
 
-Dispatch calls ``choose_fallback`` with the configs of this GPU's tuned records that are valid for
-the problem. ``None`` means cuBLAS (``torch.matmul``): with no records or no model, a GPU dispatches
-at cuBLAS speed from the first call instead of guessing.
+Given the configs of this GPU's tuned records that are valid for the problem, ``choose_fallback`` returns the
+one predicted to win with evidence near the problem, or ``None`` for cuBLAS (``torch.matmul``). It was
+weighed against dispatch's rules on held-out models and did not beat them for the first pick
+(docs/COSTMODEL.md), so dispatch does not call it: ``kernels/dispatch.py _untuned_choice`` decides.
 """
 
 from __future__ import annotations

@@ -438,6 +438,13 @@ def is_baseline(config: Config) -> bool:
     return config.get("VARIANT") == "cublas"
 
 
+def is_row_loop(config: Config) -> bool:
+    """Whether ``config`` runs a row of programs per row of A, GEMV_BLOCK_N columns each, over K in GEMV_BLOCK_K
+    steps: matmul's ``gemv`` variant, or the epilogue kernels' one-row loop (GEMV_BLOCK_N > 0 and no VARIANT,
+    kernels/epilogue.py). Their BLOCK_M/N/K are placeholders, not the blocks a program covers."""
+    return config.get("VARIANT") == "gemv" or (config.get("VARIANT") is None and config.get("GEMV_BLOCK_N", 0) > 0)
+
+
 def log_distance(a: Sequence[float], b: Sequence[float]) -> float:
     """Distance between two size vectors on a log scale: 2x off in one dimension costs 1."""
     return math.sqrt(sum((math.log2(max(x, 1)) - math.log2(max(y, 1))) ** 2 for x, y in zip(a, b)))

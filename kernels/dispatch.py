@@ -35,7 +35,7 @@ from typing import Hashable
 import triton
 
 from ._modes import EAGER, GRAPH
-from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Problem, is_baseline, log_distance
+from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Problem, is_baseline, is_row_loop, log_distance
 
 log = logging.getLogger(__name__)
 
@@ -448,16 +448,10 @@ def _k_fill(config: Config, problem: Problem) -> float:
     return min(fills)
 
 
-def _row_loop(config: Config) -> bool:
-    """Whether ``config`` runs a program row per row of A over GEMV_BLOCK_N columns: matmul's ``gemv`` variant,
-    or the epilogue kernels' one-row loop (GEMV_BLOCK_N > 0, no VARIANT; kernels/epilogue.py)."""
-    return config.get("VARIANT") == "gemv" or (config.get("VARIANT") is None and config.get("GEMV_BLOCK_N", 0) > 0)
-
-
 def _k_walk(config: Config, k: int) -> tuple[int, int]:
     """The K one program of ``config`` walks, and the width of its steps: all of K in GEMV_BLOCK_K steps for a
-    row loop (``_row_loop``), K over SPLIT_K in BLOCK_K steps otherwise."""
-    if _row_loop(config):
+    row loop (``is_row_loop``), K over SPLIT_K in BLOCK_K steps otherwise."""
+    if is_row_loop(config):
         return k, config.get("GEMV_BLOCK_K", 256)
     return math.ceil(k / config.get("SPLIT_K", 1)), config.get("BLOCK_K", 64)
 
@@ -537,7 +531,7 @@ def _triton_span(config: Config, problem: Problem, device: DeviceInfo, whole_wav
     sms = max(device.sm_count, 1)
     span = 0.0
     for m, n, k in problem.shapes:
-        if _row_loop(config):
+        if is_row_loop(config):
             programs = m * math.ceil(n / config.get("GEMV_BLOCK_N", 1))
         else:
             programs = (math.ceil(m / config.get("BLOCK_M", 64)) * math.ceil(n / config.get("BLOCK_N", 64))

@@ -182,3 +182,20 @@ def test_gemv_configs_are_told_apart_by_their_own_blocks(kind: str) -> None:
     ranked = model.rank(problem(1, 6144, 6144), [poor, MEH, good])
     assert ranked[0][0] == good and ranked[0][1] < 0.95
     assert choose_fallback(problem(1, 6144, 6144), "graph", [poor, MEH, good], model) == good
+
+
+def test_the_epilogue_kernels_row_loop_is_described_by_its_own_blocks_as_gemv_is() -> None:
+    """gated_matmul's and matmul_bias's one-row loop has no VARIANT and placeholder BLOCK_M/N/K (16x32x32 in every
+    such config): its features are its GEMV_BLOCK_N columns and GEMV_BLOCK_K run, and the gemv variant, so two
+    of them that differ only there are not one point to the model."""
+    from kernels._costmodel import _config_vector, config_distance, features
+
+    row = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    narrow = Config.from_dict({**row, "GEMV_BLOCK_N": 2, "GEMV_BLOCK_K": 1024})
+    wide = Config.from_dict({**row, "GEMV_BLOCK_N": 8, "GEMV_BLOCK_K": 4096})
+    gemv = Config.from_dict({**_BASE, **row, "VARIANT": "gemv", "GEMV_BLOCK_N": 2, "GEMV_BLOCK_K": 1024})
+    assert config_distance(narrow, wide) > 0
+    assert config_distance(narrow, gemv) == pytest.approx(0.0, abs=0.3)  # GROUP_SIZE_M differs, nothing else
+    assert list(_config_vector(narrow)[:3]) == [0.0, 1.0, 10.0]  # log2 of 1 row, 2 columns, 1024 of K
+    gated = Problem("gated_matmul", "bf16", "nt", ((1, 4096, 4096),))
+    assert (features(gated, narrow) != features(gated, wide)).any()
