@@ -599,37 +599,43 @@ _WARNED: set[str] = set()  # databases already warned about: a dead server warns
 def shipped_devices() -> list[dict]:
     """The ``devices`` entries (name, alias, compute_capability, sm_count) of the tables inside the package."""
     found: list[dict] = []
-    folder = resources.files(__package__).joinpath(SHIPPED_TABLES)
-    for entry in folder.iterdir() if folder.is_dir() else ():
-        if entry.name.endswith(".json"):
-            try:
-                found += [d for d in json.loads(entry.read_text()).get("devices", []) if isinstance(d, dict)]
-            except (ValueError, OSError, AttributeError):  # a damaged table: _shipped_records warns of it
-                continue
+    for document in _shipped_documents():
+        devices = document.get("devices", [])
+        found += [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
     return found
 
 
 def _shipped_records(device_name: str, kernel: str) -> list[dict]:
     """Records of the JSON tables inside the package for this GPU (raw dicts: validated when shipped)."""
     found: list[dict] = []
+    for document in _shipped_documents(on_damage=_warn_damaged_table):
+        found.extend(r for r in document.get("records", [])
+                     if isinstance(r, dict) and r.get("device_name") == device_name and r.get("kernel") == kernel)
+    return found
+
+
+def _shipped_documents(on_damage: Callable[[str, Exception], None] | None = None) -> Iterator[dict]:
+    """Each JSON table inside the package, read whole; a damaged one (not JSON, too deep, not a records export)
+    is handed to ``on_damage`` and skipped: a damaged install must not stop a matmul."""
     folder = resources.files(__package__).joinpath(SHIPPED_TABLES)
     if not folder.is_dir():
-        return found
+        return
     for entry in folder.iterdir():
         if not entry.name.endswith(".json"):
             continue
         try:
             document = json.loads(entry.read_text())
-            records = document.get("records", [])
-            if not isinstance(records, list):
-                raise ValueError("'records' is not a list")
-        except (ValueError, OSError, AttributeError, RecursionError) as exc:  # a damaged install must not stop a matmul
-            log.warning("skipping the shipped table %s: it is not a records export (%s); reinstall "
-                        "triton-tuner", entry.name, exc)
+            if not isinstance(document, dict) or not isinstance(document.get("records", []), list):
+                raise ValueError("no list of 'records' in an object")
+        except (ValueError, OSError, RecursionError) as exc:
+            if on_damage is not None:
+                on_damage(entry.name, exc)
             continue
-        found.extend(r for r in records
-                     if isinstance(r, dict) and r.get("device_name") == device_name and r.get("kernel") == kernel)
-    return found
+        yield document
+
+
+def _warn_damaged_table(name: str, exc: Exception) -> None:
+    log.warning("skipping the shipped table %s: it is not a records export (%s); reinstall triton-tuner", name, exc)
 
 
 DISPATCHER = Dispatcher()

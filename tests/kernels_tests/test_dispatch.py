@@ -421,6 +421,8 @@ def test_a_corrupt_shipped_table_is_skipped_with_a_warning(tmp_path, device, mon
     assert (choice.config, choice.source) == (SPLITK, "shipped")
     warned = [r.getMessage() for r in caplog.records if "skipping the shipped table" in r.getMessage()]
     assert sorted(m.split()[4] for m in warned) == ["deep.json:", "list.json:", "truncated.json:"]
+    # explain's list of GPUs reads the same tables, past the same damage (a too-deep one had raised there)
+    assert [d["name"] for d in dispatch_module.shipped_devices()] == [device.name]
 
 
 # ------------------------------------------------------------------------ nothing tuned: torch.mm at once
