@@ -15,6 +15,10 @@ from typing import NoReturn
 
 from db import StoreError  # torch- and triton-free: safe before the interpreter switch
 
+# tuner.corpus.PARTS, spelled here: importing tuner.corpus imports kernels (torch, triton) before main() can
+# switch the interpreter on (a test keeps the two equal).
+CORPUS_PARTS = ("all", "tuned", "held_out", "unseen")
+
 log = logging.getLogger("tuner")
 
 class UserError(Exception):
@@ -69,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="operand layout, A then B: nn (row-major) or nt (B = w.t()); repeatable; default nn")
     s.add_argument("--shape", action="append",
                    help="MxNxK (repeatable); a group (grouped_matmul, moe_matmul) joins GEMMs with '+': 128x128x128+64x64x64")
-    s.add_argument("--corpus", choices=("all", "tuned", "held_out", "unseen"), default=None,
+    s.add_argument("--corpus", choices=CORPUS_PARTS, default=None,
                    help="the real-model corpus (benchmarks/corpus/models.json) or one part of its split, or "
                         "unseen: the models outside it (benchmarks/corpus/unseen.json); --dtype narrows it")
     s.add_argument("--trials", type=int, default=40, help="measured trials per problem (default 40)")
@@ -144,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     xp.add_argument("--device", default="auto",
                     help="alias (h100) or canonical name of a GPU with records (shipped, or in --db); auto: this GPU")
     xp.add_argument("--kernel", default="matmul", help="the kernel of the KEYs and --corpus (default matmul)")
-    xp.add_argument("--corpus", choices=("all", "tuned", "held_out", "unseen"), default=None,
+    xp.add_argument("--corpus", choices=CORPUS_PARTS, default=None,
                     help="the corpus problems of --kernel (matmul, gated_matmul or matmul_bias), or of the unseen models")
     xp.add_argument("--qkv", action="store_true", help="with --corpus: the stacked query/key/value projections")
     xp.add_argument("--problems", default=None, metavar="FILE",

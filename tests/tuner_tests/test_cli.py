@@ -236,3 +236,17 @@ def test_the_eager_passes_default_is_the_searchs() -> None:
     from tuner.search import EAGER_PASSES
 
     assert build_parser().parse_args(["search"]).eager_passes == EAGER_PASSES
+
+
+@pytest.mark.parametrize("command", [["search"], ["explain", "--device", "h100"]])
+def test_the_corpus_choices_are_the_corpus_parts(command) -> None:
+    """The CLI spells the corpus parts out (tuner.corpus imports kernels): they must be the corpus's own."""
+    from tuner.cli import CORPUS_PARTS, build_parser
+    from tuner.corpus import PARTS
+
+    assert sorted(CORPUS_PARTS) == sorted(PARTS)
+    parser = build_parser()
+    for part in PARTS:
+        assert parser.parse_args([*command, "--corpus", part]).corpus == part
+    with pytest.raises(SystemExit):
+        parser.parse_args([*command, "--corpus", "not-a-part"])
