@@ -30,7 +30,6 @@ class SchemaError(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def _script():  # -> alembic.script.ScriptDirectory; imported late: runtime lookups rarely need it
-    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
     return ScriptDirectory.from_config(_config())

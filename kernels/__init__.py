@@ -19,7 +19,7 @@ from . import _modes, _native, _plans
 from ._modes import EAGER, GRAPH, dispatch_mode
 from . import grouped
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
-from .gemm import MATMUL, _run_checked, check_operands, layout_letter, matmul_with
+from .gemm import MATMUL, check_operands, matmul_with
 from . import gemm
 from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kernels
-from db import Store, StoreError
+from db import Store
 from tuner.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
