@@ -345,7 +345,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     _print_table(rows)
     if any(row[8] == "host" for row in rows[1:]):
         print("bound host: the baseline's eager call is paced by the host, not the GPU, so that speed-up moves with "
-              "the host's speed (by up to 20% between processes on the lent H100s; docs/MODES.md)")
+              "the host's speed (0.79-1.35x of the stored figure between processes on the lent H100s; docs/BENCHMARKS.md)")
     return 0
 
 
