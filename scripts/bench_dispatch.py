@@ -18,7 +18,9 @@ mode): the host's speed moves from second to second on the GPU boxes, and one pa
 This is how a stamp (tuner/stamp.py, ``python -m tuner stamp``) times the records it stores. Eager figures
 are read at the host's nominal speed (tuner/timing.py ``eager_side_by_side``: turns inside a slow-host burst
 are set aside, and through a slow phase of seconds the timing waits, ``--settle-s``), as a stamp reads what it
-stores; the figures over every turn are reported beside them ("as run").
+stores; the figures over every turn are reported beside them ("as run"). A SIGTERM (``timeout``) ends the
+run early: the summary and --json then cover the problems finished ("stopped" names the signal), and the exit
+status is 143.
 
     PYTHONPATH=. python3 scripts/bench_dispatch.py --corpus held_out --db sqlite:///fresh.db --json out.json
     PYTHONPATH=. python3 scripts/bench_dispatch.py --keys keys.txt --no-shipped --modes graph
@@ -29,8 +31,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -137,6 +141,39 @@ def confirm(rows: list[dict], problems: list[Problem], device: kernels.DeviceInf
             if row[mode]["speedup"] < args.confirm:
                 again = measure(problem, device, [mode], 3 * args.rounds, args.control, args.settle_s)[mode]
                 row[mode]["confirmed"] = again["speedup"]
+
+
+class Stopped(Exception):
+    """SIGTERM (``timeout``, a device tool's time limit) reached the measuring loop."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def measure_passes(problems: list[Problem], measure_one: Callable[[Problem], dict], passes: int,
+                   report: Callable[[int, int, Problem, dict], None] = lambda *_: None,
+                   pause_s: float = STAMP_PAUSE_S) -> tuple[list[list[dict]], str | None]:
+    """Every problem measured ``passes`` times (``pause_s`` apart), the rows of each pass, and what stopped the
+    run early (the signal's name), or None. A SIGTERM ends the loop between or inside problems and keeps every
+    row finished by then: a run that its time limit stops still reports what it measured (a GPU session's
+    call ends at a hard limit, and the host's slow phases make a run's length hard to foresee)."""
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    measured: list[list[dict]] = []
+    try:
+        for pass_ in range(passes):
+            if pass_:
+                time.sleep(pause_s)  # as far apart as a stamp's passes
+            measured.append([])
+            for index, problem in enumerate(problems, 1):
+                row = measure_one(problem)
+                measured[-1].append(row)
+                report(pass_, index, problem, row)
+    except Stopped as exc:
+        return measured, str(exc)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return measured, None
 
 
 def median_pass(readings: list[dict], modes: list[str]) -> dict:
@@ -261,23 +298,26 @@ def main() -> int:
     if args.passes < 1:
         parser.error(f"--passes {args.passes}: give 1 or more")
     started = time.monotonic()
-    passes: list[list[dict]] = []
-    for pass_ in range(args.passes):
-        if pass_:
-            time.sleep(STAMP_PAUSE_S)  # as far apart as a stamp's passes
-        passes.append([])
-        for index, problem in enumerate(problems, 1):
-            row = measure(problem, device, modes, args.rounds, args.control, args.settle_s)
-            passes[-1].append(row)
-            text = "  ".join(f"{m} {row[m]['speedup']:.3f}x ({row[m]['source'][:24]})" for m in modes)
-            print(f"[{pass_ + 1}: {index}/{len(problems)}] {problem.key:28} {text}", flush=True)
-    rows = [median_pass(list(readings), modes) for readings in zip(*passes)]
+
+    def report(pass_: int, index: int, problem: Problem, row: dict) -> None:
+        text = "  ".join(f"{m} {row[m]['speedup']:.3f}x ({row[m]['source'][:24]})" for m in modes)
+        print(f"[{pass_ + 1}: {index}/{len(problems)}] {problem.key:28} {text}", flush=True)
+
+    passes, stopped = measure_passes(
+        problems, lambda problem: measure(problem, device, modes, args.rounds, args.control, args.settle_s),
+        args.passes, report)
+    rows = [median_pass(list(readings), modes) for readings in zip(*passes)]  # the problems every pass finished
+    if stopped:
+        print(f"# stopped by {stopped} after {len(rows)} of {len(problems)} problems: every figure below is over "
+              f"those {len(rows)}, none measured again", flush=True)
+        if not rows:
+            return 128 + signal.SIGTERM
     for row in rows:
         for mode in modes:
             record = stored.get((row["problem"], mode))
             if record is not None and record.speedup:
                 row[mode]["stored_speedup"] = record.speedup
-    if args.confirm:
+    if args.confirm and not stopped:
         confirm(rows, problems, device, modes, args)
     summary = {}
     for mode in modes:
@@ -299,7 +339,7 @@ def main() -> int:
             for part, figures in summary[mode]["by_part"].items():
                 print(f"  {part} part: geomean {figures['geomean']:.3f}x over {figures['problems']}, "
                       f"{figures['under_097']} under 0.97x; worst {figures['worst'][0]} {figures['worst'][1]:.3f}x")
-        if args.confirm:
+        if args.confirm and not stopped:
             again = [row[mode]["confirmed"] for row in rows if "confirmed" in row[mode]]
             summary[mode]["confirmed"] = dict(measured_again=len(again), still_under_097=sum(r < 0.97 for r in again),
                                               still_under_098=sum(r < 0.98 for r in again))
@@ -323,8 +363,9 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(dict(device=device.name, torch=torch.__version__,
                                                    triton=triton.__version__, date=time.strftime("%Y-%m-%d"),
-                                                   argv=sys.argv, summary=summary, rows=rows), indent=1))
-    return 0
+                                                   argv=sys.argv, stopped=stopped, summary=summary,
+                                                   rows=rows), indent=1))
+    return 128 + signal.SIGTERM if stopped else 0  # a stopped run says so in its status too
 
 
 if __name__ == "__main__":
