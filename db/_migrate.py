@@ -4,7 +4,8 @@ One history for every table the tuner owns (``tuner_*``), in its own version tab
 meets Optuna's, which lives in ``alembic_version`` in the same database. Databases made before the
 history began (tuner_records without a version table) are stamped at the baseline, then upgraded.
 
-Only a store opened for writing upgrades (``Store(url)``); a read-only store reads what is there.
+Only a store opened for writing upgrades (``Store(url)``), in its first write transaction (an empty
+database at once); a read-only store reads what is there.
 """
 
 from __future__ import annotations

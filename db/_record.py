@@ -62,7 +62,11 @@ class Record:
         if self.created_at.tzinfo is None:
             raise ValueError(f"created_at {self.created_at.isoformat()} has no timezone; "
                              "pass an aware datetime such as datetime.now(timezone.utc)")
-        object.__setattr__(self, "created_at", self.created_at.astimezone(timezone.utc))
+        try:
+            object.__setattr__(self, "created_at", self.created_at.astimezone(timezone.utc))
+        except OverflowError:
+            raise ValueError(f"created_at {self.created_at.isoformat()} is past year 9999 in UTC; "
+                             "pass a time that UTC can hold") from None
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from ._record import MODES, Record
@@ -50,10 +50,18 @@ def _count(value: Any) -> str | None:
 
 
 def _measure(value: Any) -> str | None:
-    # JSON writes 2.0 as 2 at times, so ints are accepted where floats are meant.
-    if not (_is_int(value) or isinstance(value, float)) or not math.isfinite(value) or value < 0:
+    # JSON writes 2.0 as 2 at times, so ints are accepted where floats are meant; an int past the
+    # largest float (10**400) cannot become one, and math.isfinite would raise OverflowError on it.
+    if not (_is_int(value) or isinstance(value, float)) or not _finite(value) or value < 0:
         return f"must be a finite number >= 0, got {_show(value)}"
     return None
+
+
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _optional(check: Check) -> Check:
@@ -99,7 +107,13 @@ def _timestamp(value: Any) -> str | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return f"{wanted}, got {_show(value)}"
-    return None if parsed.tzinfo is not None else f"{wanted}; {value!r} has no zone"
+    if parsed.tzinfo is None:
+        return f"{wanted}; {value!r} has no zone"
+    try:
+        parsed.astimezone(timezone.utc)  # records hold UTC; 9999-12-31T23:59-05:00 is past year 9999 there
+    except OverflowError:
+        return f"must be a time before year 10000 in UTC; {value!r} is past it"
+    return None
 
 
 _CHECKS: dict[str, Check] = {

@@ -133,12 +133,33 @@ def _read(source: Source) -> tuple[str, Any]:
         raise ImportValidationError(str(path), [f"not UTF-8 text ({exc.reason}); is it a "
                                                 "records export?"]) from None
     try:
-        return str(path), json.loads(text)
+        return str(path), json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as exc:
         raise ImportValidationError(str(path), [f"not JSON: {exc}"]) from None
     except RecursionError:  # Python's parser recurses per bracket: a hostile file must not end in a traceback
         raise ImportValidationError(str(path), ["nested deeper than any records export; is it a "
                                                 "records export?"]) from None
+
+
+class _HugeInt:
+    """An integer literal too long for Python to convert (over ``sys.get_int_max_str_digits()`` digits): kept
+    as this stand-in so that validation names the record and field that hold it, as for any bad value."""
+
+    def __init__(self, digits: str) -> None:
+        self.digits = len(digits.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<an integer of {self.digits} digits>"
+
+
+_HugeInt.__name__ = "int"  # what messages call its type: it is a JSON integer
+
+
+def _parse_int(text: str) -> int | _HugeInt:
+    try:
+        return int(text)
+    except ValueError:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        return _HugeInt(text)
 
 
 def _document_problems(document: Any) -> list[str]:

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, inspect, or_, select, update
 from sqlalchemy.orm import Session
 
-from ._fleet_models import DONE, FAILED, JOB_STATES, QUEUED, RUNNING, JobModel, WorkerModel, problem_hash
+from ._fleet_models import (DONE, FAILED, JOB_STATES, JOBS_TABLE, QUEUED, RUNNING, WORKERS_TABLE, JobModel,
+                            WorkerModel, problem_hash)
 from .store import Store
 
 _logger = logging.getLogger(__name__)
@@ -96,11 +97,14 @@ class WorkerInfo:
 
 
 class JobQueue:
-    """The job queue of one database, opened through a writable ``Store`` (which migrates the schema)."""
+    """The job queue of one database. Writing needs a writable ``Store`` (whose first write migrates the
+    schema); reading works on a read-only one too, and a database without the fleet's tables (one from
+    before the fleet, or not yet written) reads as no jobs and no workers."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._postgres = store._engine.dialect.name == "postgresql"
+        self._tables_seen = False  # tables are never dropped: once seen, no need to look again
 
     @property
     def store(self) -> Store:
@@ -108,6 +112,22 @@ class JobQueue:
 
     def _run(self, work: Any) -> Any:
         return self._store._transaction(work, write=True)
+
+    def _read(self, work: Any, empty: Any) -> Any:
+        """``work`` in a read transaction; ``empty`` where the fleet's tables are not there, without
+        creating a missing SQLite file (connecting would) or migrating an old database."""
+        if not self._tables_seen and not self._store.exists():
+            return empty
+
+        def read(session: Session) -> Any:
+            if not self._tables_seen:
+                present = inspect(session.connection()).get_table_names()
+                if JOBS_TABLE not in present or WORKERS_TABLE not in present:
+                    return empty
+                self._tables_seen = True
+            return work(session)
+
+        return self._store._transaction(read, write=False)
 
     # Producers ----------------------------------------------------------------------------------
 
@@ -184,8 +204,10 @@ class JobQueue:
                                   lease_until=None, finished_at=utc_now())
 
     def release(self, job_id: int, worker: str) -> bool:
-        """Give a job back to the queue unfinished (a worker stopping cleanly); its study keeps its trials."""
-        return self._owned_update(job_id, worker, state=QUEUED, worker=None, lease_until=None)
+        """Give a job back to the queue unfinished (a worker stopping cleanly, or interrupted); its study
+        keeps its trials. The claim is not counted against ``MAX_ATTEMPTS``: the job did not kill its worker."""
+        return self._owned_update(job_id, worker, state=QUEUED, worker=None, lease_until=None,
+                                  attempts=JobModel.attempts - 1)
 
     def _owned_update(self, job_id: int, owner: str, **values: Any) -> bool:
         def work(session: Session) -> bool:
@@ -220,23 +242,23 @@ class JobQueue:
         query = select(JobModel).order_by(JobModel.priority.desc(), JobModel.id)
         if state is not None:
             query = query.where(JobModel.state == state)
-        return self._run(lambda session: [Job.of(m) for m in session.scalars(query)])
+        return self._read(lambda session: [Job.of(m) for m in session.scalars(query)], [])
 
     def counts(self) -> dict[str, int]:
         """Jobs per state, every state present (0 where none)."""
         query = select(JobModel.state, func.count()).group_by(JobModel.state)
-        found = dict(self._run(lambda session: session.execute(query).all()))
+        found = dict(self._read(lambda session: session.execute(query).all(), []))
         return {state: int(found.get(state, 0)) for state in JOB_STATES}
 
     def unfinished(self, device_name: str) -> int:
         """Jobs for ``device_name`` queued or running (a running one may yet come back if its worker dies)."""
         query = select(func.count()).select_from(JobModel).where(JobModel.device_name == device_name,
                                                                   JobModel.state.in_((QUEUED, RUNNING)))
-        return int(self._run(lambda session: session.execute(query).scalar_one()))
+        return int(self._read(lambda session: session.execute(query).scalar_one(), 0))
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker that ever registered, latest heartbeat first."""
         query = select(WorkerModel).order_by(WorkerModel.heartbeat_at.desc())
-        return self._run(lambda session: [
+        return self._read(lambda session: [
             WorkerInfo(m.name, m.device_name, m.host, m.pid, m.state, m.job_id, m.jobs_done, m.started_at,
-                       m.heartbeat_at) for m in session.scalars(query)])
+                       m.heartbeat_at) for m in session.scalars(query)], [])

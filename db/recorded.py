@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import and_, exists, select
+from sqlalchemy import and_, exists, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ._fleet_models import RecordedModel, problem_hash
+from ._fleet_models import RECORDED_TABLE, RecordedModel, problem_hash
 from .models import RecordModel
 from .store import Store
 
@@ -70,7 +70,12 @@ def recorded(store: Store, device_name: str | None = None, *, untuned: bool = Fa
                                                  RecordModel.kernel == RecordedModel.kernel,
                                                  RecordModel.problem_key == RecordedModel.problem_key)))
 
+    if not store.exists():  # a reader on a missing file: connecting would create it
+        return []
+
     def work(session: Session) -> list[RecordedProblem]:
+        if not inspect(session.connection()).has_table(RECORDED_TABLE):  # from before the fleet: nothing recorded
+            return []
         return [RecordedProblem(ProblemKey(m.device_name, m.kernel, m.problem_key), int(m.calls), m.flops)
                 for m in session.scalars(query)]
 

@@ -8,7 +8,8 @@ into ``StoreError`` naming the database, as Optuna's ``RDBStorage`` does. Writes
   read, so two writers queue (for up to the 30 s busy timeout) instead of both reading "absent".
   WAL journaling lets readers go on while a writer holds the lock.
 * Other backends (PostgreSQL): the row is read ``FOR UPDATE``; a concurrent insert of the same key
-  fails the unique constraint, and the whole transaction is retried, then finds the row.
+  fails the unique constraint, and the whole transaction is retried, then finds the row (so is one that
+  lost a deadlock or a serialization check; other integrity errors are not retried).
 
 A server that goes away (``db._outage``): a store opened for writing that reached its server before
 and now cannot get a connection waits for it with a bounded backoff (nothing of the transaction ran, so
@@ -30,7 +31,7 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Engine, create_engine, event, inspect, select
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import _migrate
@@ -52,6 +53,10 @@ _PG_CONNECT_TIMEOUT_S = 10
 # Whole-transaction retries for lost races (locked SQLite, duplicate insert on PostgreSQL).
 _ATTEMPTS = 5
 _BACKOFF_S = 0.05  # doubled after each failed attempt: 0.05, 0.1, 0.2, 0.4 s
+# PostgreSQL errors that mean a lost race, so the transaction may be run again: unique_violation (two
+# writers inserted one key), serialization_failure, deadlock_detected. Other integrity errors (a NULL, a
+# check) fail the same way every time and are reported at once.
+_RACE_SQLSTATES = frozenset({"23505", "40001", "40P01"})
 
 # Execution option read by the SQLite "begin" listener: writers take the write lock up front.
 _BEGIN_OPTION = "tuner_sqlite_begin"
@@ -106,9 +111,13 @@ class Store:
         self._waits_for_server = create
         self._reached = False  # has this store ever had a connection? (only then is a failure an outage)
         self._has_table = False
-        self._legacy = False  # a table from before modes (schema 0001), read as "graph" records
+        # A table from before modes (schema 0001), read as "graph" records. Only a hint once seen: a
+        # writer may migrate the database under a long-lived reader, so each read checks it again.
+        self._legacy = False
+        # An older schema that the first write transaction upgrades, inside that transaction.
+        self._upgrade_pending = False
         if create:
-            self._create_tables()
+            self._prepare_tables()
 
     @classmethod
     def open_readonly(cls, url: str | None = None) -> Store:
@@ -135,6 +144,11 @@ class Store:
     def exists(self) -> bool:
         """Whether the database holds our records table; checked without creating anything."""
         return self._readable()
+
+    def upgrade(self) -> None:
+        """Bring an older database to this code's schema now, rather than in the first write."""
+        if self._upgrade_pending:
+            self._transaction(lambda session: None, write=True)
 
     # Writes -------------------------------------------------------------------------------------
 
@@ -179,11 +193,12 @@ class Store:
         """The record for exactly this problem and mode on this device (canonical name), or None."""
         if not self._readable():
             return None
-        if self._legacy:
-            found = [r for r in self.records(device_name, kernel) if r.problem_key == problem_key and r.mode == mode]
-            return found[0] if found else None
 
         def work(session: Session) -> Record | None:
+            if self._still_legacy(session):
+                found = [r for r in _legacy_records(session, device_name, kernel)
+                         if r.problem_key == problem_key and r.mode == mode]
+                return found[0] if found else None
             model = RecordModel.find(session, device_name, kernel, problem_key, mode)
             return None if model is None else model.to_record()
 
@@ -194,11 +209,13 @@ class Store:
         kernel, then problem_key."""
         if not self._readable():
             return []
-        if self._legacy:
-            return self._transaction(lambda session: _legacy_records(session, device, kernel), write=False)
-        return self._transaction(
-            lambda session: [m.to_record() for m in RecordModel.find_all(session, device, kernel)],
-            write=False)
+
+        def work(session: Session) -> list[Record]:
+            if self._still_legacy(session):
+                return _legacy_records(session, device, kernel)
+            return [m.to_record() for m in RecordModel.find_all(session, device, kernel)]
+
+        return self._transaction(work, write=False)
 
     def devices(self) -> list[tuple[str, str]]:
         """Each (device_name, device_alias) with records, sorted."""
@@ -237,8 +254,14 @@ class Store:
         attempt = 0
         while True:
             try:
+                upgrading = write and self._upgrade_pending
                 with self._session(write) as session:
-                    return work(session)
+                    if upgrading:
+                        self._upgrade_in(session)
+                    result = work(session)
+                if upgrading:  # committed: the schema is current from now on
+                    self._upgrade_pending, self._has_table, self._legacy = False, True, False
+                return result
             except _NotConnected as exc:
                 if not (self._waits_for_server and self._reached):
                     raise
@@ -269,7 +292,7 @@ class Store:
         if _is_locked(exc):
             return _RetryableError(f"{where} stayed locked by another process ({detail}); "
                                    "wait for the other tuner or import to finish and try again")
-        if isinstance(exc, IntegrityError) and self._engine.dialect.name != "sqlite":
+        if self._engine.dialect.name != "sqlite" and _sqlstate(detail) in _RACE_SQLSTATES:
             return _RetryableError(f"{where}: another process wrote the same problem at the same "
                                    f"time ({detail}); try again")
         if any(sign in str(detail).lower() for sign in ("disk is full", "disk i/o", "file too large")):
@@ -284,9 +307,16 @@ class Store:
 
     # Tables -------------------------------------------------------------------------------------
 
-    def _create_tables(self) -> None:
-        """Create our tables, or migrate them to this code's schema (concurrent creators queue on the
-        write lock); a database written by a newer release is refused."""
+    def _prepare_tables(self) -> None:
+        """Create our tables in an empty database; mark an older schema for upgrading in the first
+        write; refuse a database written by a newer release.
+
+        The upgrade of an older database waits for a write, and runs inside that write's transaction,
+        so that a write that fails (an import refused on a conflict) leaves the database byte for byte
+        as it was, and a command that only reads never migrates. SQLite and PostgreSQL both run DDL
+        inside a transaction, so the rollback takes the migration with it; one separate upgrade
+        transaction (as before) would have committed the new schema even when the write then failed.
+        """
         if self._sqlite_file is not None:
             try:
                 self._sqlite_file.parent.mkdir(parents=True, exist_ok=True)
@@ -294,11 +324,32 @@ class Store:
                 raise StoreError(f"cannot create the folder of database {_shown(self._url)}: {exc}; "
                                  "pass a URL (TUNER_DB or --db) in a writable place") from exc
         try:
-            self._transaction(lambda session: _migrate.upgrade(session.connection(), _shown(self._url)),
-                              write=True)
+            revision = self._transaction(lambda session: _migrate.revision_of(session.connection()), write=False)
+            _migrate.check_known(revision, _shown(self._url))
         except _migrate.SchemaError as exc:
             raise StoreError(str(exc)) from exc
-        self._has_table = True
+        if revision is None:  # empty: nothing to keep, so create the tables at once (concurrent creators queue)
+            self._upgrade_pending = True
+            self.upgrade()
+        elif not _migrate.is_current(revision):
+            self._upgrade_pending = True
+        else:
+            self._has_table = True
+
+    def _upgrade_in(self, session: Session) -> None:
+        """Migrate to this code's schema inside ``session``'s write transaction (a no-op once current)."""
+        try:
+            _migrate.upgrade(session.connection(), _shown(self._url))
+        except _migrate.SchemaError as exc:
+            raise StoreError(str(exc)) from exc
+
+    def _still_legacy(self, session: Session) -> bool:
+        """Whether the records table still lacks the mode column (schema 0001), checked in the reading
+        transaction while it last did: a writer may have migrated it since."""
+        if self._legacy:
+            columns = {column["name"] for column in inspect(session.connection()).get_columns(TABLE_NAME)}
+            self._legacy = "mode" not in columns
+        return self._legacy
 
     def _readable(self) -> bool:
         """Whether our table exists; checked without creating a SQLite file that is not there.
@@ -421,6 +472,11 @@ def _enable_wal(dbapi_connection: sqlite3.Connection, connection_record: Any) ->
 def _on_sqlite_begin(connection: Any) -> None:
     mode = connection.get_execution_options().get(_BEGIN_OPTION, "DEFERRED")
     connection.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _sqlstate(detail: object) -> str | None:
+    """The SQLSTATE of a PostgreSQL driver error (psycopg 3: ``sqlstate``; psycopg2: ``pgcode``)."""
+    return getattr(detail, "sqlstate", None) or getattr(detail, "pgcode", None)
 
 
 def _is_locked(exc: SQLAlchemyError) -> bool:

@@ -116,7 +116,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{len(unfinished)} problem(s) are still queued or running on other workers: "
               "`python -m tuner status` shows them")
     if failed:
-        print(f"{len(failed)} problem(s) found no correct config: {', '.join(j.spec.problem_key for j in failed)}")
+        # Each job's own error: no correct config, or what else stopped it (an unknown kernel, a crash).
+        print(f"{len(failed)} problem(s) failed:")
+        for job in failed:
+            print(f"  {job.spec.kernel} {job.spec.problem_key}: {job.error or 'no error recorded'}")
         return 1
     return 0
 
@@ -167,7 +170,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    with _open_store(args.db) as store:
+    # Reads only: a missing database is an error and an old one is left unmigrated (no jobs in it).
+    with _open_reader(args.db) as store:
         return fleet_commands.cmd_status(args, store)
 
 
@@ -362,7 +366,7 @@ def baseline_bound(record: Record, graph_baseline_ms: float | None) -> str:
 def _list_untuned(args: argparse.Namespace) -> int:
     from db.recorded import recorded
 
-    with _open_store(args.db) as store:
+    with _open_reader(args.db) as store:  # reads only: creates and migrates nothing
         found = [p for p in recorded(store, untuned=True)
                  if (args.kernel is None or p.key.kernel == args.kernel)
                  and (args.device is None or args.device in (p.key.device_name, _alias(p.key.device_name)))]

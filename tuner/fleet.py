@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import optuna
 
 import kernels
-from db import Record, Store, StoreError
+from db import Record, Store, StoreError, StoreUnreachable
 from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 
 from .search import Budget, NoWinner, tune_problem
@@ -128,7 +128,13 @@ def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, 
             lease = _Lease(queue, job, name, device, lease_s, done)
             lease.start()
             try:
-                record, error = _tune(job, device, store, storage, hooks)
+                record, error = _attempt(job, device, store, storage, hooks)
+            except (KeyboardInterrupt, SystemExit):
+                # Interrupted (Ctrl-C): give the job back, so that a rerun resumes it at once rather than
+                # after its lease runs out; stop renewing first, or a renewal would read as a lost lease.
+                lease.stop()
+                _give_back(queue, job, name)
+                raise
             finally:
                 lease.stop()
             if lease.lost or not queue.finish(job.id, name, error):
@@ -161,6 +167,44 @@ def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
             log.debug("creating Optuna's tables lost a race (%s); retrying", exc)
             time.sleep(0.2 * attempt)
     raise AssertionError("unreachable")
+
+
+def _attempt(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.storages.BaseStorage,
+             hooks: WorkerHooks) -> tuple[Record | None, str | None]:
+    """``_tune`` one job so that no bad job stops the worker: one that raises is failed with its error (else
+    every worker that claimed it would die in turn, and the job fail only as "its worker was lost").
+    KeyboardInterrupt and SystemExit are not Exceptions, so they pass through to the caller."""
+    try:
+        return _tune(job, device, store, storage, hooks)
+    except StoreUnreachable:
+        # The database, not the job, is at fault, and the job cannot be marked anyway: stop; the lease runs
+        # out and a worker that reaches the database resumes the job.
+        raise
+    except Exception as exc:
+        if _device_fault(exc):
+            # A CUDA error can leave this process's context broken: every later job would fail here too.
+            # Stop, as a crashed worker would; the lease runs out, another worker takes the job, and a job
+            # that kills every worker fails after MAX_ATTEMPTS.
+            raise
+        log.exception("job %d (%s %s) failed", job.id, job.spec.kernel, job.spec.problem_key)
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is the GPU's (a CUDA error, an illegal address, a device-side assert), not the job's."""
+    text = str(exc)
+    return "CUDA error" in text or "device-side assert" in text or "illegal memory access" in text \
+        or type(exc).__name__ == "AcceleratorError"
+
+
+def _give_back(queue: JobQueue, job: Job, name: str) -> None:
+    """Return an interrupted worker's job to the queue, not counted as an attempt."""
+    try:
+        if queue.release(job.id, name):
+            log.warning("worker %s interrupted: job %d (%s) is queued again", name, job.id, job.spec.problem_key)
+    except StoreError as exc:  # it still comes back once its lease runs out
+        log.warning("worker %s could not give back job %d: %s; it is handed out again when its lease runs out",
+                    name, job.id, exc)
 
 
 def _tune(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.storages.BaseStorage,

@@ -56,6 +56,7 @@ def test_read_only_store_reads_an_old_database_without_changing_it(old_db: Path)
 def test_writing_store_upgrades_an_old_database_and_loses_nothing(old_db: Path) -> None:
     before = _rows(old_db)
     store = Store(f"sqlite:///{old_db}")
+    store.upgrade()  # what its first write would do, inside that write's transaction
     assert _rows(old_db) == before
     records = store.records()
     assert len(records) == OLD_RECORDS and {record.mode for record in records} == {"graph"}
@@ -79,13 +80,13 @@ def test_upgraded_database_keeps_a_record_per_mode(old_db: Path) -> None:
 
 
 def test_upgrade_is_idempotent_across_stores(old_db: Path) -> None:
-    Store(f"sqlite:///{old_db}")
-    Store(f"sqlite:///{old_db}")
+    Store(f"sqlite:///{old_db}").upgrade()
+    Store(f"sqlite:///{old_db}").upgrade()
     assert len(Store(f"sqlite:///{old_db}", create=False).records()) == OLD_RECORDS
 
 
 def test_a_database_from_a_newer_release_is_refused_with_the_way_out(old_db: Path) -> None:
-    Store(f"sqlite:///{old_db}")
+    Store(f"sqlite:///{old_db}").upgrade()
     with sqlite3.connect(old_db) as connection:
         connection.execute(f"UPDATE {_migrate.VERSION_TABLE} SET version_num = '9999_future'")
     for create in (True, False):
@@ -111,7 +112,7 @@ def test_downgrade_then_upgrade_round_trips_graph_records(old_db: Path) -> None:
     from alembic import command
     from sqlalchemy import create_engine
 
-    Store(f"sqlite:///{old_db}")
+    Store(f"sqlite:///{old_db}").upgrade()
     before = _rows(old_db)
     engine = create_engine(f"sqlite:///{old_db}")
     with engine.begin() as connection:

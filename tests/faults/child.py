@@ -4,7 +4,7 @@ Modes:
   import URL FILE...     import each file with db.import_records; print "done FILE" once it returned
   cli ARG...             run ``python -m tuner ARG...`` (tuner.cli.main) and exit with its status
   hold-lock PATH SECONDS take SQLite's write lock on PATH, print "locked", hold it, then commit a row
-  open URL               open a writing Store (which migrates an old schema), print "opened"
+  open URL               open a writing Store, upgrade an old schema (Store.upgrade), print "opened"
 
 Faults, from the environment:
   FAULT_KILL_SQL=REGEX:N   SIGKILL this process just before the N-th SQL statement matching REGEX
@@ -105,7 +105,9 @@ def main(argv: list[str]) -> int:
     if mode == "open":
         from db import Store
 
-        Store(rest[0]).close()
+        store = Store(rest[0])
+        store.upgrade()  # an older schema is upgraded by the first write (db/store.py); this mode asks now
+        store.close()
         print("opened", flush=True)
         return 0
     raise SystemExit(f"unknown mode {mode!r}")

@@ -1,0 +1,154 @@
+"""Fleet commands that only read change nothing; a bad job fails with its own error instead of killing its
+workers; a worker interrupted with Ctrl-C (a real SIGINT) gives its job back at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+import kernels
+from db import Store
+from db.queue import JobQueue, JobSpec
+from tuner.cli import main
+from tuner.fleet import job_specs
+from tuner.search import Budget, measured_trials, study_name
+
+ROOT = Path(__file__).resolve().parents[2]
+OLD_DB = ROOT / "tests" / "data" / "v1_tuner.db"
+CPU = kernels.CPU
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TUNER_RECORD")}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONPATH=path, XDG_CACHE_HOME=str(tmp_path / "cache"), TRITON_INTERPRET="1",
+               TUNER_DB=f"sqlite:///{tmp_path / 'unused-default.db'}")
+    return env
+
+
+# Read-only commands ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["status"], ["list", "--untuned"]])
+def test_read_only_fleet_command_on_a_missing_database_creates_nothing(command, tmp_path: Path, monkeypatch,
+                                                                       capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "no" / "such.db"
+    assert main([*command, "--db", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command, says", [(["status"], "0 job(s)"),
+                                           (["list", "--untuned"], "no recorded problem is left untuned")])
+def test_read_only_fleet_command_leaves_an_old_database_byte_identical(command, says: str, tmp_path: Path,
+                                                                       capsys) -> None:
+    old = tmp_path / "old.db"
+    shutil.copy(OLD_DB, old)
+    before = old.read_bytes()
+    assert main([*command, "--db", str(old)]) == 0
+    assert says in capsys.readouterr().out
+    assert old.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.db"]
+
+
+# A bad job -----------------------------------------------------------------------------------------------
+
+
+def test_a_job_for_an_unknown_kernel_fails_with_its_error_and_the_worker_goes_on(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    good = kernels.Problem.from_key("matmul", "fp16:nn:16x32x32")
+    with Store(url) as store:
+        queue = JobQueue(store)
+        # The bad job is claimed first (higher priority): before the fix it ended the worker there.
+        queue.enqueue([JobSpec(CPU.name, "no_such_kernel", "fp16:nn:16x32x32", 2, None, {}, 10.0)])
+        queue.enqueue(job_specs([good], CPU, Budget(2), {"seed": 0}))
+    run = subprocess.run([sys.executable, "-m", "tuner", "worker", "--device", "cpu", "--db", url], cwd=ROOT,
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 done, 1 failed, 0 lost" in run.stdout
+    with Store(url) as store:
+        jobs = {job.spec.kernel: job for job in JobQueue(store).jobs()}
+    bad = jobs["no_such_kernel"]
+    assert bad.state == "failed" and bad.attempts == 1 and "no_such_kernel" in (bad.error or "")
+    assert "lost" not in bad.error
+    assert jobs["matmul"].state == "done"
+
+
+def test_search_reports_each_failed_jobs_own_error(tmp_path: Path, monkeypatch, capsys) -> None:
+    import tuner.fleet
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("the benchmark harness crashed")
+
+    monkeypatch.setattr(tuner.fleet, "tune_problem", crash)  # not storage: the search itself crashes
+    device = kernels.current_device().alias
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    assert main(["search", "--device", device, "--shape", "16x32x32", "--trials", "1", "--db", url]) == 1
+    out = capsys.readouterr().out
+    assert "1 problem(s) failed:" in out and "found no correct config" not in out
+    assert "matmul fp16:nn:16x32x32: RuntimeError: the benchmark harness crashed" in out
+    with Store(url) as store:
+        (job,) = JobQueue(store).jobs()
+    assert job.state == "failed" and "RuntimeError: the benchmark harness crashed" == job.error
+
+
+# Ctrl-C ------------------------------------------------------------------------------------------------
+
+
+def _measured(storage: optuna.storages.RDBStorage, problem: kernels.Problem) -> int:
+    name = study_name(CPU, problem)
+    if name not in {study.study_name for study in storage.get_all_studies()}:
+        return 0
+    return len(measured_trials(optuna.load_study(study_name=name, storage=storage)))
+
+
+def test_worker_interrupted_by_sigint_gives_its_job_back_at_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    problem = kernels.Problem.from_key("matmul", "fp16:nn:16x32x32")
+    with Store(url) as store:
+        JobQueue(store).enqueue(job_specs([problem], CPU, Budget(500), {"seed": 0}))
+    storage = optuna.storages.RDBStorage(url)
+    log = tmp_path / "worker.log"
+    argv = [sys.executable, "-m", "tuner", "worker", "--device", "cpu", "--db", url, "--lease", "600"]
+    with log.open("w") as sink:
+        worker = subprocess.Popen(argv, cwd=ROOT, env=_env(tmp_path), stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 120
+        while _measured(storage, problem) < 1:
+            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        worker.send_signal(signal.SIGINT)
+        assert worker.wait(timeout=60) == 130, log.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    with Store(url) as store:
+        queue = JobQueue(store)
+        (job,) = queue.jobs()
+        # Queued again, not running under a 600 s lease, and the interrupted claim is not counted as lost.
+        assert (job.state, job.worker, job.lease_until, job.attempts) == ("queued", None, None, 0), log.read_text()
+        again = queue.claim("next:1:0", CPU.name)
+    assert again is not None and again.id == job.id and again.attempts == 1
+
+
+def test_a_gpu_fault_stops_the_worker_rather_than_failing_the_job() -> None:
+    """A CUDA error may leave the worker's context broken (every later job would fail there too), so it ends the
+    worker as a crash would, and the job goes to another worker; a job's own error fails only the job. The
+    messages are torch's; raising a real CUDA fault needs a GPU."""
+    from tuner.fleet import _device_fault
+
+    assert _device_fault(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert _device_fault(RuntimeError("CUDA error: device-side assert triggered"))
+    assert not _device_fault(ValueError("unknown kernel 'no_such_kernel'; known kernels: matmul"))
+    assert not _device_fault(RuntimeError("found no correct config"))
