@@ -33,7 +33,7 @@ from .dispatch import DISPATCHER, TORCH_HOST_FLOOR_MS
 from .gemm import (_GEMV_MAX_ROWS, DTYPE_NAMES, GEMV_SEEDS, LAUNCHES, TORCH_DTYPES, _dot_precision, _needs_int64,
                    gemv_blocks_fit, gemv_unsupported, layout_letter)
 
-__all__ = ["GATED_MATMUL", "MATMUL_BIAS", "gated_matmul", "gated_matmul_with", "matmul_bias", "matmul_bias_with"]
+__all__ = ["GATED_MATMUL", "MATMUL_BIAS", "BiasError", "gated_matmul", "gated_matmul_with", "matmul_bias", "matmul_bias_with"]
 
 SPACE = SearchSpace(params=(
     Param("BLOCK_M", (16, 32, 64, 128, 256)),
@@ -163,9 +163,30 @@ def _check(name: str, a: Any, b: Any, columns_per_output: int) -> None:
 def matmul_bias_with(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """A @ B + bias with one explicit config."""
     _check("matmul_bias", a, b, 1)
-    if bias.shape != (b.shape[1],) or bias.device != a.device:
-        raise ValueError(f"bias has shape {tuple(bias.shape)} on {bias.device}; it must be [{b.shape[1]}] on {a.device}")
+    _check_bias(a, b, bias)
     return _launch(config, a, b, bias if bias.is_contiguous() else bias.contiguous(), b.shape[1], gated=False)
+
+
+class BiasError(ValueError, RuntimeError):
+    """A bias ``matmul_bias`` does not take. A ValueError; a RuntimeError too, which is what torch.addmm's
+    refusal was where dispatch sent the call there, so code that caught that still does."""
+
+
+def _check_bias(a: torch.Tensor, b: torch.Tensor, bias: Any) -> None:
+    """Raise where ``bias`` is not one row of the output's width in a's dtype on a's device: every path of
+    ``matmul_bias`` takes that and nothing else (torch.addmm would broadcast a [M, N] bias, a kernel would
+    read another dtype), so what is accepted does not depend on which config won."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"matmul_bias takes a torch tensor bias; got {type(bias).__name__}")
+    n = b.shape[1]
+    if bias.shape != (n,):
+        hint = "bias.reshape(-1)" if bias.numel() == n else "kernels.matmul(a, b) + bias (or torch.addmm)"
+        raise BiasError(f"matmul_bias: bias has shape {tuple(bias.shape)}; it must be [{n}], one value per output "
+                         f"column (b is {tuple(b.shape)}): pass {hint}")
+    if bias.dtype != a.dtype:
+        raise BiasError(f"matmul_bias: bias is {bias.dtype}, a and b {a.dtype}; pass bias.to({a.dtype})")
+    if bias.device != a.device:
+        raise BiasError(f"matmul_bias: bias is on {bias.device}, a and b on {a.device}; pass bias.to('{a.device}')")
 
 
 def gated_matmul_with(config: Config, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -555,7 +576,21 @@ _PATHS_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow me
 
 
 def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """A @ B + bias in one launch, with the config tuned for this problem (or torch.addmm where that won)."""
+    """A @ B + bias in one launch, with the config tuned for this problem (or torch.addmm where that won).
+
+    ``bias`` is [N] in a's dtype on every path. Where a gradient is wanted for an operand, the call runs as
+    ``torch.ops.triton_tuner.linear`` (same kernels, with a backward)."""
+    try:
+        fits = bias.dtype is a.dtype and bias.shape == b.shape[1:]
+    except AttributeError:
+        fits = False  # not tensors: the checks below say so
+    if not fits:
+        _check("matmul_bias", a, b, 1)
+        _check_bias(a, b, bias)
+    if a.requires_grad or b.requires_grad or bias.requires_grad:
+        if torch.is_grad_enabled():
+            from . import ops  # imported here: ops imports the package, which imports this module first
+            return ops.linear(a, b.t(), bias)
     native = _NATIVE.try_addmm
     if native is not None:  # an addmm signature, served from C++ (kernels/_native.py)
         c = native(a, b, bias)
@@ -601,7 +636,12 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
 
 
 def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch, with the config tuned for this problem."""
+    """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch, with the config tuned for this problem. Where a
+    gradient is wanted for A or B, the call runs as ``torch.ops.triton_tuner.gated_matmul`` (with a backward)."""
+    if getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False):
+        if torch.is_grad_enabled():
+            from . import ops  # imported here, as in matmul_bias
+            return ops.gated_matmul(a, b)
     native = _NATIVE.try_gated
     if native is not None:  # a Triton signature handed over to C++ (kernels/_native.py)
         c = native(a, b)

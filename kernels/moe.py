@@ -245,11 +245,24 @@ def moe_matmul_with(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: t
 
 def launch(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
            out: torch.Tensor | None = None) -> torch.Tensor:
-    """``config`` on checked operands; the baseline (which may read offsets on the host) for cuBLAS."""
+    """``config`` on checked operands; the baseline (which may read offsets on the host) for cuBLAS. As the
+    kernel, the baseline leaves ``out``'s rows at or past the last end row as they were."""
     if not is_baseline(config):
         return run_checked(config, x, w, offsets, out)
     result = baseline((x, w, offsets))
-    return result if out is None else out.copy_(result)
+    if out is None:
+        return result
+    # The baseline's own rows past the end are not ours to copy: a mask on the device (no host sync).
+    return out.copy_(torch.where(_routed(x, offsets)[:, None], result, out))
+
+
+def _routed(x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """[T] bool: whether each row of x lies before the last end row (as ``_ends`` clamps: the largest offset),
+    computed on the device."""
+    rows = torch.arange(x.shape[0], device=x.device)
+    if offsets.numel() == 0:
+        return rows < 0
+    return rows < offsets.max().to(device=x.device)
 
 
 # --------------------------------------------------------------------------------------- the rest of the spec
@@ -336,7 +349,8 @@ def baseline(inputs: tuple) -> torch.Tensor:
     x, w, offsets = inputs[:3]
     if x.is_cuda and x.dtype == torch.bfloat16 and w.stride(1) == 1 and hasattr(torch, "_grouped_mm"):
         return torch._grouped_mm(x, w, offs=offsets if offsets.dtype == torch.int32 else offsets.to(torch.int32))
-    out = torch.empty((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device)
+    # Zeros, not empty: rows past the last end row read 0 (this loop has read the offsets on the host anyway).
+    out = torch.zeros((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device)
     start = 0
     for e, end in enumerate(_ends(inputs)):
         if end > start:

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _torch_module
 
 from . import ops
 
@@ -50,12 +51,15 @@ class Linear(nn.Linear):
         if type(weight) is not nn.Parameter:
             return None
         kept = self.__dict__.get("_kept_t")
+        # New data may keep the address (``weight.data = weight.data[:2]``, a transposed square weight):
+        # its shape and strides tell it apart.
         if kept is not None and kept[0] is weight and kept[1].data_ptr() == weight.data_ptr() \
-                and kept[1].dtype is weight.dtype:
+                and kept[1].dtype is weight.dtype and kept[2] == weight.shape and kept[3] == weight.stride():
             return kept[1]
         with torch.no_grad():  # the direct path's view (no gradient is wanted there)
             weight_t = weight.t()
-        self.__dict__["_kept_t"] = (weight, weight_t)  # not Module.__setattr__: no parameter bookkeeping
+        # not Module.__setattr__: no parameter bookkeeping
+        self.__dict__["_kept_t"] = (weight, weight_t, weight.shape, weight.stride())
         return weight_t
 
     def _apply(self, fn, recurse: bool = True):  # .to(), .half(), .cpu(): the kept view would pin the old data
@@ -132,7 +136,8 @@ _CONVENTIONS = (
 class _Joint(NamedTuple):
     """Weights (and biases) whose data share one storage, and the views a fused call runs on."""
     params: tuple[torch.Tensor, ...]  # the Parameter objects it was made from: another object means stale
-    ptrs: tuple[int, ...]  # their data's addresses then: another address (new .data) means stale too
+    # their data's (address, shape, strides) then: another (new .data, even at the same address) means stale too
+    ptrs: tuple[tuple[int, torch.Size, tuple[int, ...]], ...]
     weight: torch.Tensor  # [N_1 + N_2 + ..., K], each weight a view of its rows
     weight_t: torch.Tensor
     bias: torch.Tensor | None
@@ -143,7 +148,12 @@ def _holds(joint: _Joint | None, params: tuple[torch.Tensor, ...]) -> bool:
     the same data (asked in eager calls only: data_ptr() would break the graph)."""
     return joint is not None and len(joint.params) == len(params) and \
         all(a is b for a, b in zip(joint.params, params)) and \
-        (torch.compiler.is_compiling() or all(p.data_ptr() == ptr for p, ptr in zip(params, joint.ptrs)))
+        (torch.compiler.is_compiling() or all(_layout(p) == seen for p, seen in zip(params, joint.ptrs)))
+
+
+def _layout(p: torch.Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
+    """Where ``p``'s data lies and how: what a joint view of it stays right for."""
+    return p.data_ptr(), p.shape, p.stride()
 
 
 def _may_stack(first: torch.Tensor) -> bool:
@@ -157,8 +167,9 @@ def _may_stack(first: torch.Tensor) -> bool:
 def _joint_of(weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor, ...] = ()) -> _Joint:
     """The weights (and biases) moved into one storage each (``_join``), with their views."""
     weight = _join(weights)
+    bias = _join(biases) if biases else None  # moves the biases' data: their addresses are read after it
     params = weights + biases
-    return _Joint(params, tuple(p.data_ptr() for p in params), weight, weight.t(), _join(biases) if biases else None)
+    return _Joint(params, tuple(_layout(p) for p in params), weight, weight.t(), bias)
 
 
 class FusedMLP:
@@ -178,14 +189,19 @@ class FusedMLP:
     [2N, K] storage, so that the stacked weight is a view, not a copy. Where a gradient is wanted for those
     weights, the module's own forward runs: ``gated_matmul`` would differentiate by the stacked weight, which
     is no Parameter. A pickle or deep copy of the module is of its own class (patch it again).
+
+    The module's own forward also runs where the fused one would not be what it computes: a call with more
+    arguments than x; a training flag under which the check did not hold (a dropout after the product: the
+    check runs in both modes); gate or up Linears replaced since patch (an adapter), or with hooks of their
+    own or global module hooks (the fused call would skip them).
     """
 
     _unfused: type  # the module's own class
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight_t = self._stacked_weight_t()
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        weight_t = None if args or kwargs else self._stacked_weight_t()
         if weight_t is None:
-            return self._unfused.forward(self, x)
+            return self._unfused.forward(self, x, *args, **kwargs)
         rows = x.reshape(-1, x.shape[-1])
         h = ops.gated_matmul_call(rows, weight_t)
         return self._modules[self.__dict__["_gated_names"].down](h.reshape(*x.shape[:-1], h.shape[-1]))
@@ -193,6 +209,9 @@ class FusedMLP:
     def _stacked_weight_t(self) -> torch.Tensor | None:
         """[Wg Wu]^T, or None where the module's own forward must run. Read through the dicts, not attribute
         access: nn.Module.__getattr__ cost about 0.5 us per name (timeit on the CPU machine, 2026-11-26)."""
+        state = self.__dict__
+        if self.training not in state["_fused_modes"] or not _children_as_checked(self, state["_gated_kept"]):
+            return None
         gate, up = _gate_and_up(self)
         if gate is None or (gate.requires_grad and torch.is_grad_enabled()):
             return None  # a parametrization added since, or a gradient wanted for the weights
@@ -225,7 +244,25 @@ class FusedMLP:
         return _new_module, (type(self)._unfused,), state
 
 
-_FUSED_STATE = ("_stacked", "_gated_names")  # what a FusedMLP keeps in its __dict__
+_FUSED_STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes")  # what a FusedMLP keeps in its __dict__
+
+# torch's global module hooks (nn.modules.module.register_module_forward_hook ...): dicts changed in place.
+_GLOBAL_HOOKS = (_torch_module._global_forward_pre_hooks, _torch_module._global_forward_hooks,
+                 _torch_module._global_backward_pre_hooks, _torch_module._global_backward_hooks)
+
+
+def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, nn.Module], ...]) -> bool:
+    """Whether the gate and up Linears are the objects the check ran on, still plain Linears, with no hook
+    of their own and no global module hook: a fused call skips their forward, which hooks must see."""
+    first, second, third, fourth = _GLOBAL_HOOKS
+    if first or second or third or fourth:
+        return False
+    modules = module._modules
+    for name, child in kept:
+        if modules.get(name) is not child or type(child) not in _PLAIN_LINEARS or child._forward_hooks or \
+                child._forward_pre_hooks or child._backward_hooks or child._backward_pre_hooks:
+            return False
+    return True
 
 
 def _new_module(cls: type) -> nn.Module:
@@ -283,10 +320,13 @@ def _join(params: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return joint
 
 
+_PLAIN_LINEARS = (nn.Linear, Linear)
+
+
 def _linear_child(module: nn.Module, name: str, bias_allowed: bool) -> nn.Module | None:
     """``module``'s child ``name`` where it is a plain (or patched) Linear with a weight of its own to share."""
     child = module._modules.get(name)
-    if type(child) not in (nn.Linear, Linear) or (child.bias is not None and not bias_allowed):
+    if type(child) not in _PLAIN_LINEARS or (child.bias is not None and not bias_allowed):
         return None
     weight = child._parameters.get("weight")  # a parametrized weight is computed: no storage to share
     # A tensor subclass (a DTensor shard, a quantized tensor) has no plain storage to stack into.
@@ -318,6 +358,27 @@ def _gated_children(module: nn.Module) -> tuple[_Names, tuple[nn.Module, ...]] |
 _CHECK_ROWS = 2
 
 
+def _fused_modes(module: nn.Module, names: _Names, children: tuple[nn.Module, ...]) -> frozenset[bool]:
+    """The training flags (False: eval, True: train) under which ``module``'s own forward gives the gated
+    MLP's formula (``_computes_gated_mlp``): a dropout after the product holds in eval mode only. The flags
+    of ``module`` and its submodules are set directly (no ``train()`` override runs) and restored, and the
+    caller's random streams are left as they were (a train-mode dropout draws from them)."""
+    flags = [(m, m.training) for m in module.modules()]
+    device = children[0].weight.device
+    modes = []
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            for mode in (False, True):
+                for m, _ in flags:
+                    m.training = mode
+                if _computes_gated_mlp(module, names, children):
+                    modes.append(mode)
+    finally:
+        for m, flag in flags:
+            m.training = flag
+    return frozenset(modes)
+
+
 def _computes_gated_mlp(module: nn.Module, names: _Names, children: tuple[nn.Module, ...]) -> bool:
     """Whether ``module``'s own forward gives ``down(silu(gate(x)) * up(x))`` on random rows (drawn from a
     generator of its own: the caller's random stream is left as it was)."""
@@ -347,11 +408,15 @@ def _fuse(module: nn.Module) -> bool:
     if isinstance(module, FusedMLP):
         return True
     found = _gated_children(module)
-    if found is None or not _computes_gated_mlp(module, *found):
+    modes = frozenset() if found is None else _fused_modes(module, *found)
+    if not modes:
         return False
     names, children = found
     module.__class__ = _fused_class(type(module))
     module.__dict__["_gated_names"] = names
+    module.__dict__["_fused_modes"] = modes
+    module.__dict__["_gated_kept"] = tuple((name, module._modules[name]) for name in (names.gate, names.up)
+                                           if name is not None)
     if names.up is not None:
         module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
     return True
@@ -372,9 +437,12 @@ _SHARED_INPUT_NAMES = (
 
 class _Pending(NamedTuple):
     input: torch.Tensor  # held until every member has had its columns
-    version: int  # the input's version counter then (0 under torch.compile, which cannot read it)
+    # the input's version counter then; None under torch.compile (Dynamo cannot read it) and for an inference
+    # tensor (inference_mode's: it has none), where the input's identity alone is asked
+    version: int | None
     output: torch.Tensor  # [..., N_1 + N_2 + ...]
     waiting: int  # a bit per member that has not had its columns
+    grad: bool  # grad mode then: a member called under the other one runs its own GEMM
 
 
 class SharedInput:
@@ -410,15 +478,17 @@ class SharedInput:
     def columns(self, slot: int, x: torch.Tensor) -> torch.Tensor | None:
         """Member ``slot``'s product with ``x``, or None where it must run its own GEMM."""
         compiling = torch.compiler.is_compiling()
+        grad = torch.is_grad_enabled()
         # One read of one attribute: a thread that calls the same module meanwhile replaces the whole tuple,
         # so what is read here is one input's product, never another's (at worst the group stops fusing).
         pending = self.pending
         if pending is not None:
-            if pending.input is x and (compiling or pending.version == x._version):
+            if pending.input is x and (compiling or pending.version is None or pending.version == x._version):
                 waiting = pending.waiting & ~(1 << slot)
                 self.pending = pending._replace(waiting=waiting) if waiting else None
-                start, width = self.bounds[slot]
-                return pending.output.narrow(-1, start, width)
+                if pending.grad is not grad:  # made without a graph, wanted with one (or the reverse)
+                    return None
+                return self._handed_out(pending.output, slot)
             # Another input while a member still waits: this model does not call them all on one input.
             self.pending = None
             self.fusing = False
@@ -435,10 +505,16 @@ class SharedInput:
         output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
         if x.dim() != 2:
             output = output.reshape(*x.shape[:-1], output.shape[-1])
-        self.pending = _Pending(x, 0 if compiling else x._version, output,
-                                ((1 << len(self.members)) - 1) & ~(1 << slot))
+        self.pending = _Pending(x, None if compiling or x.is_inference() else x._version, output,
+                                ((1 << len(self.members)) - 1) & ~(1 << slot), grad)
+        return self._handed_out(output, slot)
+
+    def _handed_out(self, output: torch.Tensor, slot: int) -> torch.Tensor:
+        """Member ``slot``'s columns of the stacked output: a view, or a copy where autograd records it. Views
+        of one output share its version counter: an in-place write into v would fail q's and k's backward."""
         start, width = self.bounds[slot]
-        return output.narrow(-1, start, width)
+        columns = output.narrow(-1, start, width)
+        return columns.clone() if output.requires_grad else columns
 
     def _weight_t(self, weight: torch.Tensor) -> torch.Tensor:
         return self.joint.weight_t

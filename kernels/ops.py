@@ -401,10 +401,11 @@ _forward_ad = torch.autograd.forward_ad
 
 def _torch_only(x: torch.Tensor) -> bool:
     """Whether a call must run in torch, not on our kernels: a dtype they do not take (float64: torch
-    computes it, where we would refuse), or, in eager code, a torch.func transform (vmap, grad, jvp, ...)
+    computes it, where we would refuse), a device they do not run on (meta: shapes only, as a model built
+    there is; another backend), or, in eager code, a torch.func transform (vmap, grad, jvp, ...)
     or forward-mode AD. Our operators have a backward only: under jvp torch would give a zero tangent
     without a word, and grad or vmap would fail inside the operator."""
-    if x.dtype not in _KERNEL_DTYPES:
+    if x.dtype not in _KERNEL_DTYPES or not (x.is_cuda or x.is_cpu):
         return True
     if torch._C._functorch.peek_interpreter_stack() is None and _forward_ad._current_level < 0:
         return False  # the common case, asked first: two reads
@@ -423,8 +424,11 @@ def _autocast(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
 
 
 def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
-    """``moe_matmul``, direct where ``_direct`` allows."""
-    return _moe_matmul(x, w, offsets, all_rows) if _direct(x, w, offsets) else moe_matmul(x, w, offsets, all_rows)
+    """``moe_matmul``, direct where ``_direct`` allows; the operator (its fake: shapes only) on the meta
+    device or another the kernels do not run on."""
+    if _direct(x, w, offsets) and (x.is_cuda or x.is_cpu):
+        return _moe_matmul(x, w, offsets, all_rows)
+    return moe_matmul(x, w, offsets, all_rows)
 
 
 # ------------------------------------------------------------------------------------------------ capture
