@@ -7,6 +7,7 @@ database (``TUNER_DB`` or the default SQLite file, read only) and the tables shi
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -58,6 +59,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     Where the two modes run the same plan (most signatures), the mode is not even asked: the capture
     check is a CUDA runtime query. b's dtype and device are not in the key (each costs host time on
     every call): a plan checks them itself, and torch.mm (a cuBLAS plan) refuses a mismatch.
+    An operand that requires grad, in grad mode, takes ``kernels.ops.matmul`` (a tuned backward) whichever
+    config won; with ``out=`` such a call raises, as torch.matmul's does.
     """
     fast = _FAST.cublas_everywhere
     if fast is None:
@@ -80,6 +83,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
             return c
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
+        # A Triton plan records no autograd graph: such a call takes the operator with a backward. Here,
+        # after the C++ attempt (which declines these calls), so that its fast path pays nothing.
+        if (a.requires_grad or b.requires_grad) and _GRAD_ENABLED():
+            return _matmul_with_grad(a, b, out)
     except (AttributeError, TypeError):
         check_operands(a, b)  # not tensors: raises the TypeError that says so
         raise
@@ -103,9 +110,24 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     return _plans.with_out(plan, a, b, out)
 
 
+def _matmul_with_grad(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A call autograd must record: through ``ops.matmul``, whose backward is two tuned GEMMs. Its body
+    calls ``matmul`` again with grad mode off (inside an autograd function), so this does not recurse."""
+    if out is not None:
+        raise RuntimeError(_OUT_WITH_GRAD.format(name="matmul"))
+    check_operands(a, b)
+    return ops.matmul(a, b)  # looked up per call: ops is imported at the bottom of this module
+
+
+_OUT_WITH_GRAD = ("kernels.{name}(..., out=...) does not support automatic differentiation, but an operand "
+                  "requires grad; call it under torch.no_grad() or on detached operands, or drop out=")
+_GRAD_ENABLED = torch.is_grad_enabled
+
+
 def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.ModePlans:
     """The first call of a signature: check, resolve each mode's config, build and keep the plans."""
     check_operands(a, b)
+    resolved_in = _plans.generation()  # before resolving: a clear meanwhile makes these plans stale
     if a.device.type == "cpu" and not _INTERPRETED:
         configs = {mode: BASELINE for mode in MODES}  # no Triton on the CPU unless the interpreter is on
     else:
@@ -113,17 +135,18 @@ def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.ModePla
         configs = {mode: DISPATCHER.resolve(key + (mode,), MATMUL, problem, device, mode) for mode in MODES}
         if _REC.on:
             _REC.seen(key, MATMUL.name, problem, device)
-    return _plans.put(key, _plans.plans_for(configs, a, b))
+    return _plans.put(key, _plans.plans_for(configs, a, b), resolved_in)
 
 
 def _learn_cublas_everywhere() -> bool:
     """Whether every matmul of this process goes to cuBLAS (kernels/_plans.py ``_Fast``); remembered
     until the next ``clear_cache``."""
+    resolved_in = _plans.generation()  # a clear while the tables are read makes this answer stale
     fast = not (_INTERPRETED or _REC.on or _FAST.pins) and not any(
         DISPATCHER.has_records(current_device(torch.device("cuda", index)), MATMUL)
         for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0))
     with _plans._LOCK:
-        if not _FAST.pins:
+        if not _FAST.pins and resolved_in == _plans.generation():
             _FAST.cublas_everywhere = fast
     if fast and torch.cuda.is_available() and _native.NATIVE.state == "idle":
         _native.start()  # in the background: no plan is put meanwhile, so nothing else would start it
@@ -144,8 +167,12 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
 
     A repeated call with the same operands (same addresses, shapes and strides) finds its config,
     pointer table and output layout in one lookup; new operands pay one checked pass to build them.
+    It has no backward: an operand that requires grad, in grad mode, raises (use torch.no_grad()).
     """
     pairs = grouped.signature(As, Bs)
+    if pairs is not None and _GRAD_ENABLED() and (any(map(_WANTS_GRAD, As)) or any(map(_WANTS_GRAD, Bs))):
+        raise RuntimeError("kernels.grouped_matmul has no backward, but an operand requires grad; call it under "
+                           "torch.no_grad() or on detached tensors (A.detach()), or use kernels.matmul per pair")
     mode = _modes.current(pairs is not None and As[0].is_cuda)
     launch = grouped.CALLS.get((pairs, mode), _MISSING) if pairs is not None else _MISSING
     if launch is _MISSING:
@@ -171,6 +198,7 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
 
 
 _MISSING = object()
+_WANTS_GRAD = operator.attrgetter("requires_grad")
 
 
 def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
@@ -180,10 +208,16 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     ``x`` [T, K] holds the tokens sorted by expert, ``w`` [E, K, N] the experts (``w_nk.transpose(1, 2)``
     for weights stored [E, N, K]), ``offsets`` [E] int32 the running end rows, on the device (as for
     ``torch._grouped_mm``). Rows at or past ``offsets[-1]`` are not written. The host never reads
-    ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU.
+    ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU. Operands that require grad, in
+    grad mode, take ``kernels.ops.moe_matmul`` (a tuned backward; it zeroes the rows past ``offsets[-1]``).
     """
     if not moe.operands_ok(x, w, offsets):
         moe.check_operands(x, w, offsets)
+    if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph
+        if out is not None:
+            raise RuntimeError(_OUT_WITH_GRAD.format(name="moe_matmul"))
+        # The operator with a backward; it zeroes the rows at or past offsets[-1], which this leaves unwritten.
+        return ops.moe_matmul(x, w, offsets)
     if x.device.type == "cpu" and not _INTERPRETED:
         return moe.launch(BASELINE, x, w, offsets, out)
     key = moe.dispatch_key(x, w, _modes.current(x.is_cuda))
@@ -233,9 +267,12 @@ def clear_cache() -> None:
 def recording(url: str | None = None) -> Iterator[None]:
     """Record mode inside the block: note each problem dispatched, with call counts, into ``url`` (None:
     the database dispatch reads, see ``use_database``); written in the background and when the block ends.
-    (``TUNER_RECORD=1`` records the whole process instead.)"""
-    clear_cache()  # signatures resolved before now must miss once, so that record mode learns them
+    (``TUNER_RECORD=1`` records the whole process instead; blocks nest: at the end of one, an enclosing
+    block or that process-wide recording goes on, into its own database.)"""
+    # Recording first, then the clear: a call from another thread in between would otherwise resolve its
+    # signature unrecorded, and its counts could never be written (no ``seen`` for its key).
     _REC.start(url if url is not None else DISPATCHER.url)
+    clear_cache()  # signatures resolved before now must miss once, so that record mode learns them
     try:
         yield
     finally:
@@ -261,8 +298,9 @@ def refresh_every(ttl_s: float | None) -> None:
 
 if env_wants_recording():
     _REC.start()
-if env_ttl_s():
-    refresh_every(env_ttl_s())
+_ENV_TTL_S = env_ttl_s()  # read once: an invalid value warns once
+if _ENV_TTL_S is not None:
+    refresh_every(_ENV_TTL_S)
 
 
 # The PyTorch integration (issue 13): fused epilogues, custom operators (registered on import), autograd, nn.

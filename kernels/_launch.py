@@ -202,7 +202,19 @@ class DirectLaunch:
         self.launch_triton(*args)
 
     def launch_triton(self, *args: Any) -> None:
-        """Launch on Triton's own path (binding, specializing, hooks), adopting the compiled kernel."""
+        """Launch on Triton's own path (binding, specializing, hooks), adopting the compiled kernel.
+
+        Triton launches on the current device, not the operands': where the first operand lives on
+        another GPU, that GPU is made current for the launch (and the adoption, which notes the device)."""
+        first = getattr(args[0], "base", args[0]) if args else None  # a TMA launch's TensorDescriptor: its tensor
+        index = first.get_device() if isinstance(first, torch.Tensor) else -1
+        if index >= 0 and index != _current_device():
+            with torch.cuda.device(index):
+                self._launch_triton(args)
+        else:
+            self._launch_triton(args)
+
+    def _launch_triton(self, args: tuple) -> None:
         result = self.kernel[self.grid](*args, **self.options)
         if self._compiled is None:
             self._adopt(result, len(args))

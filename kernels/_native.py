@@ -22,8 +22,12 @@ torch.matmul's host time on the H100 box (docs/BENCHMARKS.md, "Fifteenth session
 call pays torch's dispatcher and cuBLAS's heuristics. Another stream, a capture, a forced graph mode where
 the graph plan differs, a misaligned operand or a failed launch: the Python path serves the call.
 
-The extension is built the first time a GPU process puts a cuBLAS plan, in a daemon thread, with
-torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
+The extension is built in a daemon thread the first time a GPU process has something for it to serve:
+a cuBLAS plan put (``remember``), a tiled, split-K or repack eager plan put (kernels/_plans.py ``_mirror``),
+a ``kernels.matmul_bias`` signature sent to ``torch.addmm`` or an epilogue launch handed over
+(``remember_addmm``, ``remember_epilogue_launch``), or ``kernels.matmul`` learning that no GPU of the process
+has a tuned table (kernels/__init__.py ``_learn_cublas_everywhere``: its calls then put no plan). It is built
+with torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
 ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
 cannot be built, the Python path serves every call: nothing but host time depends on it.
 ``kernels.matmul_bias`` signatures that dispatch sends to ``torch.addmm`` in every mode (an untuned or

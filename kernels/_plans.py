@@ -1,8 +1,9 @@
 """A plan per matmul call signature: what a repeated call needs, resolved once.
 
-The first call with a signature (shapes, strides, dtypes, device, dispatch mode) checks the operands,
-asks the dispatcher for the config and builds a plan; every later call is one dict lookup and the
-plan's own few steps. A plan for a tiled or split-K config allocates C and launches the compiled
+The first call with a signature (the plan key: both operands' shapes and strides, a's dtype and a's
+device; not b's dtype or device, nor the dispatch mode, ``signature``) checks the operands, asks the
+dispatcher for each mode's config and builds the plans (``ModePlans``, one per mode); every later call is
+one dict lookup and the plan's own few steps. A plan for a tiled or split-K config allocates C and launches the compiled
 kernel directly (kernels/_launch.py); a cuBLAS plan calls ``torch.mm``; the other variants go
 through their launchers. Tiled, split-K and repack plans then hand their launches to the C++ path
 (``_mirror``, kernels/_native.py), which serves the signature's eager calls on a default stream.
@@ -37,6 +38,9 @@ Plan = Any
 
 _PLANS: dict[Hashable, "ModePlans"] = {}
 _LOCK = threading.Lock()
+# Counts ``clear`` calls. A plan resolved while a clear ran (another thread's ``use_database``, the refresh
+# thread) was resolved under the old tables: ``put`` and ``pinning`` compare it to keep nothing stale.
+_GENERATION = 0
 
 
 def signature(a: torch.Tensor, b: torch.Tensor) -> tuple:
@@ -59,8 +63,17 @@ def get(key: Hashable) -> ModePlans | None:
     return _PLANS.get(key)
 
 
-def put(key: Hashable, plan: ModePlans) -> ModePlans:
+def generation() -> int:
+    """The current count of ``clear`` calls; read it before resolving what will be ``put``."""
+    return _GENERATION
+
+
+def put(key: Hashable, plan: ModePlans, resolved_in: int | None = None) -> ModePlans:
+    """Keep ``plan`` for ``key`` and return it; where a ``clear`` ran since ``generation()`` returned
+    ``resolved_in``, only return it: the call gets it, later calls resolve again under the new tables."""
     with _LOCK:
+        if resolved_in is not None and resolved_in != _GENERATION:
+            return plan
         if len(_PLANS) >= _CAPACITY:  # a workload of ever-new shapes must not grow memory for ever
             _PLANS.clear()
             _native.forget_all()
@@ -73,7 +86,9 @@ def put(key: Hashable, plan: ModePlans) -> ModePlans:
 
 
 def clear() -> None:
+    global _GENERATION
     with _LOCK:
+        _GENERATION += 1
         _PLANS.clear()
         _native.forget_all()
         FAST.cublas_everywhere = None
@@ -298,6 +313,9 @@ def with_out(plan: Plan, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) ->
     """A call with ``out=``: through the checked launcher, which checks ``out`` too."""
     gemm.check_operands(a, b)  # b's dtype and device are not in the plan's key
     if plan is _CUBLAS:
+        # torch.matmul(out=) would resize a wrong-shaped out (with a warning) or cast: refuse what a
+        # Triton plan refuses, so that whether cuBLAS won does not change which calls succeed.
+        gemm._checked_out(out, a, a.shape[0], b.shape[1])
         return gemm._run_checked(BASELINE, a, b, out)
     return plan.with_out(a, b, out)
 
@@ -352,8 +370,8 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
         plans = [ModePlans(plan, plan) for plan in (build(config, a, b) for config in configs)]
     else:
         plans = [plans_for({EAGER: config, GRAPH: graph}, a, b) for config in configs]
-    before = _PLANS.get(key)
     with _LOCK:
+        before, resolved_in = _PLANS.get(key), _GENERATION
         FAST.pins += 1
         FAST.cublas_everywhere = False  # the pinned plans must run, not torch.mm at once
     on_cuda = a.is_cuda
@@ -370,6 +388,8 @@ def pinning(configs: Sequence[Config], a: torch.Tensor, b: torch.Tensor,
         yield [functools.partial(install, plan) for plan in plans]
     finally:
         with _LOCK:
+            if resolved_in != _GENERATION:  # cleared meanwhile: ``before`` was resolved under the old tables
+                before = None
             if before is None:
                 _PLANS.pop(key, None)
             else:

@@ -6,8 +6,13 @@ On (``TUNER_RECORD=1`` in the environment, or ``with kernels.recording():``), th
 dict increment per call: ``RECORDER.counts[key] += 1`` on the call's own dispatch key. What a key
 means (device, kernel, problem) is noted once, on the dispatch cache miss that first resolves it
 (``RECORDER.seen``). A daemon thread writes the counts added since its last write every
-``TUNER_RECORD_FLUSH_S`` seconds (default 30), and once more at exit; never per call. Writes are
+``TUNER_RECORD_FLUSH_S`` seconds (default 30; a value that is not a positive, finite number of seconds
+warns and keeps the default), and once more at exit; never per call. Writes are
 upserts that add to the stored counts, so many processes may record into one database at once.
+
+Starts and stops nest: a ``with kernels.recording(url):`` block inside a process recording since import
+(``TUNER_RECORD=1``), or inside another block, records into its own ``url`` and, when it ends, gives
+the enclosing recording back its URL instead of switching recording off.
 
 Counts are read without a lock: a dict read races only with a concurrent increment of the same key,
 and the difference is written on the next flush (the recorder remembers what it has written).
@@ -23,6 +28,7 @@ from collections import defaultdict
 from collections.abc import Hashable
 
 from . import _native
+from ._refresh import env_seconds, valid_seconds
 from ._spec import DeviceInfo, Problem
 
 log = logging.getLogger(__name__)
@@ -40,7 +46,9 @@ class Recorder:
         self._problems: dict[Hashable, tuple[str, str, str, float]] = {}  # key -> device, kernel, problem, flops
         self._written: dict[Hashable, int] = {}
         self._lock = threading.Lock()  # one flush at a time
+        self._nesting = threading.Lock()  # one start or stop at a time
         self._url: str | None = None
+        self._outer: list[str | None] = []  # the URL of each enclosing recording, innermost last
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._atexit = False
@@ -50,31 +58,44 @@ class Recorder:
         self._problems[key] = (device.name, kernel, problem.key, float(problem.flops))
 
     def start(self, url: str | None = None, flush_s: float | None = None) -> None:
-        """Record from now on, into ``url`` (None: TUNER_DB or the default database)."""
-        self._url = url
-        if flush_s is None:
-            flush_s = float(os.environ.get("TUNER_RECORD_FLUSH_S", DEFAULT_FLUSH_S))
-        if not self.on:
+        """Record from now on, into ``url`` (None: TUNER_DB or the default database), until the matching
+        ``stop``; inside another recording, into ``url`` until then, and into the enclosing one's after."""
+        if flush_s is not None and not valid_seconds(flush_s):
+            raise ValueError(f"flush_s={flush_s!r} must be a positive, finite number of seconds; pass e.g. 30")
+        with self._nesting:
+            if self.on:
+                if url != self._url:
+                    self.flush()  # what the enclosing recording counted so far is its own
+                self._outer.append(self._url)
+                self._url = url
+                return
+            self._url = url
             _native.suspend()  # every call must reach the count below: none served from C++
-        self.on = True
-        if not self._atexit:
-            atexit.register(self.flush)
-            self._atexit = True
-        if self._thread is None or not self._thread.is_alive():
-            self._wake.clear()
-            self._thread = threading.Thread(target=self._run, args=(flush_s,), daemon=True, name="tuner-record")
-            self._thread.start()
+            self.on = True
+            if not self._atexit:
+                atexit.register(self.flush)
+                self._atexit = True
+            if self._thread is None or not self._thread.is_alive():
+                self._wake.clear()
+                self._thread = threading.Thread(target=self._run, args=(flush_s or env_flush_s(),), daemon=True,
+                                                name="tuner-record")
+                self._thread.start()
 
     def stop(self) -> None:
-        """Stop recording and write what is left."""
-        if self.on:
-            _native.resume()
-        self.on = False
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self.flush()
+        """End the innermost recording and write what is left; the enclosing one, if any, goes on."""
+        with self._nesting:
+            if self._outer:
+                self.flush()  # this recording's counts, into its own URL
+                self._url = self._outer.pop()
+                return
+            if self.on:
+                _native.resume()
+            self.on = False
+            self._wake.set()
+            if self._thread is not None:
+                self._thread.join()
+                self._thread = None
+            self.flush()
 
     def _run(self, flush_s: float) -> None:
         while not self._wake.wait(flush_s):
@@ -115,6 +136,12 @@ def _write(url: str | None, delta: dict) -> None:
 
 
 RECORDER = Recorder()
+
+
+def env_flush_s() -> float:
+    """``TUNER_RECORD_FLUSH_S``, or DEFAULT_FLUSH_S where it is unset or invalid (with a warning)."""
+    return env_seconds("TUNER_RECORD_FLUSH_S", "30", f"record mode writes every {DEFAULT_FLUSH_S:g} s") \
+        or DEFAULT_FLUSH_S
 
 
 def env_wants_recording() -> bool:
