@@ -96,6 +96,11 @@ class Recorder:
                 self._thread.join()
                 self._thread = None
             self.flush()
+            with self._lock:
+                # The recording is over: what it could not write (its database unwritable, or a call whose
+                # problem it never saw resolved) is not the next recording's, whose database may be another.
+                self.counts.clear()
+                self._written.clear()
 
     def _run(self, flush_s: float) -> None:
         while not self._wake.wait(flush_s):

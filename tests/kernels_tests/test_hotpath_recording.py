@@ -118,3 +118,20 @@ def test_recorder_start_refuses_a_flush_period_that_is_not_a_positive_finite_num
         with pytest.raises(ValueError, match="flush_s=.*e.g. 30"):
             RECORDER.start(flush_s=flush_s)
     assert not RECORDER.on
+
+
+def test_a_new_recording_writes_none_of_an_earlier_ones_unwritten_counts(tmp_path: Path) -> None:
+    """Calls an ended recording counted but never wrote (here: a problem it never saw resolved, as a CPU call
+    with no interpreter) are not written into the next recording's database. Found when this file ran after
+    tests/kernels_tests/test_dispatch.py's record-mode test: 2 of its calls landed in this file's database."""
+    key = ("a signature", "nobody resolved while the first recording ran")
+    first, second = tmp_path / "first.db", tmp_path / "second.db"
+    RECORDER.start(f"sqlite:///{first}")
+    RECORDER.counts[key] += 2
+    RECORDER.stop()
+    RECORDER.start(f"sqlite:///{second}")
+    RECORDER.seen(key, "matmul", kernels.Problem.from_key("matmul", KEY), kernels.current_device(torch.device(DEVICE)))
+    RECORDER.counts[key] += 1
+    RECORDER.stop()
+    assert _recorded(first) == []
+    assert _recorded(second) == [(KEY, 1)]
