@@ -96,6 +96,16 @@ class WorkerInfo:
     heartbeat_at: datetime
 
 
+def _lease_ran_out(model: JobModel, now: datetime) -> bool:
+    return model.state == RUNNING and (model.lease_until is None or model.lease_until < now)
+
+
+def _set_spec(model: JobModel, spec: JobSpec) -> None:
+    """What the job is asked to do: its budget, options and priority (not its state or its study)."""
+    model.budget_trials, model.budget_seconds = spec.budget_trials, spec.budget_seconds
+    model.options, model.priority = json.dumps(spec.options, sort_keys=True), spec.priority
+
+
 class JobQueue:
     """The job queue of one database. Writing needs a writable ``Store`` (whose first write migrates the
     schema); reading works on a read-only one too, and a database without the fleet's tables (one from
@@ -132,9 +142,12 @@ class JobQueue:
     # Producers ----------------------------------------------------------------------------------
 
     def enqueue(self, specs: Sequence[JobSpec], *, again: bool = True) -> list[int]:
-        """Queue each spec; returns the job ids in order. A job already queued or running stays as it
-        is; a done or failed one is queued again when ``again`` (its study resumes, so trials already
-        measured count towards the new budget)."""
+        """Queue each spec; returns the job ids in order. A job already queued takes the new budget,
+        options and priority (its study and trials stay), as does a running one whose lease ran out (it
+        stays running until the next claim hands it on, so a lost worker still counts against
+        ``MAX_ATTEMPTS``); a running job under a live lease is left as it is (its worker tunes to the
+        old budget; compare ``jobs()`` with the specs to tell). A done or failed one is queued again when
+        ``again`` (its study resumes, so trials already measured count towards the new budget)."""
 
         def work(session: Session) -> list[int]:
             ids = []
@@ -147,11 +160,18 @@ class JobQueue:
                     model = JobModel(problem_hash=key, device_name=spec.device_name, kernel=spec.kernel,
                                      problem_key=spec.problem_key, state=QUEUED, attempts=0, created_at=now)
                     session.add(model)
-                elif model.state in (QUEUED, RUNNING) or not again:
+                elif model.state == QUEUED or _lease_ran_out(model, now):
+                    if again:
+                        _set_spec(model, spec)
                     ids.append(model.id)
                     continue
-                model.budget_trials, model.budget_seconds = spec.budget_trials, spec.budget_seconds
-                model.options, model.priority = json.dumps(spec.options, sort_keys=True), spec.priority
+                elif model.state == RUNNING or not again:
+                    if model.state == RUNNING:
+                        _logger.info("job %d (%s) is running on %s under a live lease; it keeps its budget "
+                                     "and options", model.id, model.problem_key, model.worker)
+                    ids.append(model.id)
+                    continue
+                _set_spec(model, spec)
                 model.state, model.worker, model.lease_until, model.attempts = QUEUED, None, None, 0
                 model.error, model.started_at, model.finished_at = None, None, None
                 session.flush()

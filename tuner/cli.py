@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = with_db(sub.add_parser("search", help="tune problems and store the winners"))
     s.add_argument("--device", default="auto",
                    help="alias (h100), canonical name, 'auto' (this GPU, or cpu without one) or 'cpu'")
-    s.add_argument("--kernel", default="matmul", help="kernel family: matmul, grouped_matmul or moe_matmul")
+    s.add_argument("--kernel", default=None,
+                   help="kernel family: matmul (default), grouped_matmul or moe_matmul")
     s.add_argument("--dtype", action="append", help="fp16, bf16 or fp32 (repeatable; default fp16)")
     s.add_argument("--layout", action="append",
                    help="operand layout, A then B: nn (row-major) or nt (B = w.t()); repeatable; default nn")

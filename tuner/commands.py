@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 
 import optuna
 
 import kernels
 from db import Record, Store, StoreError, export_records, load_document
-from db._plausible import MAX_DIM, MAX_GEMMS
 from db.store import check_on_conflict
 
 from . import suites
 from .cli import UserError
-from .search import SAMPLERS, Budget, Progress, SearchStats
+from .search import SAMPLERS, Budget, Progress, SearchStats, make_sampler
 from . import fleet_commands
 from .fleet import WorkerHooks
-from .fleet_commands import problems_from_file, recorded_problems, search_through_queue
+from .fleet_commands import (check_size, gpu_list, lease_seconds, problems_from_file, recorded_problems,
+                             search_through_queue)
 from .workers import CheckPool
 from db.queue import Job
 
@@ -36,12 +37,17 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kernels.Problem]:
-    spec = kernels.get_kernel(args.kernel)
+    spec = kernels.get_kernel(args.kernel or "matmul")
     if getattr(args, "corpus", None):
         if spec.name != "matmul" or args.shape or args.layout:
             raise UserError("--corpus names matmul problems of its own (layout nt); drop --kernel, --shape and --layout")
         from .corpus import corpus_problems
-        return [p for p in corpus_problems(args.corpus) if not args.dtype or p.dtype in args.dtype]
+        found = corpus_problems(args.corpus)
+        chosen = [p for p in found if not args.dtype or p.dtype in args.dtype]
+        if not chosen:
+            raise UserError(f"--corpus {args.corpus} has no problem of --dtype {', '.join(args.dtype)}; its dtypes "
+                            f"are {', '.join(sorted({p.dtype for p in found})) or 'none'}")
+        return chosen
     dtypes = args.dtype or ["fp16"]
     layouts = args.layout or ["nn"]
     if args.shape:
@@ -64,41 +70,60 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
                             f"--layout one of nn, nt, tn, tt; got {key!r}") from None
         try:
             spec.check_problem(problem)
+            check_size(problem)
         except ValueError as exc:
-            raise UserError(str(exc)) from None
-        if max(max(shape) for shape in problem.shapes) > MAX_DIM or len(problem.shapes) > MAX_GEMMS:
-            raise UserError(f"--shape {_short_key(text, len(problem.shapes))!r} is beyond the sizes a record may "
-                            f"hold (each of M, N, K up to {MAX_DIM}, up to {MAX_GEMMS} GEMMs)")
-        if problem.flops == 0:
-            raise UserError(f"--shape {text!r} has no work (every GEMM has a zero M, N or K): nothing to "
-                            "tune; give sizes >= 1, e.g. --shape 16x4096x4096")
+            raise UserError(f"--shape {_short_key(text, len(problem.shapes))}: {exc}") from None
         problems.append(problem)
     return problems
 
 
-def cmd_search(args: argparse.Namespace) -> int:
+def _check_search_args(args: argparse.Namespace) -> Budget:
+    """Every flag of ``search`` that can be checked alone, before anything is opened; returns the budget."""
     if args.sampler not in SAMPLERS:
         raise UserError(f"--sampler {args.sampler} is not one of {', '.join(SAMPLERS)}")
+    if args.seed is not None and not 0 <= args.seed < 2 ** 32:
+        raise UserError(f"--seed {args.seed} must be an integer from 0 to {2 ** 32 - 1}")
+    try:
+        make_sampler(args.sampler, args.seed)  # a sampler's missing package, before any problem is queued
+    except (ValueError, ImportError) as exc:
+        raise UserError(str(exc) if str(exc).startswith("--sampler") else f"--sampler {args.sampler}: {exc}") from None
     if args.trials < 1:
         raise UserError(f"--trials {args.trials} must be at least 1")
+    if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UserError(f"--timeout {args.timeout:g} must be a finite number of seconds above 0 "
+                        "(leave it out for no time limit)")
     if args.ahead < 1:
         raise UserError(f"--ahead {args.ahead} must be at least 1")
     if args.eager_passes < 1:
         raise UserError(f"--eager-passes {args.eager_passes} must be at least 1 (the deciding contest counts)")
-    budget = parse_budget(args.budget) if args.budget else Budget(args.trials, args.timeout)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
-    spec = kernels.get_kernel(args.kernel)
+    lease_seconds(args)
+    chooser = "--recorded" if args.recorded else "--problems" if args.problems else None
     if args.recorded and args.problems:
         raise UserError("--recorded and --problems each name the problems to tune; pass one of them")
+    given = [flag for flag, value in (("--shape", args.shape), ("--corpus", args.corpus), ("--kernel", args.kernel),
+                                      ("--dtype", args.dtype), ("--layout", args.layout)) if value]
+    if chooser and given:
+        raise UserError(f"{chooser} names the problems to tune, and {', '.join(given)} would be ignored; "
+                        f"drop {' and '.join(given)} or {chooser}")
+    gpu_list(args)
+    return parse_budget(args.budget) if args.budget else Budget(args.trials, args.timeout)
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    budget = _check_search_args(args)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
+    spec = kernels.get_kernel(args.kernel or "matmul")
     # Named problems are checked before the database is opened: a typo creates no file.
-    named = None if args.recorded else (problems_from_file(args.problems) if args.problems
-                                        else (_problems(args, device), None))
+    named = (problems_from_file(args.problems) if args.problems
+             else _recorded(args.db, device) if args.recorded else (_problems(args, device), None))
+    if not named[0]:
+        return 0
     pool = None if device.is_cpu or args.workers == 0 or args.gpus else CheckPool(args.workers or None)
     if pool:
         pool.start()  # the workers import torch and triton while the database and study open
     with _open_store(args.db) as store:
-        problems, priorities = named or _recorded(store, device)
+        problems, priorities = named
         kinds = sorted({p.kernel for p in problems})
         print(f"tuning {len(problems)} {'/'.join(kinds) or spec.name} problem(s) on {device.name} ({device.alias}) "
               f"into {store.url}")
@@ -124,8 +149,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recorded(store: Store, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
-    problems, priorities = recorded_problems(store, device)
+def _recorded(url: str | None, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
+    """What record mode left untuned, read without creating the database (nothing to tune creates nothing)."""
+    try:
+        with Store(url, create=False) as store:
+            problems, priorities = recorded_problems(store, device)
+    except StoreError as exc:
+        raise UserError(str(exc)) from None
     if not problems:
         print(f"nothing recorded on {device.alias} is left untuned; record a workload with TUNER_RECORD=1")
     return problems, priorities
@@ -154,6 +184,7 @@ def _print_hooks(store: Store) -> WorkerHooks:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    lease_seconds(args)  # before the database is opened: a bad flag creates nothing
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
     pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
@@ -184,7 +215,7 @@ def parse_budget(values: list[str]) -> Budget:
             value = float(number) if text.endswith("s") else int(number)
         except ValueError:
             value = 0
-        if value <= 0:
+        if not (math.isfinite(value) and value > 0):
             raise UserError(f"--budget {text!r} must be a positive number of trials (40) or seconds (30s)")
         if text.endswith("s"):
             seconds = float(value)
@@ -278,6 +309,10 @@ def _explain_problems(args: argparse.Namespace) -> list[kernels.Problem]:
         except ValueError as exc:
             raise UserError(f"{key!r} is not a {spec.name} problem key (dtype:layout:MxNxK, e.g. "
                             f"bf16:nt:8x4096x4096): {exc}") from None
+        try:
+            check_size(problem, limits=False)  # dispatch runs any size, but a call with no work runs nothing
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         problems.append(problem)
     if args.corpus:
         from .corpus import corpus_problems
@@ -332,9 +367,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.untuned:
         return _list_untuned(args)
     with _open_reader(args.db) as store:
-        records = store.records(device=args.device, kernel=args.kernel)
+        device, kernel = _stored_selection(store, args)
+        records = store.records(device=device, kernel=kernel)
     if not records:
         print("no tuned problems" + (f" for {args.device}" if args.device else "")
+              + (f" of {args.kernel}" if args.kernel else "")
               + "; run `python -m tuner search` first")
         return 0
     graph_baseline_ms = {r.key[:3]: r.cublas_ms for r in records if r.mode == kernels.GRAPH and r.cublas_ms}
@@ -353,6 +390,29 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stored_selection(store: Store, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """--device and --kernel as the database spells them (a device by alias or canonical name, any case);
+    UserError naming the known ones where the database has no record of either."""
+    device = kernel = None
+    if args.device is not None:
+        wanted = args.device.strip().lower()
+        stored = store.devices()
+        device = next((alias for _, alias in stored if alias.lower() == wanted), None) or next(
+            (name for name, _ in stored if name.lower() == wanted), None)
+        if device is None:
+            known = ", ".join(f"{alias} ({name})" for name, alias in stored) or "none: the database has no records"
+            raise UserError(f"--device {args.device}: no records of that GPU in {store.url}; the GPUs with records: "
+                            f"{known}")
+    if args.kernel is not None:
+        stored_kernels = sorted({r.kernel for r in store.records()})
+        known = sorted(set(stored_kernels) | set(kernels.KERNELS))  # a kernel without records yet is no typo
+        kernel = next((k for k in known if k.lower() == args.kernel.strip().lower()), None)
+        if kernel is None:
+            raise UserError(f"--kernel {args.kernel}: no such kernel; the kernels: {', '.join(known)} (with records "
+                            f"in {store.url}: {', '.join(stored_kernels) or 'none'})")
+    return device, kernel
+
+
 def baseline_bound(record: Record, graph_baseline_ms: float | None) -> str:
     """What paces the baseline's call in an eager record (tuner.timing.baseline_paced_by: "host" or "gpu"),
     beside the problem's graph record's baseline time; "-" for a graph record or without the two times.
@@ -366,10 +426,11 @@ def baseline_bound(record: Record, graph_baseline_ms: float | None) -> str:
 def _list_untuned(args: argparse.Namespace) -> int:
     from db.recorded import recorded
 
+    device, kernel = (None if value is None else value.strip().lower() for value in (args.device, args.kernel))
     with _open_reader(args.db) as store:  # reads only: creates and migrates nothing
         found = [p for p in recorded(store, untuned=True)
-                 if (args.kernel is None or p.key.kernel == args.kernel)
-                 and (args.device is None or args.device in (p.key.device_name, _alias(p.key.device_name)))]
+                 if (kernel is None or p.key.kernel.lower() == kernel)
+                 and (device is None or device in (p.key.device_name.lower(), _alias(p.key.device_name).lower()))]
     if not found:
         print("no recorded problem is left untuned; record a workload with TUNER_RECORD=1")
         return 0
@@ -395,9 +456,14 @@ def _short_key(key: str, gemms: int, width: int = 48) -> str:
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _open_reader(args.db) as store:
-        count = export_records(store, args.output, device=args.device, kernel=args.kernel)
+        device, kernel = _stored_selection(store, args)
+        if not store.records(device=device, kernel=kernel):  # an empty export would replace the file
+            raise UserError(f"no record in {store.url} matches" + (f" --device {args.device}" if device else "")
+                            + (f" --kernel {args.kernel}" if kernel else "") + f"; {args.output} was not written "
+                            "(`python -m tuner list` shows what is stored)")
+        count = export_records(store, args.output, device=device, kernel=kernel)
     print(f"exported {count} record(s) to {args.output}")
-    return 0 if count else 1
+    return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:

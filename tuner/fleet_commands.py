@@ -5,6 +5,7 @@ problems from a file or from record mode, enqueueing, and working the queue off 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from datetime import datetime, timezone
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import kernels
 from db import Store
-from db.queue import DEFAULT_LEASE_S, Job, JobQueue
+from db._plausible import MAX_DIM, MAX_GEMMS
+from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 from db.recorded import recorded
 
 from .cli import UserError
@@ -21,6 +23,39 @@ from .search import Budget
 
 # How often `search --gpus` prints the queue's state while its workers run.
 STATUS_EVERY_S = 10.0
+
+
+def check_size(problem: kernels.Problem, *, limits: bool = True) -> None:
+    """ValueError where ``problem`` has no work (a zero M, N or K in every GEMM) or, with ``limits``, is
+    beyond what a record may hold: the checks every way of naming problems to tune shares."""
+    if problem.flops == 0:
+        raise ValueError(f"{problem.key!r} has no work (every GEMM has a zero M, N or K): nothing "
+                         "to tune or dispatch; give sizes >= 1, e.g. 16x4096x4096")
+    if limits and (max(max(shape) for shape in problem.shapes) > MAX_DIM or len(problem.shapes) > MAX_GEMMS):
+        raise ValueError(f"{problem.key[:60]!r} is beyond the sizes a record may hold (each of M, N, K up to "
+                         f"{MAX_DIM}, up to {MAX_GEMMS} GEMMs)")
+
+
+def lease_seconds(args: argparse.Namespace) -> float:
+    """--lease, checked (finite, > 0), or the default when not given."""
+    if args.lease is None:
+        return DEFAULT_LEASE_S
+    if not (math.isfinite(args.lease) and args.lease > 0):
+        raise UserError(f"--lease {args.lease:g}: give the seconds a claimed job stays a worker's without a "
+                        f"heartbeat, a finite number above 0 (default {DEFAULT_LEASE_S:.0f})")
+    return args.lease
+
+
+def gpu_list(args: argparse.Namespace) -> list[str] | None:
+    """--gpus as GPU indices (None without it), checked against the GPUs this host has."""
+    if not args.gpus:
+        return None
+    import torch
+
+    try:
+        return parse_gpus(args.gpus, torch.cuda.device_count())
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
@@ -46,7 +81,10 @@ def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
             spec.check_problem(problem)
             if problem.dtype not in spec.dtypes:
                 raise ValueError(f"{spec.name} does not take dtype {problem.dtype}")
+            check_size(problem)
             weight = float(fields[2]) if len(fields) == 3 else 1.0
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"weight {fields[2]} must be a finite number >= 0 (default 1)")
         except ValueError as exc:
             errors.append(f"line {number} ({line.strip()!r}): {exc}")
             continue
@@ -54,6 +92,9 @@ def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
         weights.append(weight)
     if errors:
         raise UserError(f"--problems {path} has {len(errors)} bad line(s): " + "; ".join(errors[:20]))
+    if not problems:
+        raise UserError(f"--problems {path} lists no problem; give one 'kernel dtype:layout:shape [weight]' "
+                        "per line, e.g. 'matmul bf16:nt:16x4096x4096'")
     # Weight first, then file order: the queue claims the highest priority first.
     count = len(problems)
     return problems, [w * count + (count - i) / (count + 1) for i, w in enumerate(weights)]
@@ -74,8 +115,10 @@ def search_through_queue(args: argparse.Namespace, store: Store, device: kernels
     queue = JobQueue(store)
     options = {"sampler": args.sampler, "seed": args.seed, "ahead": args.ahead, "use_shipped": not args.no_shipped,
                "eager_passes": args.eager_passes}
-    ids = set(queue.enqueue(job_specs(problems, device, budget, options, priorities)))
-    lease_s = args.lease or DEFAULT_LEASE_S
+    specs = job_specs(problems, device, budget, options, priorities)
+    ids = set(queue.enqueue(specs))
+    _say_which_kept_their_budget(queue, specs)
+    lease_s = lease_seconds(args)
     if args.gpus:
         optuna_storage(store.url)  # Optuna's tables exist before the workers start (else they race to make them)
         _work_on_gpus(args, store, ids, lease_s)
@@ -84,14 +127,21 @@ def search_through_queue(args: argparse.Namespace, store: Store, device: kernels
     return [job for job in queue.jobs() if job.id in ids]
 
 
-def _work_on_gpus(args: argparse.Namespace, store: Store, ids: set[int], lease_s: float) -> None:
-    import torch
+def _say_which_kept_their_budget(queue: JobQueue, specs: list[JobSpec]) -> None:
+    """Name the jobs another worker is tuning under a live lease: enqueue leaves them their old budget."""
+    asked = {(s.device_name, s.kernel, s.problem_key): s for s in specs}
+    kept = [job for job in queue.jobs("running")
+            if (wanted := asked.get((job.spec.device_name, job.spec.kernel, job.spec.problem_key))) is not None
+            and (job.spec.budget_trials, job.spec.budget_seconds, job.spec.options)
+            != (wanted.budget_trials, wanted.budget_seconds, wanted.options)]
+    for job in kept:
+        print(f"{job.spec.kernel} {job.spec.problem_key} is being tuned by {job.worker} (job #{job.id}) and keeps "
+              f"its budget ({job.spec.budget_trials} trials, {job.spec.budget_seconds or 'no'} s limit) and options; "
+              "run the search again when it is done to tune it further", flush=True)
 
-    visible = torch.cuda.device_count()
-    try:
-        gpus = parse_gpus(args.gpus, visible)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+
+def _work_on_gpus(args: argparse.Namespace, store: Store, ids: set[int], lease_s: float) -> None:
+    gpus = gpu_list(args)
     extra = ["--lease", str(lease_s)] + (["--workers", str(args.workers)] if args.workers is not None else [])
     processes = spawn_gpu_workers(store.url, gpus, args.device, extra)
     print(f"started {len(processes)} worker(s) on GPU(s) {','.join(gpus)}", flush=True)
@@ -117,7 +167,7 @@ def _counts_line(queue: JobQueue, ids: set[int]) -> str:
 
 def cmd_worker(args: argparse.Namespace, device: kernels.DeviceInfo, store: Store, hooks: WorkerHooks) -> int:
     print(f"worker on {device.name} ({device.alias}) taking jobs from {store.url}", flush=True)
-    summary = run_worker(store, device, wait=args.wait, lease_s=args.lease or DEFAULT_LEASE_S,
+    summary = run_worker(store, device, wait=args.wait, lease_s=lease_seconds(args),
                          max_jobs=args.max_jobs, hooks=hooks)
     print(f"worker {summary.name}: {summary.done} done, {summary.failed} failed, {summary.lost} lost", flush=True)
     return 0

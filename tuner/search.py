@@ -169,8 +169,17 @@ class SearchStats:
 
 @dataclass(frozen=True)
 class Budget:
+    """How long one problem's search runs: at most ``trials`` measured configs and, if set, ``seconds``."""
+
     trials: int = 40
     seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        # Checked here too, not only by the CLI: 0 s would read as "no limit" and NaN as "never ends".
+        if self.trials < 1:
+            raise ValueError(f"a budget of {self.trials} trials must be at least 1")
+        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"a budget of {self.seconds} seconds must be a finite number above 0 (None: no limit)")
 
 
 def study_name(device: DeviceInfo, problem: Problem) -> str:

@@ -133,3 +133,36 @@ def test_concurrent_claimers_take_every_job_exactly_once(db_url: str) -> None:
     assert sorted(job_id for _, job_id in claims) == sorted(ids)
     with Store(db_url) as store:
         assert JobQueue(store).counts()["done"] == JOBS
+
+
+def _with(m: int, trials: int, seconds: float | None, options: dict, priority: float = 0.0) -> JobSpec:
+    return JobSpec(H100, "matmul", f"fp16:nn:{m}x64x64", budget_trials=trials, budget_seconds=seconds,
+                   options=options, priority=priority)
+
+
+def test_enqueue_again_gives_a_queued_job_the_new_budget_and_options(queue: JobQueue) -> None:
+    [job_id] = queue.enqueue([_with(1, 500, None, {"sampler": "tpe", "seed": 1})])
+    assert queue.enqueue([_with(1, 3, 2.5, {"sampler": "random", "seed": 7, "eager_passes": 1}, 4.0)]) == [job_id]
+    [job] = queue.jobs()
+    assert (job.id, job.state, job.attempts) == (job_id, "queued", 0)
+    assert (job.spec.budget_trials, job.spec.budget_seconds, job.spec.priority) == (3, 2.5, 4.0)
+    assert job.spec.options == {"sampler": "random", "seed": 7, "eager_passes": 1}
+
+
+def test_enqueue_again_gives_a_running_job_whose_lease_ran_out_the_new_budget(queue: JobQueue) -> None:
+    queue.enqueue([_with(1, 500, None, {"seed": 1})])
+    lost = queue.claim("dead", H100, lease_s=0.05)
+    time.sleep(0.2)
+    queue.enqueue([_with(1, 3, None, {"seed": 2})])
+    taken = queue.claim("alive", H100)  # handed on as a lost job: the loss still counts
+    assert taken is not None and taken.id == lost.id and taken.attempts == 2
+    assert (taken.spec.budget_trials, taken.spec.options) == (3, {"seed": 2})
+
+
+def test_enqueue_again_leaves_a_running_job_under_a_live_lease_as_it_is(queue: JobQueue) -> None:
+    queue.enqueue([_with(1, 500, None, {"seed": 1})])
+    running = queue.claim("w", H100, lease_s=600)
+    queue.enqueue([_with(1, 3, None, {"seed": 2})])
+    [job] = queue.jobs()
+    assert (job.state, job.worker, job.lease_until) == ("running", "w", running.lease_until)
+    assert (job.spec.budget_trials, job.spec.options) == (500, {"seed": 1})
