@@ -221,17 +221,36 @@ def _tune(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.st
     return record, None
 
 
-def parse_gpus(text: str, visible: int) -> list[str]:
-    """``all`` or ``0,2``: the GPU indices to start workers on (ValueError names a bad one)."""
+def parse_gpus(text: str, visible: int | None) -> list[str]:
+    """``all`` or ``0,2``: the indices, among the ``visible`` GPUs this process sees, to start workers on
+    (ValueError names a bad one: not a number, repeated, or past the GPUs visible). ``visible`` None: CPU
+    workers (``--device cpu``), where an index only labels a worker and is not checked against a GPU."""
     if text == "all":
-        if visible < 1:
+        if not visible:
             raise ValueError("--gpus all found no GPU on this host; pass --device cpu without --gpus, "
                              "or run where GPUs are visible")
         return [str(index) for index in range(visible)]
     indices = [part.strip() for part in text.split(",") if part.strip()]
     if not indices or not all(part.isdigit() for part in indices):
         raise ValueError(f"--gpus {text!r} must be 'all' or GPU indices such as 0,2")
-    return indices
+    if len(set(map(int, indices))) != len(indices):
+        raise ValueError(f"--gpus {text!r} names a GPU twice; name each once (two workers on one GPU time each other)")
+    missing = [] if visible is None else [index for index in indices if int(index) >= visible]
+    if missing:
+        raise ValueError(f"--gpus {text!r}: this process sees {visible} GPU(s), numbered from 0, so "
+                         f"{', '.join(missing)} is not one; pass --gpus all or indices under {visible}")
+    return [str(int(index)) for index in indices]
+
+
+def child_visible_devices(gpu: str, parent: str | None) -> str:
+    """The CUDA_VISIBLE_DEVICES of the worker for ``gpu``, an index among the GPUs this process sees: where
+    this process itself sees a subset (its own CUDA_VISIBLE_DEVICES, e.g. "2,3"), index 0 is that list's
+    first entry, not the host's GPU 0."""
+    if parent is None or not parent.strip():
+        return gpu
+    entries = [entry.strip() for entry in parent.split(",") if entry.strip()]
+    index = int(gpu)
+    return entries[index] if index < len(entries) else gpu
 
 
 def spawn_gpu_workers(url: str, gpus: Sequence[str], device_arg: str, extra: Sequence[str] = (),
@@ -239,7 +258,7 @@ def spawn_gpu_workers(url: str, gpus: Sequence[str], device_arg: str, extra: Seq
     """One ``python -m tuner worker`` process per GPU, each seeing only its GPU (CUDA_VISIBLE_DEVICES)."""
     processes = []
     for gpu in gpus:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(gpu, os.environ.get("CUDA_VISIBLE_DEVICES")))
         argv = [sys.executable, "-m", "tuner", "worker", "--db", url, "--device", device_arg, *extra]
         out = open(os.path.join(log_dir, f"worker-gpu{gpu}.log"), "w") if log_dir else None
         processes.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))

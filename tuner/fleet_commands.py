@@ -53,7 +53,8 @@ def gpu_list(args: argparse.Namespace) -> list[str] | None:
     import torch
 
     try:
-        return parse_gpus(args.gpus, torch.cuda.device_count())
+        on_cpu = str(getattr(args, "device", "")).strip().lower() == "cpu"  # indices label CPU workers
+        return parse_gpus(args.gpus, None if on_cpu else torch.cuda.device_count())
     except ValueError as exc:
         raise UserError(str(exc)) from None
 

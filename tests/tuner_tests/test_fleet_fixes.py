@@ -4,6 +4,7 @@ workers; a worker interrupted with Ctrl-C (a real SIGINT) gives its job back at 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -152,3 +153,37 @@ def test_a_gpu_fault_stops_the_worker_rather_than_failing_the_job() -> None:
     assert _device_fault(RuntimeError("CUDA error: device-side assert triggered"))
     assert not _device_fault(ValueError("unknown kernel 'no_such_kernel'; known kernels: matmul"))
     assert not _device_fault(RuntimeError("found no correct config"))
+
+
+@pytest.mark.parametrize("text, visible, message", [
+    ("0,2", 2, "this process sees 2 GPU(s), numbered from 0, so 2 is not one"),
+    ("1", 1, "so 1 is not one"),
+    ("0,0", 2, "names a GPU twice"),
+    ("all", 0, "found no GPU"),
+    ("all", None, "found no GPU"),
+    ("0,x", 4, "must be 'all' or GPU indices"),
+])
+def test_gpus_past_what_this_process_sees_are_refused_by_name(text, visible, message) -> None:
+    from tuner.fleet import parse_gpus
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_gpus(text, visible)
+
+
+def test_gpus_on_gpus_and_as_labels_of_cpu_workers() -> None:
+    from tuner.fleet import parse_gpus
+
+    assert parse_gpus("all", 2) == ["0", "1"]
+    assert parse_gpus("1, 0", 2) == ["1", "0"]
+    assert parse_gpus("0,7", None) == ["0", "7"]  # --device cpu: labels, no GPU to check against
+
+
+def test_a_worker_sees_the_gpu_its_index_names_among_this_processs_own() -> None:
+    """With CUDA_VISIBLE_DEVICES=2,3 here, --gpus 0 is the host's GPU 2: index 0 of what this process sees."""
+    from tuner.fleet import child_visible_devices
+
+    assert child_visible_devices("0", "2,3") == "2"
+    assert child_visible_devices("1", " 2, 3 ") == "3"
+    assert child_visible_devices("1", None) == "1"
+    assert child_visible_devices("0", "") == "0"
+    assert child_visible_devices("0", "GPU-5f1c,GPU-77aa") == "GPU-5f1c"  # UUIDs pass through as they are
