@@ -480,8 +480,9 @@ def cmd_stamp(args: argparse.Namespace) -> int:
     from .stamp import STAMP_SETTLE_S, stamp_eager, stampable, store_stamps, summary
 
     settle_s = STAMP_SETTLE_S if args.settle_s is None else args.settle_s
-    if settle_s < 0:
-        raise UserError(f"--settle-s {args.settle_s}: give the seconds a timing may wait for the host, 0 or more")
+    if not (math.isfinite(settle_s) and settle_s >= 0):  # nan would compare false and switch waiting off
+        raise UserError(f"--settle-s {args.settle_s}: give the seconds a timing may wait for the host, a finite "
+                        "number, 0 or more")
 
     if _no_gpu():
         raise UserError("stamp times the stored winners on the GPU they were tuned for, and this machine has "

@@ -59,6 +59,9 @@ def gpu_list(args: argparse.Namespace) -> list[str] | None:
         raise UserError(str(exc)) from None
 
 
+MAX_WEIGHT = 1e12  # a problem's share of the work; far above any real ratio, far below float overflow
+
+
 def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
     """Problems and their weights from ``path``: one ``kernel dtype:layout:shape [weight]`` per line.
 
@@ -84,8 +87,9 @@ def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
                 raise ValueError(f"{spec.name} does not take dtype {problem.dtype}")
             check_size(problem)
             weight = float(fields[2]) if len(fields) == 3 else 1.0
-            if not (math.isfinite(weight) and weight >= 0):
-                raise ValueError(f"weight {fields[2]} must be a finite number >= 0 (default 1)")
+            # Bounded: priorities multiply weights by the problem count, and 1e308 would overflow to inf.
+            if not (math.isfinite(weight) and 0 <= weight <= MAX_WEIGHT):
+                raise ValueError(f"weight {fields[2]} must be a number from 0 to {MAX_WEIGHT:g} (default 1)")
         except ValueError as exc:
             errors.append(f"line {number} ({line.strip()!r}): {exc}")
             continue

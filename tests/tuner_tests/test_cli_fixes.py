@@ -160,9 +160,10 @@ def test_export_matches_the_device_and_kernel_in_any_case(tuned: str, tmp_path: 
     ("matmul fp16:nn:0x0x0", "has no work"),
     ("matmul fp16:nn:0x32x32", "has no work"),
     ("matmul fp16:nn:16777217x16x16", "beyond the sizes a record may hold"),
-    ("matmul fp16:nn:16x32x32 nan", "weight nan must be a finite number >= 0"),
-    ("matmul fp16:nn:16x32x32 -2", "weight -2 must be a finite number >= 0"),
-    ("matmul fp16:nn:16x32x32 inf", "weight inf must be a finite number >= 0"),
+    ("matmul fp16:nn:16x32x32 nan", "weight nan must be a number from 0 to 1e+12"),
+    ("matmul fp16:nn:16x32x32 -2", "weight -2 must be a number from 0 to 1e+12"),
+    ("matmul fp16:nn:16x32x32 inf", "weight inf must be a number from 0 to 1e+12"),
+    ("matmul fp16:nn:16x32x32 1e308", "weight 1e308 must be a number from 0 to 1e+12"),
 ])
 def test_problems_file_line_refused_as_shape_would_be(line: str, message: str, tmp_path: Path) -> None:
     listing = tmp_path / "model.txt"
@@ -201,4 +202,12 @@ def test_conflicting_or_empty_selection_exits_2_and_creates_nothing(args, messag
 def test_recorded_with_nothing_recorded_creates_no_database(tmp_path: Path) -> None:
     done = tuner(tmp_path, "search", "--device", "cpu", "--recorded", "--db", f"sqlite:///{tmp_path / 'never.db'}")
     assert done.returncode == 0 and "nothing recorded" in done.stdout, done.stdout + done.stderr
+    assert _created(tmp_path) == []
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_stamp_refuses_a_wait_that_is_not_a_finite_number_of_seconds(value: str, tmp_path: Path) -> None:
+    """nan compared false with 0 and switched the host-speed wait off without a word."""
+    done = tuner(tmp_path, "stamp", "--settle-s", value, "--db", f"sqlite:///{tmp_path / 'never.db'}")
+    _refused(done, f"--settle-s {float(value)}: give the seconds a timing may wait for the host, a finite number")
     assert _created(tmp_path) == []
