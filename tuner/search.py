@@ -87,9 +87,11 @@ FAST_HOST_MARGIN = 0.01
 # measured 1.00-1.07x in a fresh process: the bench's own spread; NVIDIA H200, 2026-11-26).
 GPU_BOUND_EAGER_MS = 0.05
 
-# An eager Triton winner must win this many side-by-side contests in all (the deciding one and
-# EAGER_PASSES - 1 more, EAGER_PASS_PAUSE_S apart) against our cuBLAS path and torch.matmul, each by
-# WIN_MARGIN, or cuBLAS takes its place (``confirm_eager``). Why: an eager time is max(host, GPU), and the
+# An eager Triton winner must win this many side-by-side contests in all, each by WIN_MARGIN, or cuBLAS
+# takes its place (``confirm_eager``): the deciding one against our cuBLAS path as dispatch would run it
+# (``eager_winner``; from C++ it costs less host time than torch.matmul, so that is the harder one to beat
+# where the C++ path is built), and EAGER_PASSES - 1 more, EAGER_PASS_PAUSE_S apart, against torch.matmul
+# (``recontest_eager``). Why: an eager time is max(host, GPU), and the
 # GPU boxes' hosts move between phases second to second (torch.matmul 11.5-25.8 us a call on one problem
 # within one run, H100, 2026-11-25). One contest met one phase: of the eager Triton winners that passed
 # it and the back-to-back check, a recontest pass minutes later demoted 16 of 78 (H100) and 14 of 65
