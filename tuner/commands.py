@@ -42,7 +42,10 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
         if spec.name != "matmul" or args.shape or args.layout:
             raise UserError("--corpus names matmul problems of its own (layout nt); drop --kernel, --shape and --layout")
         from .corpus import corpus_problems
-        found = corpus_problems(args.corpus)
+        try:
+            found = corpus_problems(args.corpus)
+        except ValueError as exc:
+            raise UserError(f"--corpus {args.corpus}: {exc}") from None
         chosen = [p for p in found if not args.dtype or p.dtype in args.dtype]
         if not chosen:
             raise UserError(f"--corpus {args.corpus} has no problem of --dtype {', '.join(args.dtype)}; its dtypes "

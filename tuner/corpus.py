@@ -33,7 +33,13 @@ class CorpusEntry:
 
 @functools.lru_cache(maxsize=2)
 def _document(path: Path = CORPUS_FILE) -> dict:
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        # The corpus ships with the repository (benchmarks/corpus/), not inside the installed packages.
+        raise ValueError(f"the model corpus file {path} is not here: it is part of a triton-tuner checkout "
+                         "(benchmarks/corpus/), not of the installed package; run from a checkout, or list "
+                         "the problems in a file and pass --problems FILE") from None
 
 
 def entries(part: str = "all") -> list[CorpusEntry]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,21 @@ def test_stamp_refuses_a_wait_that_is_not_a_finite_number_of_seconds(value: str,
     done = tuner(tmp_path, "stamp", "--settle-s", value, "--db", f"sqlite:///{tmp_path / 'never.db'}")
     _refused(done, f"--settle-s {float(value)}: give the seconds a timing may wait for the host, a finite number")
     assert _created(tmp_path) == []
+
+
+@pytest.mark.parametrize("command", [["search", "--device", "cpu", "--corpus", "held_out"],
+                                     ["explain", "--device", "h100", "--corpus", "unseen"]])
+def test_corpus_outside_a_checkout_says_where_the_corpus_lives(command, tmp_path: Path) -> None:
+    """An installed package has kernels/, tuner/ and db/ (pyproject's packages) but not benchmarks/: the
+    packages are copied alone, as pip would install them, and run from there."""
+    site = tmp_path / "site"
+    for package in ("kernels", "tuner", "db"):
+        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(site), "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "tuner", *command, "--db", f"sqlite:///{tmp_path / 'never.db'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "is part of a triton-tuner checkout (benchmarks/corpus/)" in done.stderr
+    assert "--problems FILE" in done.stderr
+    assert not (tmp_path / "never.db").exists()
