@@ -1,7 +1,8 @@
 """One Optuna study per (device, kernel, problem), kept in the same database as the winners.
 
 Because the study lives in the database, a search that is interrupted (Ctrl-C, kill -9) resumes
-where it stopped: finished trials stay, and the budget counts them. Configs that break a constraint
+where it stopped: finished trials stay, and a budget of trials counts them (a budget of seconds is the
+run's own: a resumed run gets its seconds anew). Configs that break a constraint
 are pruned without compiling and do not count against the budget; a config already measured in this
 study is answered from the study instead of being measured again.
 """
