@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -66,9 +67,11 @@ class WorkerSummary:
 
 
 def worker_name(device: kernels.DeviceInfo) -> str:
-    """host:pid:gpu names one worker process everywhere in the fleet."""
+    """host:pid.token:gpu names one worker process everywhere in the fleet. The random token: containers
+    that share a host name (--network host), each running its worker as PID 1 on its own GPU "0", would
+    otherwise share one name, and the queue checks a job's owner by name alone."""
     gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or ("cpu" if device.is_cpu else "0")
-    return f"{socket.gethostname()}:{os.getpid()}:{gpu}"
+    return f"{socket.gethostname()}:{os.getpid()}.{secrets.token_hex(3)}:{gpu}"
 
 
 class _Lease(threading.Thread):

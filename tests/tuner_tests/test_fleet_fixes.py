@@ -187,3 +187,16 @@ def test_a_worker_sees_the_gpu_its_index_names_among_this_processs_own() -> None
     assert child_visible_devices("1", None) == "1"
     assert child_visible_devices("0", "") == "0"
     assert child_visible_devices("0", "GPU-5f1c,GPU-77aa") == "GPU-5f1c"  # UUIDs pass through as they are
+
+
+def test_two_workers_with_one_host_pid_and_gpu_get_two_names(monkeypatch) -> None:
+    """Containers sharing a host name, each with its worker as PID 1 on its GPU "0": the names still differ
+    (the queue checks a job's owner by name alone)."""
+    from tuner.fleet import worker_name
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    device = kernels.current_device()
+    first, second = worker_name(device), worker_name(device)
+    assert first != second
+    assert first.rsplit(":", 1)[1] == second.rsplit(":", 1)[1] == "0", "the GPU stays last"
