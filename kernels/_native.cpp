@@ -286,6 +286,12 @@ uintptr_t bias_address(const LaunchPlan& plan, const at::Tensor& a, const at::Te
 // workspace belongs to it.
 PyObject* run_launch(LaunchPlans& plans, const Signature& signature, const at::Tensor& a, const at::Tensor& b,
                      const at::Tensor* bias = nullptr) {
+  // A Triton launch records no autograd graph: a call that wants a gradient is the Python path's, which runs
+  // it through the operator with a backward (kernels.ops).
+  if (at::GradMode::is_enabled() &&
+      (a.requires_grad() || b.requires_grad() || (bias != nullptr && bias->requires_grad()))) {
+    Py_RETURN_NONE;
+  }
   const c10::Device device = a.device();
   auto found = plans.find(signature);
   if (found == plans.end() || launch_kernel == nullptr || !device.is_cuda() || !on_default_stream(device) ||
@@ -790,6 +796,9 @@ PyObject* try_addmm(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (a.dim() != 2 || b.dim() != 2) Py_RETURN_NONE;
   const Signature signature = make_signature(a, b);
   const at::Tensor bias = THPVariable_Unpack(args[2]);
+  // matmul_bias takes one row of N in a's dtype, whichever path serves it; at::addmm would broadcast another
+  // shape. The Python path refuses it, with the fix.
+  if (bias.dim() != 1 || bias.size(0) != b.size(1) || bias.scalar_type() != a.scalar_type()) Py_RETURN_NONE;
   const bool every_mode = addmm_signatures.count(signature) > 0;
   if (every_mode || addmm_eager_signatures.count(signature)) {
     const int current = serve_if(dispatcher_reads(addmm_changes));

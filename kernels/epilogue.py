@@ -580,6 +580,11 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
 
     ``bias`` is [N] in a's dtype on every path. Where a gradient is wanted for an operand, the call runs as
     ``torch.ops.triton_tuner.linear`` (same kernels, with a backward)."""
+    native = _NATIVE.try_addmm
+    if native is not None:  # an addmm signature, served from C++ (kernels/_native.py), which leaves another
+        c = native(a, b, bias)  # bias shape or dtype, and a Triton launch that would record no gradient, to us
+        if c is not None:
+            return c
     try:
         fits = bias.dtype is a.dtype and bias.shape == b.shape[1:]
     except AttributeError:
@@ -591,11 +596,6 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
         if torch.is_grad_enabled():
             from . import ops  # imported here: ops imports the package, which imports this module first
             return ops.linear(a, b.t(), bias)
-    native = _NATIVE.try_addmm
-    if native is not None:  # an addmm signature, served from C++ (kernels/_native.py)
-        c = native(a, b, bias)
-        if c is not None:
-            return c
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
     except AttributeError:
@@ -638,15 +638,15 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
 def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch, with the config tuned for this problem. Where a
     gradient is wanted for A or B, the call runs as ``torch.ops.triton_tuner.gated_matmul`` (with a backward)."""
+    native = _NATIVE.try_gated
+    if native is not None:  # a Triton signature handed over to C++ (kernels/_native.py); not a call that
+        c = native(a, b)    # wants a gradient, which the launch would not record
+        if c is not None:
+            return c
     if getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False):
         if torch.is_grad_enabled():
             from . import ops  # imported here, as in matmul_bias
             return ops.gated_matmul(a, b)
-    native = _NATIVE.try_gated
-    if native is not None:  # a Triton signature handed over to C++ (kernels/_native.py)
-        c = native(a, b)
-        if c is not None:
-            return c
     key = _ready_key("gated_matmul", a, b)
     c = _ready_call(key, a, b, None)
     if c is not None:

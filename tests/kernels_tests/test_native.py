@@ -637,6 +637,31 @@ def test_a_triton_plan_is_launched_from_cpp_after_its_first_call(native, monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_a_call_that_wants_a_gradient_is_not_launched_from_cpp(native, monkeypatch) -> None:
+    """A handed-over Triton launch records no autograd graph: with an operand that requires grad (grad mode
+    on) the Python path takes the call, through the operator with a backward (whose body, with grad mode
+    off, may launch from C++ again)."""
+    monkeypatch.setattr(_plans.FAST, "pins", 1)
+    a, b = _operands("nn")
+    config = _triton_config("tiled", 1)
+    _put_plans(a, b, config, config)
+    kernels.matmul(a, b)  # the first call hands the launch over
+    before = _native.launches()
+    kernels.matmul(a, b)
+    assert _native.launches() == before + 1, "served from C++ without a gradient wanted"
+    leaf = a.clone().requires_grad_()
+    c = kernels.matmul(leaf, b)
+    assert c.grad_fn is not None, "C++ served a call that wants a gradient, and recorded none"
+    c.float().sum().backward()
+    torch.testing.assert_close(leaf.grad.float(), b.float().sum(1).expand_as(a), atol=5e-2, rtol=5e-2)
+    served = _native.launches()
+    with torch.no_grad():
+        kernels.matmul(leaf, b)
+    assert _native.launches() == served + 1, "under no_grad the launch is C++'s again"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
 def test_an_eager_only_triton_plan_leaves_graph_calls_other_streams_and_odd_operands_to_python(native,
                                                                                             monkeypatch) -> None:
     monkeypatch.setattr(_plans.FAST, "pins", 1)
