@@ -413,9 +413,12 @@ def test_a_matmul_bias_signature_on_addmm_runs_a_kept_cublaslt_plan_with_the_bia
             out = native.try_addmm(a, b, bias_now)
             torch.testing.assert_close(out, torch.addmm(bias_now, a, b), atol=2e-2, rtol=2e-2)
         assert _native.lt_served() == before + 2, "both calls ran the kept plan, bias in the epilogue"
-        for other in (randn(41)[1:], randn(1, 40)):  # misaligned, 2-D: at::addmm's
-            torch.testing.assert_close(native.try_addmm(a, b, other), torch.addmm(other, a, b), atol=2e-2, rtol=2e-2)
+        misaligned = randn(41)[1:]  # a row of N all the same, 2 bytes off the epilogue's 16: at::addmm's
+        torch.testing.assert_close(native.try_addmm(a, b, misaligned), torch.addmm(misaligned, a, b),
+                                   atol=2e-2, rtol=2e-2)
         assert _native.lt_served() == before + 2, "a bias the epilogue does not take stays on at::addmm"
+        for not_a_row in (randn(1, 40), randn(40).float()):  # matmul_bias refuses these: C++ leaves them to it
+            assert native.try_addmm(a, b, not_a_row) is None
     torch.cuda.synchronize()
 
 
@@ -849,13 +852,15 @@ def test_a_triton_bias_plan_is_launched_from_cpp_after_its_first_call(native, dt
         assert len({c.data_ptr() for c in outputs}) == 3, "a fresh C per call"
         assert native.module.addmm_size() == 0, "addmm's older answer for the signature is gone"
         count = _native.launches()
-        odd = (randn(200, kind=torch.float32), randn(201)[1:], randn(400)[::2])  # another dtype, misaligned, strided
-        for other in odd:
+        for other in (randn(201)[1:], randn(400)[::2]):  # misaligned, strided
             c = kernels.matmul_bias(a, b, other)
             torch.testing.assert_close(c.float(), torch.addmm(other.float(), a.float(), b.float()), atol=5e-2, rtol=5e-2)
         assert _native.launches() == count, "a bias the kernel was not made for stays on the Python path"
         with pytest.raises(ValueError, match="bias has shape"):
             kernels.matmul_bias(a, b, randn(7))  # the Python path says what is wrong
+        with pytest.raises(ValueError, match="pass bias.to"):
+            kernels.matmul_bias(a, b, randn(200, kind=torch.float32))  # another dtype: the same on every path
+        assert _native.launches() == count
         install()  # a new answer (the same config again) bumps the dispatcher's count
         kernels.matmul_bias(a, b, bias)
         assert _native.launches() == count, "stale: the Python path resolves again and hands the launch over"

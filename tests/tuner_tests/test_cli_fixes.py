@@ -17,12 +17,14 @@ import torch
 import kernels
 from db import Store
 from db.queue import JobQueue, JobSpec
+from kernels import _device
 from tuner.fleet import job_specs, optuna_storage
 from tuner import fleet_commands
 from tuner.search import Budget, measured_trials, open_study
 
 ROOT = Path(__file__).resolve().parents[2]
-CPU = kernels.resolve_device("cpu")
+# Not resolve_device("cpu"): that refuses without TRITON_INTERPRET, and a GPU run of `-m gpu` collects this file.
+CPU = _device.CPU
 SHAPE = "16x32x32"
 KEY = f"fp16:nn:{SHAPE}"
 
