@@ -375,6 +375,27 @@ def test_tma_calls_on_ever_new_addresses_keep_their_tensor_maps_right(layout: st
 
 
 @pytest.mark.gpu
+def test_tma_calls_that_repeat_or_alternate_addresses_compute_their_own_operands() -> None:
+    """The last call's arguments are reused where A, B and C sit at the same addresses: new data at those
+    addresses, and a call at another address in between, still give each call its own product."""
+    config = kernels.Config.make(VARIANT="tma", BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, GROUP_SIZE_M=8, SPLIT_K=1,
+                                 NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=3)
+    b = torch.randn(256, 512, device="cuda", dtype=torch.float16).t()
+    inputs = [torch.randn(192, 512, device="cuda", dtype=torch.float16) for _ in range(2)]
+    outputs = [torch.empty(192, 256, device="cuda", dtype=torch.float16) for _ in range(2)]
+    kernels.matmul_with(config, inputs[0], b, out=outputs[0])  # compiled here, unless an earlier test did
+    launch = gemm.LAUNCHES.get(gemm._launch_key(config, inputs[0], b, outputs[0]))
+    assert launch is not None and launch._raw is not None, "triton 3.6 offers its C launcher: it must be used"
+    before = launch.launch.direct_calls  # the launch is shared with earlier tests of the same layout
+    for which in (0, 0, 1, 0, 1, 1):
+        a, c = inputs[which], outputs[which]
+        a.normal_()  # new data, same address
+        kernels.matmul_with(config, a, b, out=c)
+        torch.testing.assert_close(c.float(), a.float() @ b.float(), atol=5e-2, rtol=2e-2)
+    assert launch.launch.direct_calls == before + 6, "every call took the raw launch"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("gated", [False, True])
 def test_epilogue_direct_calls_compute_the_new_operands(gated: bool) -> None:
     from kernels.epilogue import gated_matmul_with, matmul_bias_with
