@@ -4,12 +4,12 @@ that record mode saw at dispatch.
 They share ``Base`` (our metadata, ``tuner_*`` names) with ``tuner_records``, so they live next to
 Optuna's tables in one database; alembic revision 0003_fleet creates them. A problem is identified by
 the SHA-1 of (device, kernel, key) in ``problem_hash``: grouped keys run to kilobytes, past what a
-PostgreSQL btree index entry may hold, so the unique constraints use the hash.
+PostgreSQL btree index entry may hold, so the unique constraints use the hash (``models.problem_hash``,
+which ``tuner_records`` shares, with the mode added).
 """
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime
 
 from sqlalchemy import BigInteger, Float, Integer, String, Text, UniqueConstraint
@@ -24,11 +24,6 @@ RECORDED_TABLE = "tuner_recorded"
 # Job states, in the order a job passes through them.
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 JOB_STATES = (QUEUED, RUNNING, DONE, FAILED)
-
-
-def problem_hash(device_name: str, kernel: str, problem_key: str) -> str:
-    """The unique, index-friendly identity of one problem on one device kind."""
-    return hashlib.sha1(f"{device_name}\x00{kernel}\x00{problem_key}".encode()).hexdigest()
 
 
 class JobModel(Base):

@@ -3,16 +3,21 @@
 The table lives in its own metadata and is named ``tuner_records`` so that it can share a database
 (and a URL) with Optuna's ``RDBStorage``, whose tables are ``studies``, ``trials``, ``version_info``
 and so on: creating ours never touches theirs.
+
+A record is found by ``record_hash``, the SHA-1 of what the table keeps one record per (device, kernel,
+key, mode), not by the key itself: a grouped key runs to kilobytes, and PostgreSQL refuses a btree index
+entry over about 2.7 KB (schema revision 0004).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import (ColumnElement, DateTime, Dialect, Float, String, Text, UniqueConstraint,
+from sqlalchemy import (ColumnElement, DateTime, Dialect, Float, Index, String, Text, UniqueConstraint,
                         delete, or_, select)
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -20,6 +25,17 @@ from sqlalchemy.types import TypeDecorator
 from ._record import Record
 
 TABLE_NAME = "tuner_records"
+
+
+def problem_hash(device_name: str, kernel: str, problem_key: str, *more: str) -> str:
+    """The unique, index-friendly identity of one problem on one device kind (and of whatever ``more``
+    adds, such as a mode): hex SHA-1 of the parts joined by NUL, which no key or name holds."""
+    return hashlib.sha1("\x00".join((device_name, kernel, problem_key, *more)).encode()).hexdigest()
+
+
+def record_hash(device_name: str, kernel: str, problem_key: str, mode: str) -> str:
+    """What ``tuner_records`` keeps one row per, as a fixed 40 characters; migration 0004 computes the same."""
+    return problem_hash(device_name, kernel, problem_key, mode)
 
 
 class Base(DeclarativeBase):
@@ -48,12 +64,12 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 class RecordModel(Base):
-    """One row per (device_name, kernel, problem_key): the best config found for that problem."""
+    """One row per (device_name, kernel, problem_key, mode): the best config found for that problem."""
 
     __tablename__ = TABLE_NAME
     # The schema is made and moved by alembic (db/migrations); keep these declarations in step with it.
-    __table_args__ = (UniqueConstraint("device_name", "kernel", "problem_key", "mode",
-                                       name="uq_tuner_records_device_kernel_problem_mode"),)
+    __table_args__ = (UniqueConstraint("record_hash", name="uq_tuner_records_record_hash"),
+                      Index("ix_tuner_records_device_kernel", "device_name", "kernel"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     device_name: Mapped[str] = mapped_column(String(255))
@@ -61,7 +77,8 @@ class RecordModel(Base):
     compute_capability: Mapped[str] = mapped_column(String(16))
     sm_count: Mapped[int]
     kernel: Mapped[str] = mapped_column(String(128))
-    # Text, not String: a grouped problem's key lists every member GEMM and may run to kilobytes.
+    # Text, not String: a grouped problem's key lists every member GEMM and may run to kilobytes (so it
+    # is in no index: rows are found by record_hash).
     problem_key: Mapped[str] = mapped_column(Text)
     dtype: Mapped[str] = mapped_column(String(16))
     layout: Mapped[str] = mapped_column(String(8))
@@ -78,14 +95,15 @@ class RecordModel(Base):
     trials: Mapped[int]
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     mode: Mapped[str] = mapped_column(String(8), server_default="graph")
+    # record_hash(device_name, kernel, problem_key, mode), kept in step by overwrite(): never set it apart.
+    record_hash: Mapped[str] = mapped_column(String(40))
 
     @classmethod
     def find(cls, session: Session, device_name: str, kernel: str, problem_key: str, mode: str = "graph",
              *, for_update: bool = False) -> RecordModel | None:
         """The row for this problem and mode, or None; ``for_update`` locks it (where the backend
         can) so a concurrent writer cannot slip a change between our read and our write."""
-        query = select(cls).where(cls.device_name == device_name, cls.kernel == kernel,
-                                  cls.problem_key == problem_key, cls.mode == mode)
+        query = select(cls).where(cls.record_hash == record_hash(device_name, kernel, problem_key, mode))
         if for_update:
             query = query.with_for_update()
         return session.scalars(query).one_or_none()
@@ -128,9 +146,10 @@ class RecordModel(Base):
         return model
 
     def overwrite(self, record: Record) -> None:
-        """Make this row hold ``record`` (its key included)."""
+        """Make this row hold ``record`` (its key and the key's hash included)."""
         for name, value in _columns_of(record).items():
             setattr(self, name, value)
+        self.record_hash = record_hash(*record.key)
 
     def to_record(self) -> Record:
         return Record(

@@ -30,7 +30,8 @@ from sqlalchemy import func, inspect, or_, select, update
 from sqlalchemy.orm import Session
 
 from ._fleet_models import (DONE, FAILED, JOB_STATES, JOBS_TABLE, QUEUED, RUNNING, WORKERS_TABLE, JobModel,
-                            WorkerModel, problem_hash)
+                            WorkerModel)
+from .models import problem_hash
 from .store import Store
 
 _logger = logging.getLogger(__name__)

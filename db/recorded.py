@@ -15,8 +15,8 @@ from sqlalchemy import and_, exists, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from ._fleet_models import RECORDED_TABLE, RecordedModel, problem_hash
-from .models import RecordModel
+from ._fleet_models import RECORDED_TABLE, RecordedModel
+from .models import RecordModel, problem_hash
 from .store import Store
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import ColumnElement, Engine, create_engine, event, inspect, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -57,6 +57,10 @@ _BACKOFF_S = 0.05  # doubled after each failed attempt: 0.05, 0.1, 0.2, 0.4 s
 # writers inserted one key), serialization_failure, deadlock_detected. Other integrity errors (a NULL, a
 # check) fail the same way every time and are reported at once.
 _RACE_SQLSTATES = frozenset({"23505", "40001", "40P01"})
+
+# Columns of tuner_records that older schemas lack: mode came with 0002 (a record without one is a "graph"
+# record), record_hash with 0004. A read-only store reads such a table as it is, without them.
+_NEWER_COLUMNS = frozenset({"mode", "record_hash"})
 
 # Execution option read by the SQLite "begin" listener: writers take the write lock up front.
 _BEGIN_OPTION = "tuner_sqlite_begin"
@@ -111,9 +115,9 @@ class Store:
         self._waits_for_server = create
         self._reached = False  # has this store ever had a connection? (only then is a failure an outage)
         self._has_table = False
-        # A table from before modes (schema 0001), read as "graph" records. Only a hint once seen: a
+        # The newer columns an older table lacks (_NEWER_COLUMNS), read around. Only a hint once seen: a
         # writer may migrate the database under a long-lived reader, so each read checks it again.
-        self._legacy = False
+        self._missing: frozenset[str] = frozenset()
         # An older schema that the first write transaction upgrades, inside that transaction.
         self._upgrade_pending = False
         if create:
@@ -195,9 +199,15 @@ class Store:
             return None
 
         def work(session: Session) -> Record | None:
-            if self._still_legacy(session):
-                found = [r for r in _legacy_records(session, device_name, kernel)
-                         if r.problem_key == problem_key and r.mode == mode]
+            missing = self._old_columns(session)
+            if missing:  # no record_hash yet: the old schema's unique index covers the key's columns
+                same = [RecordModel.device_name == device_name, RecordModel.kernel == kernel,
+                        RecordModel.problem_key == problem_key]
+                if "mode" not in missing:
+                    same.append(RecordModel.mode == mode)
+                elif mode != "graph":
+                    return None
+                found = _old_schema_records(session, missing, same)
                 return found[0] if found else None
             model = RecordModel.find(session, device_name, kernel, problem_key, mode)
             return None if model is None else model.to_record()
@@ -211,8 +221,9 @@ class Store:
             return []
 
         def work(session: Session) -> list[Record]:
-            if self._still_legacy(session):
-                return _legacy_records(session, device, kernel)
+            missing = self._old_columns(session)
+            if missing:
+                return _old_schema_records(session, missing, RecordModel._filters(device, kernel))
             return [m.to_record() for m in RecordModel.find_all(session, device, kernel)]
 
         return self._transaction(work, write=False)
@@ -260,7 +271,7 @@ class Store:
                         self._upgrade_in(session)
                     result = work(session)
                 if upgrading:  # committed: the schema is current from now on
-                    self._upgrade_pending, self._has_table, self._legacy = False, True, False
+                    self._upgrade_pending, self._has_table, self._missing = False, True, frozenset()
                 return result
             except _NotConnected as exc:
                 if not (self._waits_for_server and self._reached):
@@ -343,43 +354,47 @@ class Store:
         except _migrate.SchemaError as exc:
             raise StoreError(str(exc)) from exc
 
-    def _still_legacy(self, session: Session) -> bool:
-        """Whether the records table still lacks the mode column (schema 0001), checked in the reading
-        transaction while it last did: a writer may have migrated it since."""
-        if self._legacy:
-            columns = {column["name"] for column in inspect(session.connection()).get_columns(TABLE_NAME)}
-            self._legacy = "mode" not in columns
-        return self._legacy
+    def _old_columns(self, session: Session) -> frozenset[str]:
+        """The newer columns the records table still lacks (an older schema), checked in the reading
+        transaction while it last lacked some: a writer may have migrated it since."""
+        if self._missing:
+            self._missing = _missing_columns(session)
+        return self._missing
 
     def _readable(self) -> bool:
         """Whether our table exists; checked without creating a SQLite file that is not there.
 
         A read-only store reads an older schema as it is (records of schema 0001 read as "graph"
-        records) and leaves migrating to a store that writes; a newer schema is refused."""
+        records; before 0004, without record_hash) and leaves migrating to a store that writes; a newer
+        schema is refused."""
         if self._has_table:
             return True
         if self._sqlite_file is not None and not self._sqlite_file.exists():
             return False
 
-        def inspect_schema(session: Session) -> tuple[bool, bool]:
+        def inspect_schema(session: Session) -> tuple[bool, frozenset[str]]:
             connection = session.connection()
             revision = _migrate.revision_of(connection)
             _migrate.check_known(revision, _shown(self._url))
             if not inspect(connection).has_table(TABLE_NAME):
-                return False, False
-            columns = {column["name"] for column in inspect(connection).get_columns(TABLE_NAME)}
-            return True, "mode" not in columns
+                return False, frozenset()
+            return True, _missing_columns(session)
 
         try:
-            self._has_table, self._legacy = self._transaction(inspect_schema, write=False)
+            self._has_table, self._missing = self._transaction(inspect_schema, write=False)
         except _migrate.SchemaError as exc:
             raise StoreError(str(exc)) from exc
         return self._has_table
 
     def _require_table(self) -> None:
+        """Refuse, with the way out, a write that a read-only store cannot make: no table, or an older
+        schema that only a writing store upgrades (its first write would otherwise fail on the schema)."""
         if not self._readable():
             raise StoreError(f"database {_shown(self._url)} has no {TABLE_NAME} table; it was "
                              "opened read-only (create=False): open it with Store(url) to write")
+        if self._missing and not self._upgrade_pending and self._transaction(self._old_columns, write=False):
+            raise StoreError(f"database {_shown(self._url)} has an older schema, which a store opened read-only "
+                             "(create=False) does not upgrade: open it with Store(url) to upgrade it and write")
 
 
 def check_on_conflict(on_conflict: str) -> None:
@@ -408,14 +423,25 @@ def _put(session: Session, record: Record, on_conflict: str) -> Outcome:
     return "kept"
 
 
-def _legacy_records(session: Session, device: str | None, kernel: str | None) -> list[Record]:
-    """Records of a schema-0001 table (no mode column), read without migrating it: all "graph"."""
-    attributes = [attribute for attribute in inspect(RecordModel).column_attrs if attribute.key != "mode"]
-    query = select(*[attribute.columns[0] for attribute in attributes]).where(*RecordModel._filters(device, kernel))
-    rows = session.execute(query.order_by(RecordModel.kernel, RecordModel.problem_key, RecordModel.device_name))
+def _missing_columns(session: Session) -> frozenset[str]:
+    """The newer columns (``_NEWER_COLUMNS``) that the records table of this database lacks."""
+    columns = {column["name"] for column in inspect(session.connection()).get_columns(TABLE_NAME)}
+    return _NEWER_COLUMNS - columns
+
+
+def _old_schema_records(session: Session, missing: frozenset[str],
+                        filters: Sequence[ColumnElement[bool]]) -> list[Record]:
+    """Records matching ``filters`` of a table that lacks the ``missing`` columns, read without migrating
+    it, in ``RecordModel.find_all``'s order; a table without modes (0001) holds "graph" records only."""
+    attributes = [attribute for attribute in inspect(RecordModel).column_attrs if attribute.key not in missing]
+    order = [RecordModel.kernel, RecordModel.problem_key, RecordModel.device_name]
+    if "mode" not in missing:
+        order.append(RecordModel.mode)
+    query = select(*[attribute.columns[0] for attribute in attributes]).where(*filters).order_by(*order)
+    defaults = {"mode": "graph"} if "mode" in missing else {}
     return [RecordModel(**{attribute.key: row[index] for index, attribute in enumerate(attributes)},
-                        mode="graph").to_record()
-            for row in rows]
+                        **defaults).to_record()
+            for row in session.execute(query)]
 
 
 def _make_engine(url: str, *, wal: bool) -> Engine:

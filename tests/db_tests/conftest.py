@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -40,6 +41,21 @@ def make_record(m: int = 16, n: int = 4096, k: int = 4096, **changes: Any) -> Re
     if "tflops" not in changes:  # the record must agree with itself (db.plausibility_problems)
         values["tflops"] = sum(2 * a * b * c for a, b, c in values["shapes"]) / (values["time_ms"] * 1e-3) / 1e12
     return Record(**values)
+
+
+def make_long_grouped_record(seed: int = 0, groups: int = 600, **changes: Any) -> Record:
+    """A plausible grouped_matmul record whose key lists ``groups`` distinct random shapes: over 8 KB
+    of text that compresses poorly, past what a PostgreSQL btree index entry holds (about 2.7 KB)."""
+    rng = random.Random(seed)
+    shapes: set[tuple[int, int, int]] = set()
+    while len(shapes) < groups:
+        shapes.add((rng.randint(1, 8192), rng.randint(16, 8192), rng.randint(16, 8192)))
+    ordered = tuple(sorted(shapes))
+    key = "fp16:nn:" + "+".join(f"{m}x{n}x{k}" for m, n, k in ordered)
+    values: dict[str, Any] = {"kernel": "grouped_matmul", "problem_key": key, "layout": "nn", "shapes": ordered,
+                              "config": {"VARIANT": "cublas"}, "time_ms": 1000.0, "cublas_ms": 1000.0,
+                              "triton_config": None, "triton_ms": None}
+    return make_record(**{**values, **changes})
 
 
 @pytest.fixture
