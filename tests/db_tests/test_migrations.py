@@ -121,3 +121,29 @@ def test_downgrade_then_upgrade_round_trips_graph_records(old_db: Path) -> None:
         command.downgrade(config, _migrate.BASELINE)
     assert _rows(old_db) == before
     assert len(Store(f"sqlite:///{old_db}").records()) == OLD_RECORDS
+
+
+@pytest.mark.parametrize("start", ["empty", "v1"])
+def test_migrations_build_exactly_the_tables_the_models_declare(db_url: str, old_db: Path, start: str) -> None:
+    """The models (db/models.py, db/_fleet_models.py) and the migrations must agree, column for column
+    and index for index, whether a database is new or upgraded from the first release."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import create_engine
+
+    from db.models import Base
+
+    if start == "v1":
+        if not db_url.startswith("sqlite"):
+            pytest.skip("the v1 database is a SQLite file")
+        db_url = f"sqlite:///{old_db}"
+    Store(db_url).upgrade()
+    ours = {table.name for table in Base.metadata.tables.values()}
+    engine = create_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={
+                "include_name": lambda name, kind, parent: kind != "table" or name in ours})
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
