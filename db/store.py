@@ -23,18 +23,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
-from sqlalchemy import ColumnElement, Engine, create_engine, event, inspect, select
-from sqlalchemy.engine import make_url
+from sqlalchemy import ColumnElement, inspect, select
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from . import _migrate
+# Module attributes here, not only in db._engine: the fault tests wrap db.store._make_engine.
+from ._engine import BEGIN_OPTION as _BEGIN_OPTION, make_engine as _make_engine, sqlite_file as _sqlite_file
 from ._outage import Outage, StoreError, StoreUnreachable, one_line, server_unreachable, shown_url as _shown
 from ._record import ImportSummary, Record
 from ._plausible import check_plausible, plausibility_problems
@@ -44,12 +44,6 @@ _logger = logging.getLogger(__name__)
 
 ON_CONFLICT_CHOICES = ("faster", "replace", "keep", "error")
 
-# SQLite waits this long for another process's write lock before reporting "database is locked";
-# a put holds the lock for milliseconds, so 30 s only runs out when something is badly stuck.
-# TUNER_SQLITE_BUSY_TIMEOUT_S overrides it (the fault tests hold a lock past a short timeout).
-_SQLITE_BUSY_TIMEOUT_S = 30.0
-# Seconds libpq may take to open a PostgreSQL connection; loopback and LAN servers answer in milliseconds.
-_PG_CONNECT_TIMEOUT_S = 10
 # Whole-transaction retries for lost races (locked SQLite, duplicate insert on PostgreSQL).
 _ATTEMPTS = 5
 _BACKOFF_S = 0.05  # doubled after each failed attempt: 0.05, 0.1, 0.2, 0.4 s
@@ -61,9 +55,6 @@ _RACE_SQLSTATES = frozenset({"23505", "40001", "40P01"})
 # Columns of tuner_records that older schemas lack: mode came with 0002 (a record without one is a "graph"
 # record), record_hash with 0004. A read-only store reads such a table as it is, without them.
 _NEWER_COLUMNS = frozenset({"mode", "record_hash"})
-
-# Execution option read by the SQLite "begin" listener: writers take the write lock up front.
-_BEGIN_OPTION = "tuner_sqlite_begin"
 
 T = TypeVar("T")
 Outcome = Literal["inserted", "replaced", "kept"]
@@ -444,62 +435,6 @@ def _old_schema_records(session: Session, missing: frozenset[str],
             for row in session.execute(query)]
 
 
-def _make_engine(url: str, *, wal: bool) -> Engine:
-    """One engine per store; for SQLite, set up the busy timeout, BEGIN IMMEDIATE and, for
-    writers, WAL (a reader leaves the journal mode alone: switching it needs the write lock)."""
-    try:
-        parsed = make_url(url)
-        if parsed.get_backend_name() != "sqlite":
-            # pre-ping: a pooled connection the server closed (a restart, pg_terminate_backend, an idle
-            # timeout) is replaced at checkout instead of failing the caller's transaction; a store makes
-            # few, short transactions, so one round trip each is cheap.
-            connect_args = {}
-            if parsed.get_driver_name() in ("psycopg", "psycopg2") and "connect_timeout" not in parsed.query:
-                # libpq waits for TCP (about 2 min) on a host that drops packets; the outage backoff
-                # (db._outage) should see a failure in seconds. A URL's own connect_timeout wins.
-                connect_args["connect_timeout"] = _PG_CONNECT_TIMEOUT_S
-            return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
-        engine = create_engine(url, connect_args={"timeout": _busy_timeout_s()})
-    except (SQLAlchemyError, ImportError) as exc:
-        raise StoreError(f"cannot open database URL {_shown(url)}: {exc}; pass a SQLAlchemy URL such "
-                         "as sqlite:////path/to/tuner.db or postgresql://host/db (with its "
-                         "driver installed), or a file path") from exc
-    event.listen(engine, "connect", _on_sqlite_connect)
-    if wal:
-        event.listen(engine, "connect", _enable_wal)
-    event.listen(engine, "begin", _on_sqlite_begin)
-    return engine
-
-
-def _busy_timeout_s() -> float:
-    text = os.environ.get("TUNER_SQLITE_BUSY_TIMEOUT_S", "").strip()
-    try:
-        value = float(text) if text else _SQLITE_BUSY_TIMEOUT_S
-    except ValueError:
-        raise StoreError(f"TUNER_SQLITE_BUSY_TIMEOUT_S={text!r} is not a number of seconds; "
-                         "unset it or give e.g. 30") from None
-    return value if value >= 0 else _SQLITE_BUSY_TIMEOUT_S
-
-
-def _on_sqlite_connect(dbapi_connection: sqlite3.Connection, connection_record: Any) -> None:
-    # SQLAlchemy's documented pysqlite recipe: stop the driver from issuing BEGIN itself, so that
-    # _on_sqlite_begin decides how each transaction starts.
-    dbapi_connection.isolation_level = None
-
-
-def _enable_wal(dbapi_connection: sqlite3.Connection, connection_record: Any) -> None:
-    # WAL lets readers (runtime dispatch) go on while a tuner writes; it persists in the file.
-    try:
-        dbapi_connection.execute("PRAGMA journal_mode=WAL")
-    except sqlite3.Error as exc:  # :memory:, read-only media, or a lock: WAL is only an optimization
-        _logger.debug("could not switch SQLite to WAL: %s", exc)
-
-
-def _on_sqlite_begin(connection: Any) -> None:
-    mode = connection.get_execution_options().get(_BEGIN_OPTION, "DEFERRED")
-    connection.exec_driver_sql(f"BEGIN {mode}")
-
-
 def _sqlstate(detail: object) -> str | None:
     """The SQLSTATE of a PostgreSQL driver error (psycopg 3: ``sqlstate``; psycopg2: ``pgcode``)."""
     return getattr(detail, "sqlstate", None) or getattr(detail, "pgcode", None)
@@ -507,19 +442,6 @@ def _sqlstate(detail: object) -> str | None:
 
 def _is_locked(exc: SQLAlchemyError) -> bool:
     return isinstance(exc, OperationalError) and "locked" in str(getattr(exc, "orig", exc)).lower()
-
-
-def _sqlite_file(url: str) -> Path | None:
-    """The file a SQLite URL names; None for other backends, memory and ``file:`` URIs."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite":
-        return None
-    database = parsed.database or ""
-    if database in ("", ":memory:") or database.startswith("file:"):
-        return None
-    return Path(database)
-
-
 
 
 def _short(text: str, limit: int = 80) -> str:
