@@ -157,11 +157,18 @@ class CheckPool:
     def submit(self, problem: Problem, config: Config, seed: int = 0) -> None:
         if len(self._pending) >= self.workers:
             raise RuntimeError(f"{self.workers} candidates are in flight already; take a result first")
+        if self._suspects:  # a crash is being traced to its culprit, one candidate alone at a time: wait in line
+            self._suspects.append(_Pending(config, problem, seed, 0.0))
+            return
+        self._start(problem, config, seed)
+
+    def _start(self, problem: Problem, config: Config, seed: int) -> Future:
         pool = self._executor()
         warming = any(not f.done() for f in self._warming)
         deadline = time.monotonic() + self.timeout_s + (WORKER_START_S if warming else 0.0)
         future = pool.submit(_check_in_worker, problem.kernel, problem.key, str(config), seed)
         self._pending[future] = _Pending(config, problem, seed, deadline)
+        return future
 
     def next_result(self) -> tuple[Config, Precheck]:
         """The next candidate to finish, with its verdict; blocks until there is one.
@@ -197,8 +204,8 @@ class CheckPool:
         self._rebuild()
 
     def _run_alone(self, suspect: _Pending) -> None:
-        self.submit(suspect.problem, suspect.config, suspect.seed)
-        future, pending = next(iter(self._pending.items()))
+        future = self._start(suspect.problem, suspect.config, suspect.seed)
+        pending = self._pending[future]
         try:
             result = future.result(timeout=max(0.0, pending.deadline - time.monotonic()))
         except BrokenProcessPool:

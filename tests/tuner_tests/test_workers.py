@@ -202,3 +202,31 @@ def test_isolated_bench_times_back_to_back_in_its_worker(timing) -> None:
     bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
     ours, theirs = bench.back_to_back(GOOD)
     assert ours > 0 and theirs > 0
+
+
+def _exit_on_stage_5_others_slow(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
+    """Stands in for the worker function: as _exit_on_stage_5, but every other config takes a while, so a
+    bystander is still running when the killer takes the pool down."""
+    if "num_stages: 5" in config_text:
+        os._exit(1)
+    time.sleep(0.5)
+    return _REAL_CHECK(kernel, problem_key, config_text, seed)
+
+
+def test_candidate_submitted_while_bystanders_rerun_alone_gets_its_own_verdict(pool, monkeypatch) -> None:
+    # The search's pipeline: after a crash, each verdict taken is followed by a new submit, while the
+    # crash's bystanders still wait to be re-run alone. Each candidate must get its own verdict, once.
+    monkeypatch.setattr(workers, "_check_in_worker", _exit_on_stage_5_others_slow)
+    monkeypatch.setattr(workers, "WORKER_START_S", 30.0)
+    killer, bystander, newcomer = GOOD.replace(num_stages=5), SPLITK.replace(num_stages=3), GOOD
+    pool.submit(MATMUL_PROBLEM, killer)
+    pool.submit(MATMUL_PROBLEM, bystander)
+    results = dict([pool.next_result()])
+    pool.submit(MATMUL_PROBLEM, newcomer)
+    while pool.in_flight:
+        config, result = pool.next_result()
+        assert config not in results, f"{config} got two verdicts"
+        results[config] = result
+    assert set(results) == {killer, bystander, newcomer}
+    assert results[killer].status == "crashed"
+    assert results[bystander].status == "ok" and results[newcomer].status == "ok"
