@@ -235,11 +235,12 @@ class Bench:
             inputs = self._fresh_inputs()
             run = lambda: self.spec.execute(config, inputs)  # noqa: E731
             if incumbent_ms is not None and self.quick_timer is not None:
-                quick = self.quick_timer(run)
+                quick = _timed("quick graph", self.quick_timer(run))
                 if quick > incumbent_ms * (1 + EARLY_STOP_MARGIN):
                     return Measurement("ok", time_ms=quick, rel_error=error, early_stopped=True)
-            graph = self.timer(run)
-            return Measurement("ok", time_ms=graph, eager_ms=self.time(config, EAGER), rel_error=error)
+            graph = _timed("graph", self.timer(run))
+            return Measurement("ok", time_ms=graph, eager_ms=_timed("eager", self.time(config, EAGER)),
+                               rel_error=error)
         except Exception as exc:  # a candidate may fail in any way; the search goes on
             return Measurement(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}")
 
@@ -294,6 +295,19 @@ class Bench:
             return timing.eager_ms_side_by_side(calls, rotation, how.eager_ms, before=installers,
                                                 settle_s=how.settle_s)
 
+
+
+class TimingFault(RuntimeError):
+    """A timer read no time (NaN, inf, 0 or less): a fault of that timing, not a speed to rank."""
+
+
+def _timed(what: str, ms: float) -> float:
+    """``ms`` if a time can be that (finite, above 0); else TimingFault, which fails the candidate's trial.
+    Optuna fails a NaN objective on its own while the trial said "ok", and an inf or 0 ms would rank."""
+    if not (math.isfinite(ms) and ms > 0):
+        raise TimingFault(f"the {what} timer read {ms} ms: a fault of the timing, not a time (if many configs "
+                          "read so, check the GPU with nvidia-smi and search again)")
+    return float(ms)
 
 
 def _classify(exc: Exception) -> str:

@@ -225,6 +225,24 @@ def test_crashing_candidate_is_recorded_as_failed_and_the_search_goes_on(db_url)
         "a failed config was run again instead of answered from the study"
 
 
+def test_timer_reading_nan_or_inf_fails_its_trial_and_a_resumed_search_goes_on(db_url) -> None:
+    # The test double of the GPU timer reads NaN for num_stages 3 (the optimum's) and inf for num_stages 4:
+    # a timer fault, not a speed. Optuna fails a NaN objective on its own, and the trial had kept status "ok"
+    # with no value: a resumed search then crashed comparing its missing time.
+    broken = {3: float("nan"), 4: float("inf")}
+    first = Kernel(_space(), slowdown=lambda config: broken.get(config.num_stages, 1.0))
+    record = _tune(first, db_url, trials=6)
+    assert record.config["num_stages"] == 2
+    study = _study(db_url)
+    faulty = [t for t in study.trials if Config.parse(t.user_attrs["config"]).num_stages in broken]
+    assert faulty, "some config with a broken timing must have been tried"
+    for trial in faulty:
+        assert trial.state == TrialState.FAIL and trial.user_attrs["status"] == "error", trial.user_attrs
+        assert "ms" in trial.user_attrs["reason"] and "timer" in trial.user_attrs["reason"]
+    resumed = _tune(Kernel(_space()), db_url, trials=8)
+    assert resumed.trials == 8
+
+
 def test_search_whose_winner_time_is_implausible_stores_nothing(db_url) -> None:
     # A timer glitch: every config measures 1e-30 of its time, far under any device's floor.
     kernel = Kernel(_space(), slowdown=lambda config: 1e-30)
