@@ -781,6 +781,36 @@ def test_a_triton_config_must_beat_our_cublas_path_where_it_was_timed() -> None:
     assert not kernels.is_baseline(Config.from_dict(graph.config)) and graph.time_ms == 0.0185
 
 
+class _RankedContestBench(_QuickCublasBench):
+    """As _QuickCublasBench, but each config has its own contest time in eager mode (``eager_ms``)."""
+
+    def __init__(self, eager_ms: dict[Config, float]) -> None:
+        super().__init__(config_ms=0.019)
+        self.eager_ms = eager_ms
+
+    def contest(self, configs: list[Config], rounds: int | None = None, mode: str = "graph",
+                graph: Config | None = None) -> tuple[list[float], float]:
+        times, baseline_ms = super().contest(configs, rounds, mode, graph)
+        if mode == "eager":
+            times = [self.eager_ms.get(c, t) for c, t in zip(configs, times)]
+        return times, baseline_ms
+
+
+def test_an_eager_cublas_winner_keeps_the_contests_fastest_triton_config_and_its_contest_time() -> None:
+    """Our cuBLAS path wins the eager contest; the record's best Triton config and time are the contest's
+    (as in every other outcome of a contest), not the search's first finalist at the search's own time."""
+    first = MATMUL.default_config(THIN, H100)
+    second = first.replace(num_stages=first.num_stages + 1)
+    assert MATMUL.space.violation(second, THIN, H100) is None
+    bench = _RankedContestBench({first: 0.0200, second: 0.0188})
+    records = search.decide_modes(MATMUL, THIN, H100, bench,
+                                  _trial_study((first, 0.0190, 0.0190), (second, 0.0191, 0.0192)))
+    eager = records["eager"]
+    assert kernels.is_baseline(Config.from_dict(eager.config)) and eager.time_ms == 0.0175
+    assert bench.contests[1] == [first, second, BASELINE]
+    assert Config.from_dict(eager.triton_config) == second and eager.triton_ms == 0.0188
+
+
 def test_with_no_contest_a_cublas_eager_winner_still_stores_our_paths_time() -> None:
     """No Triton config ran near cuBLAS on the GPU: cuBLAS wins eager without a contest (_cublas_record),
     and stores our path's time, here under torch.matmul's."""
