@@ -157,10 +157,14 @@ class CheckPool:
     def submit(self, problem: Problem, config: Config, seed: int = 0) -> None:
         if len(self._pending) >= self.workers:
             raise RuntimeError(f"{self.workers} candidates are in flight already; take a result first")
-        if self._suspects:  # a crash is being traced to its culprit, one candidate alone at a time: wait in line
-            self._suspects.append(_Pending(config, problem, seed, 0.0))
-            return
-        self._start(problem, config, seed)
+        if not self._suspects:
+            try:
+                self._start(problem, config, seed)
+                return
+            except BrokenProcessPool:  # a candidate in flight killed its worker since the last verdict
+                self._give_up_on_pool()
+        # A crash is being traced to its culprit, one candidate alone at a time: this one waits in line.
+        self._suspects.append(_Pending(config, problem, seed, 0.0))
 
     def _start(self, problem: Problem, config: Config, seed: int) -> Future:
         pool = self._executor()

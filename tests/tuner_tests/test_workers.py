@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
@@ -230,3 +231,19 @@ def test_candidate_submitted_while_bystanders_rerun_alone_gets_its_own_verdict(p
     assert set(results) == {killer, bystander, newcomer}
     assert results[killer].status == "crashed"
     assert results[bystander].status == "ok" and results[newcomer].status == "ok"
+
+
+def test_submit_after_a_candidate_in_flight_broke_the_pool_does_not_end_the_search(pool, monkeypatch) -> None:
+    # The search takes one verdict, times that candidate (seconds), then submits a new one: meanwhile another
+    # candidate in flight can kill its worker, which breaks the whole executor. The submit must not raise.
+    monkeypatch.setattr(workers, "_check_in_worker", _exit_on_stage_5)
+    monkeypatch.setattr(workers, "WORKER_START_S", 30.0)
+    killer = GOOD.replace(num_stages=5)
+    pool.submit(MATMUL_PROBLEM, killer)
+    (killer_future,) = pool._pending  # white box: wait until the executor has failed it, so it is broken
+    assert isinstance(killer_future.exception(timeout=60), BrokenProcessPool)
+    pool.submit(MATMUL_PROBLEM, GOOD)
+    results = dict(pool.next_result() for _ in range(2))
+    assert results[killer].status == "crashed" and results[GOOD].status == "ok"
+    assert pool.in_flight == 0
+
