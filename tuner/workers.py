@@ -329,8 +329,13 @@ class TimingWorker:
     def call(self, fn, *args):
         """``fn(*args)`` in the worker; WorkerLost (after a restart) if it dies or outlives the timeout."""
         self.start()
+        try:
+            future = self._pool.submit(fn, *args)
+        except BrokenProcessPool:  # the process died between calls, with no call of ours in it: a new one takes this
+            self._restart()
+            self.start()
+            future = self._pool.submit(fn, *args)
         warming = self._warming is not None and not self._warming.done()
-        future = self._pool.submit(fn, *args)
         try:
             return future.result(timeout=self.timeout_s + (WORKER_START_S if warming else 0.0))
         except BrokenProcessPool:

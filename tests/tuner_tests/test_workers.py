@@ -8,6 +8,7 @@ so one pool serves the module.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
@@ -247,3 +248,16 @@ def test_submit_after_a_candidate_in_flight_broke_the_pool_does_not_end_the_sear
     assert results[killer].status == "crashed" and results[GOOD].status == "ok"
     assert pool.in_flight == 0
 
+
+def test_a_timing_worker_that_died_between_calls_is_replaced_for_the_next_candidate(timing) -> None:
+    # Its process dies while idle (here killed by the test; on a box, say, the OOM killer): no candidate was
+    # in it, so the next one is timed in a new worker, neither blamed nor allowed to end the search.
+    bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
+    assert bench.measure(GOOD).status == "ok"
+    (process,) = timing._pool._processes.values()  # white box: the worker's process, started by this test
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(30)
+    deadline = time.monotonic() + 30
+    while not timing._pool._broken and time.monotonic() < deadline:  # its executor notices the death
+        time.sleep(0.05)
+    assert bench.measure(GOOD).status == "ok"
