@@ -899,16 +899,23 @@ class _Search:
         start = time.monotonic()
         deadline = start + self.budget.seconds if self.budget.seconds else math.inf
         measured = self.measured_count
-        while True:
-            while (len(self.in_flight) < self.ahead and measured + len(self.in_flight) < self.budget.trials
-                   and time.monotonic() < deadline and self._ask_new()):
-                pass
-            if not self.in_flight:
-                break
-            config, measurement = self._next_measurement()
-            measured += 1
-            for trial in self.in_flight.pop(config):
-                self._finish(trial, measurement)
+        try:
+            while True:
+                while (len(self.in_flight) < self.ahead and measured + len(self.in_flight) < self.budget.trials
+                       and time.monotonic() < deadline and self._ask_new()):
+                    pass
+                if not self.in_flight:
+                    break
+                config, measurement = self._next_measurement()
+                measured += 1
+                for trial in self.in_flight.pop(config):
+                    self._finish(trial, measurement)
+        except Exception:
+            if self.pool is not None and self.pool.in_flight:
+                # One pool serves every problem of a CLI run or fleet worker, which go on after this one fails:
+                # its candidates still in flight must not answer the next search. The pool restarts on use.
+                self.pool.close()
+            raise
         if self.invalid_in_a_row >= MAX_INVALID_IN_A_ROW:
             log.warning("%s: %d invalid samples in a row; the space leaves little valid, stopping",
                         self.bench.problem, self.invalid_in_a_row)

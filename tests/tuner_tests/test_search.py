@@ -523,6 +523,26 @@ def test_pipelined_search_with_worker_pool_keeps_ahead_in_flight(db_url) -> None
     assert not _study(db_url).get_trials(states=(TrialState.RUNNING,))
 
 
+def test_a_search_that_fails_midway_leaves_the_shared_pool_clean_for_the_next_problem(db_url) -> None:
+    # The CLI and fleet workers keep one CheckPool for all their problems and go on after one fails. A failure
+    # with candidates in flight (here the progress display's pipe closed, as under `search ... | head`) left
+    # their verdicts in the pool, where the next problem's search took them for its own.
+    def closed_pipe(progress: Progress) -> None:
+        raise BrokenPipeError("the progress display's pipe is closed")
+
+    with CheckPool(workers=3) as pool:
+        with pytest.raises(BrokenPipeError):
+            _tune(Kernel(_space()), db_url, trials=12, pool=pool, ahead=3, on_trial=closed_pipe)
+        kernel = Kernel(_space())
+        other = Problem("matmul", "fp32", "nn", ((32, 32, 64),))
+        with Store(db_url) as store:
+            record = tune_problem(kernel.spec, other, CPU, store, budget=Budget(6), timer=kernel.timer,
+                                  eager_timer=kernel.eager_timer, seed=0, pool=pool, ahead=3)
+        assert record.trials == 6 and pool.in_flight == 0
+    study = open_study(optuna.storages.RDBStorage(db_url), CPU, other)
+    assert len(measured_trials(study)) == 6 and all(t.user_attrs["status"] == "ok" for t in measured_trials(study))
+
+
 def test_gp_sampler_learns_the_constraints_instead_of_repeating_an_invalid_config(db_url) -> None:
     pytest.importorskip("scipy", reason="Optuna's GP sampler needs scipy (the `samplers` extra)")
     kernel = Kernel(_space(constraints=(_wide_tiles_need_three_stages,)))  # 7 valid configs of 12, OPTIMUM one of them
