@@ -218,6 +218,8 @@ class CheckPool:
         except FutureTimeout:
             result = Precheck("timeout", reason=f"no result within {self.timeout_s:.0f} s")
             self._rebuild()
+        except Exception as exc:  # the call itself failed, as in next_result: this candidate's verdict
+            result = Precheck("error", reason=f"{type(exc).__name__}: {exc}"[:300])
         self._pending.clear()
         self._done.append((suspect.config, result))
 

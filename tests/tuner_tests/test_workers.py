@@ -261,3 +261,23 @@ def test_a_timing_worker_that_died_between_calls_is_replaced_for_the_next_candid
     while not timing._pool._broken and time.monotonic() < deadline:  # its executor notices the death
         time.sleep(0.05)
     assert bench.measure(GOOD).status == "ok"
+
+
+def _exit_on_stage_5_raise_on_stage_4(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
+    """Stands in for the worker function: one config kills its worker, another's call fails in the worker
+    (raises instead of returning a verdict, as a failing cleanup after the check would)."""
+    if "num_stages: 4" in config_text:
+        time.sleep(0.5)  # still running when the other one takes the pool down
+        raise RuntimeError("the call failed in the worker")
+    return _exit_on_stage_5(kernel, problem_key, config_text, seed)
+
+
+def test_a_call_that_fails_in_a_bystander_run_alone_is_its_error_not_the_searchs_end(pool, monkeypatch) -> None:
+    # Run with the others, such a call is an "error" verdict; run alone after a crash, it raised out of
+    # next_result and ended the search.
+    monkeypatch.setattr(workers, "_check_in_worker", _exit_on_stage_5_raise_on_stage_4)
+    monkeypatch.setattr(workers, "WORKER_START_S", 30.0)
+    killer, failing = GOOD.replace(num_stages=5), GOOD.replace(num_stages=4)
+    results = pool.check(MATMUL_PROBLEM, [killer, failing])
+    assert results[killer].status == "crashed"
+    assert results[failing].status == "error" and "the call failed in the worker" in results[failing].reason
