@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import logging
 import math
+import shlex
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ import optuna
 from optuna.trial import TrialState
 import torch
 import triton
+from sqlalchemy import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import kernels
@@ -512,8 +514,13 @@ def _tune_once(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: St
     stats = _Search(study, spec, bench, budget, pool, on_trial, ahead, space).run()
     found = best_triton(study)
     if found is None:
+        # The study keeps these verdicts: a rerun answers the same configs from it and fails at once.
+        storage_url = make_url(store.url).render_as_string(hide_password=True)
         raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
-                       f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}")
+                       f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}. "
+                       "The study keeps these verdicts, so a rerun does not measure these configs again: once the "
+                       f"cause is fixed, run `optuna delete-study --storage {shlex.quote(storage_url)} --study-name "
+                       f"{shlex.quote(study.study_name)}` (or search into a fresh --db)")
     started = time.monotonic()
     records = decide_modes(spec, problem, device, bench, study, eager_passes=eager_passes)
     stats.head_to_head_s = time.monotonic() - started

@@ -261,6 +261,20 @@ def test_search_where_nothing_runs_raises(db_url) -> None:
         assert store.records() == []
 
 
+def test_no_winner_says_how_to_measure_the_failed_configs_again(db_url) -> None:
+    # The study keeps each failed config's verdict, so rerunning after fixing the cause (a broken compiler, a
+    # busy GPU) answers them from the study and fails at once: the message must say the way out.
+    with pytest.raises(NoWinner) as info:
+        _tune(Kernel(_space(), fails=lambda config: True), db_url, trials=3)
+    with pytest.raises(NoWinner):
+        _tune(Kernel(_space()), db_url, trials=3)  # the cause is gone, but nothing is measured again
+    message = str(info.value)
+    name = study_name(CPU, PROBLEM)
+    assert "optuna delete-study" in message and db_url in message and name in message
+    optuna.delete_study(study_name=name, storage=db_url)  # what the message says to do
+    assert _tune(Kernel(_space()), db_url, trials=3).trials == 3
+
+
 def test_progress_reports_each_trial(db_url) -> None:
     seen: list[Progress] = []
     _tune(Kernel(_space()), db_url, trials=5, on_trial=seen.append)
