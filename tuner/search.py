@@ -133,7 +133,7 @@ class NoWinner(RuntimeError):
 def failure_summary(study: optuna.Study, top: int = 3) -> str:
     counts: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,)):
-        if t.user_attrs.get("interrupted"):
+        if t.user_attrs.get("interrupted") or t.user_attrs.get("repeat"):  # a repeat was answered, not run
             continue
         reason = f"{t.user_attrs.get('status', '?')}: {t.user_attrs.get('reason', '')[:160]}"
         counts[reason] = counts.get(reason, 0) + 1

@@ -7,6 +7,7 @@ on any machine) so that only the search's bookkeeping is under test.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 
 import optuna
@@ -259,6 +260,16 @@ def test_search_where_nothing_runs_raises(db_url) -> None:
     assert "RuntimeError: boom" in str(info.value), "the message says how the configs failed"
     with Store(db_url) as store:
         assert store.records() == []
+
+
+def test_no_winner_counts_each_failed_config_once(db_url) -> None:
+    # Budget 12 on a 12-config space where all fail: the sampler proposes failed configs again, and those
+    # repeats (answered from the study, not run) were counted as failures too: 20 failures "in 12 trials".
+    with pytest.raises(NoWinner) as info:
+        _tune(Kernel(_space(), fails=lambda config: True), db_url, trials=12)
+    assert any(t.user_attrs.get("repeat") for t in _study(db_url).trials), "the test needs repeats"
+    counts = re.findall(r"(\d+)x error", str(info.value))
+    assert "in 12 trials" in str(info.value) and sum(map(int, counts)) == 12, str(info.value)
 
 
 def test_no_winner_says_how_to_measure_the_failed_configs_again(db_url) -> None:
