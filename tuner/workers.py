@@ -308,6 +308,14 @@ def _back_to_back_in_worker(kernel: str, problem_key: str, seed: int, config_tex
     return _bench_of(kernel, problem_key, seed).back_to_back(Config.parse(config_text))
 
 
+def _release_in_worker(kernel: str, problem_key: str, seed: int) -> None:
+    """The problem is done: its bench and rotating inputs go, and the GPU memory they held is handed back."""
+    import torch
+
+    if _BENCHES.pop((kernel, problem_key, seed), None) is not None:
+        torch.cuda.empty_cache()  # a no-op where CUDA was never initialised (the interpreter)
+
+
 class TimingWorker:
     """One process that checks and times candidates, one at a time, so the GPU serves one timing.
 
@@ -392,3 +400,10 @@ class IsolatedBench:
 
     def back_to_back(self, config: Config) -> tuple[float, float]:
         return self._call(_back_to_back_in_worker, str(config))
+
+    def release(self) -> None:
+        """Free the problem's rotating inputs in the worker (``Bench.release``), once the problem is done."""
+        try:
+            self._call(_release_in_worker)
+        except WorkerLost:  # a worker that died holds nothing; a new one starts on the next call
+            pass

@@ -602,6 +602,23 @@ def test_search_with_a_pool_times_in_the_isolated_timing_worker(db_url, monkeypa
     assert all(t.user_attrs["status"] == "ok" for t in measured_trials(study))
 
 
+def _benches_held_in_the_timing_worker() -> int:
+    """Runs in the timing worker: how many problems' benches (and their rotating inputs) it still holds."""
+    from tuner import workers
+
+    return len(workers._BENCHES)
+
+
+def test_a_finished_search_frees_its_inputs_in_the_timing_worker(db_url) -> None:
+    # Bench.release frees a problem's rotating inputs (up to 4 GiB of GPU memory) once it is done; timed in the
+    # timing worker, the search had nothing to call, and the worker kept them while the next problem's compile
+    # workers ran on the same GPU.
+    problem = Problem("matmul", "fp16", "nn", ((16, 32, 32),))
+    with Store(db_url) as store, CheckPool(workers=2) as pool:
+        tune_problem(MATMUL, problem, CPU, store, budget=Budget(2), seed=0, pool=pool)
+        assert pool.timing.call(_benches_held_in_the_timing_worker) == 0
+
+
 def test_an_interrupted_trial_of_an_older_space_is_asked_again_by_its_config(db_url) -> None:
     """A study begun when the sampler drew from the whole space (BLOCK_N 32 or 64) resumes under the
     space narrowed to the problem (BLOCK_N=64 is invalid for N=32): the interrupted config is asked
