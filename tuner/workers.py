@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
@@ -69,6 +70,7 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     try:
         error = _error_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
     except Exception as exc:  # report, don't die: the parent decides what a failure means
+        _exit_if_device_faulted(f"checking {config_text}", exc)
         return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
                         seconds=time.perf_counter() - start)
     finally:
@@ -80,6 +82,35 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
         return Precheck("wrong_result", error, f"relative error {error:.3g} over the {tolerance:g} allowed",
                         time.perf_counter() - start)
     return Precheck("ok", error, seconds=time.perf_counter() - start)
+
+
+# A worker's exit status where a candidate left its GPU context faulted (os._exit: no cleanup can run there).
+DEVICE_FAULT_EXIT = 70
+
+
+def _device_faulted() -> bool:
+    """Whether this process's CUDA context took a sticky fault (an illegal address, a device-side assert).
+    PyTorch raises it as an error and the process lives on, but every later CUDA call in it fails."""
+    import torch
+
+    import kernels
+
+    if not torch.cuda.is_available() or kernels.interpreter_enabled():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error of a bare synchronize is the context's
+        return True
+    return False
+
+
+def _exit_if_device_faulted(doing: str, error: object) -> None:
+    """End this worker where the candidate just run left its GPU context faulted: the parent then reports the
+    candidate ``crashed`` and starts a sound worker, instead of the later candidates failing here one by one."""
+    if _device_faulted():
+        print(f"worker {os.getpid()}: {doing} left the GPU faulted ({error}); this worker exits", file=sys.stderr,
+              flush=True)
+        os._exit(DEVICE_FAULT_EXIT)
 
 
 def default_workers() -> int:
@@ -285,8 +316,11 @@ def _worker_device():
 
 def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, incumbent_ms: float | None,
                        checked_error: float | None = None):
-    return _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms,
-                                                        checked_error=checked_error)
+    measurement = _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms,
+                                                               checked_error=checked_error)
+    if not measurement.ok:
+        _exit_if_device_faulted(f"timing {config_text}", measurement.reason)
+    return measurement
 
 
 def _baseline_in_worker(kernel: str, problem_key: str, seed: int, mode: str = "graph") -> float:

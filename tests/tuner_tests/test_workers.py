@@ -281,3 +281,55 @@ def test_a_call_that_fails_in_a_bystander_run_alone_is_its_error_not_the_searchs
     results = pool.check(MATMUL_PROBLEM, [killer, failing])
     assert results[killer].status == "crashed"
     assert results[failing].status == "error" and "the call failed in the worker" in results[failing].reason
+
+
+# ------------------------------------------------------------------------------------------ device faults
+
+def _fault_the_device() -> None:
+    """A sticky device fault, as a candidate's illegal address leaves one: an out-of-bounds gather's device-side
+    assert. The process lives on, but every later CUDA call in it fails."""
+    import torch
+
+    try:
+        torch.zeros(4, device="cuda")[torch.tensor([1 << 20], device="cuda")]
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - the fault is the point; the real worker function runs into it next
+        pass
+
+
+def _fault_when_timed_on_stage_5(kernel, problem_key, seed, config_text, *rest):
+    """Stands in for the timing worker's function: for one config the device faults first, then the real
+    function measures it (and meets the fault, as it would meet a faulting kernel's)."""
+    if "num_stages: 5" in config_text:
+        _fault_the_device()
+    return _REAL_MEASURE(kernel, problem_key, seed, config_text, *rest)
+
+
+def _fault_when_checked_on_stage_5(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
+    """As _fault_when_timed_on_stage_5, for the compile workers' check."""
+    if "num_stages: 5" in config_text:
+        _fault_the_device()
+    return _REAL_CHECK(kernel, problem_key, config_text, seed)
+
+
+@pytest.mark.gpu
+def test_a_candidate_that_faults_the_device_while_timed_is_crashed_and_the_next_is_timed_in_a_sound_worker(
+        timing, monkeypatch) -> None:
+    # Before: Bench.measure caught the CUDA error as a plain "error" and the worker lived on with a faulted
+    # context, so every later candidate of the search (and its contests) failed there too.
+    monkeypatch.setattr(workers, "_measure_in_worker", _fault_when_timed_on_stage_5)
+    bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
+    faulted = bench.measure(GOOD.replace(num_stages=5))
+    assert faulted.status == "crashed", faulted
+    after = bench.measure(GOOD)
+    assert after.status == "ok", after
+
+
+@pytest.mark.gpu
+def test_a_candidate_that_faults_the_device_while_checked_is_crashed_and_the_worker_replaced(monkeypatch) -> None:
+    monkeypatch.setattr(workers, "_check_in_worker", _fault_when_checked_on_stage_5)
+    faulty = GOOD.replace(num_stages=5)
+    with CheckPool(workers=1, timeout_s=120) as one:  # one worker: the next candidate is checked where the fault was
+        results = one.check(MATMUL_PROBLEM, [faulty, GOOD, SPLITK])
+    assert results[faulty].status == "crashed", results[faulty]
+    assert results[GOOD].status == "ok" and results[SPLITK].status == "ok", results
