@@ -511,22 +511,24 @@ def _tune_once(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: St
         for config in warm_start_configs(spec, problem, device, store, use_shipped):
             study.enqueue_trial(params_of(config, space), skip_if_exists=True)
     requeue_interrupted(study, space)
-    stats = _Search(study, spec, bench, budget, pool, on_trial, ahead, space).run()
-    found = best_triton(study)
-    if found is None:
-        # The study keeps these verdicts: a rerun answers the same configs from it and fails at once.
-        storage_url = make_url(store.url).render_as_string(hide_password=True)
-        raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
-                       f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}. "
-                       "The study keeps these verdicts, so a rerun does not measure these configs again: once the "
-                       f"cause is fixed, run `optuna delete-study --storage {shlex.quote(storage_url)} --study-name "
-                       f"{shlex.quote(study.study_name)}` (or search into a fresh --db)")
-    started = time.monotonic()
-    records = decide_modes(spec, problem, device, bench, study, eager_passes=eager_passes)
-    stats.head_to_head_s = time.monotonic() - started
-    bench_release = getattr(bench, "release", None)
-    if bench_release:
-        bench_release()
+    # The bench's rotating inputs (up to 4 GiB of GPU memory, in the timing worker when there is one) go when
+    # the search is done, however it ends: a CLI run or fleet worker goes on to other problems after a failure.
+    try:
+        stats = _Search(study, spec, bench, budget, pool, on_trial, ahead, space).run()
+        found = best_triton(study)
+        if found is None:
+            # The study keeps these verdicts: a rerun answers the same configs from it and fails at once.
+            storage_url = make_url(store.url).render_as_string(hide_password=True)
+            raise NoWinner(f"no config of {spec.name} ran correctly on {problem.key} in "
+                           f"{len(measured_trials(study))} trials; most common failures: {failure_summary(study)}. "
+                           "The study keeps these verdicts, so a rerun does not measure these configs again: once "
+                           f"the cause is fixed, run `optuna delete-study --storage {shlex.quote(storage_url)} "
+                           f"--study-name {shlex.quote(study.study_name)}` (or search into a fresh --db)")
+        started = time.monotonic()
+        records = decide_modes(spec, problem, device, bench, study, eager_passes=eager_passes)
+        stats.head_to_head_s = time.monotonic() - started
+    finally:
+        _release(bench)
     implausible = {mode: plausibility_problems(record) for mode, record in records.items()}
     if any(implausible.values()):  # a timer glitch (a 1 ns kernel) must not become the fleet's winner
         raise NoWinner(f"the winner of {problem.key} is not plausible, so it was not stored: "
@@ -535,6 +537,14 @@ def _tune_once(spec: KernelSpec, problem: Problem, device: DeviceInfo, store: St
     if on_finish:
         on_finish(stats)
     return records[GRAPH]
+
+
+def _release(bench: Bench | IsolatedBench) -> None:
+    """Free ``bench``'s rotating inputs; a failure to do so is logged, never raised over the search's outcome."""
+    try:
+        bench.release()
+    except Exception as exc:  # noqa: BLE001 - the search's own result or error is what the caller needs
+        log.warning("%s: could not free the search's inputs: %s", bench.problem, exc)
 
 
 def decide_modes(spec: KernelSpec, problem: Problem, device: DeviceInfo, bench: Bench | IsolatedBench,

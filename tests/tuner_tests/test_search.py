@@ -619,6 +619,22 @@ def test_a_finished_search_frees_its_inputs_in_the_timing_worker(db_url) -> None
         assert pool.timing.call(_benches_held_in_the_timing_worker) == 0
 
 
+def test_a_search_that_fails_frees_its_inputs_in_the_timing_worker(db_url) -> None:
+    # A search that ended in an error (here the progress display's pipe closed; NoWinner or a contest's error
+    # alike) kept its bench, and so its rotating inputs, in the timing worker for the rest of the run: a fleet
+    # worker that met a few such problems held a few times 4 GiB of GPU memory.
+    def closed_pipe(progress: Progress) -> None:
+        raise BrokenPipeError("the progress display's pipe is closed")
+
+    problem = Problem("matmul", "fp16", "nn", ((16, 32, 32),))
+    with Store(db_url) as store, CheckPool(workers=2) as pool:
+        with pytest.raises(BrokenPipeError):
+            # One trial, one in flight: nothing is left in flight when it fails, so the pool is not closed.
+            tune_problem(MATMUL, problem, CPU, store, budget=Budget(1), seed=0, pool=pool, ahead=1,
+                         on_trial=closed_pipe)
+        assert pool.timing.call(_benches_held_in_the_timing_worker) == 0
+
+
 def test_an_interrupted_trial_of_an_older_space_is_asked_again_by_its_config(db_url) -> None:
     """A study begun when the sampler drew from the whole space (BLOCK_N 32 or 64) resumes under the
     space narrowed to the problem (BLOCK_N=64 is invalid for N=32): the interrupted config is asked
