@@ -148,6 +148,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{len(failed)} problem(s) failed:")
         for job in failed:
             print(f"  {job.spec.kernel} {job.spec.problem_key}: {job.error or 'no error recorded'}")
+        # A lost timing worker or a crash mid-contest says nothing of what is kept: the studies are, and a rerun
+        # queues the failed jobs again.
+        print("each study keeps every trial measured: where a search stopped on a crash or a lost worker, run the "
+              "same command again to resume them (a 'no config ran correctly' says its own way out)")
         return 1
     return 0
 

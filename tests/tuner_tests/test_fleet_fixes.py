@@ -98,6 +98,7 @@ def test_search_reports_each_failed_jobs_own_error(tmp_path: Path, monkeypatch, 
     out = capsys.readouterr().out
     assert "1 problem(s) failed:" in out and "found no correct config" not in out
     assert "matmul fp16:nn:16x32x32: RuntimeError: the benchmark harness crashed" in out
+    assert "run the same command again to resume them" in out
     with Store(url) as store:
         (job,) = JobQueue(store).jobs()
     assert job.state == "failed" and "RuntimeError: the benchmark harness crashed" == job.error
