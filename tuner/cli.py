@@ -81,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, default=None, help="seconds per problem (default: none)")
     s.add_argument("--budget", action="append", default=None, metavar="N|Ns",
                    help="per problem: N measured trials, or Ns seconds (30s); repeat for both, the first "
-                        "reached ends the search; replaces --trials and --timeout")
+                        "reached ends the sampling (the contests that pick the winners follow); replaces "
+                        "--trials and --timeout")
     s.add_argument("--sampler", default="tpe", help="tpe (default), random, gp or cmaes")
     s.add_argument("--seed", type=int, default=None, help="sampler seed, for reproducible searches")
     s.add_argument("--workers", type=int, default=None,
