@@ -370,7 +370,7 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
 def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str,
                       table: dict[tuple[str, str], _Entry]) -> Choice | None:
     """An untuned problem with no near record: the Triton config that won clearly on a majority of this
-    GPU's tuned problems of its class (as many rows of A, the same layout), where that class is large enough
+    GPU's tuned problems of its class (as many rows of A, the same layout, a dtype whose records carry over), where that class is large enough
     to judge by (CONSENSUS_SHARE, CONSENSUS_LEAST), else None; cuBLAS, saying why, where its blocks fill this
     problem's K worse than any its wins speak for (``_least_fill_won``).
 
@@ -383,7 +383,9 @@ def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mo
     won: dict[Config, list[str]] = {}
     for (key, entry_mode), entry in table.items():
         tuned = entry.problem
-        if entry_mode != GRAPH or tuned.layout != problem.layout or tuned.shapes[0][0] != rows:
+        # Only records that carry over by dtype vote: the other half type's do, a half type's never an fp32 one's.
+        if entry_mode != GRAPH or tuned.layout != problem.layout or tuned.shapes[0][0] != rows \
+                or not math.isfinite(spec.transfer_distance(problem, tuned)):
             continue
         peers.append(entry)
         if _won_clearly(entry, CONSENSUS_WIN_MARGIN) and (mode == GRAPH or _carries_to_eager(entry)):

@@ -239,6 +239,16 @@ def test_an_untuned_one_row_problem_far_from_every_record_takes_the_config_most_
     assert near.source == "nearest:bf16:nt:1x3072x3072"
 
 
+def test_half_type_one_row_wins_make_no_consensus_for_an_fp32_problem(db_url) -> None:
+    """8 of 9 bf16 one-row records won by one gemv config: an fp16 problem takes it (the other half type carries
+    over), an fp32 one does not: nothing carries from a half type to fp32 (KernelSpec.transfer_distance)."""
+    _store(db_url, *_one_row_records([GEMV_A] * 8 + [None]))
+    for mode in ("graph", "eager"):
+        assert _choose(db_url, "fp16:nt:1x5120x5120", mode).config == GEMV_A, mode
+        chosen = _choose(db_url, "fp32:nt:1x5120x5120", mode)
+        assert is_baseline(chosen.config), (mode, chosen.source)
+
+
 def test_no_consensus_without_a_majority_enough_records_or_clear_wins(db_url, tmp_path) -> None:
     far = "fp16:nt:1x5120x5120"
     _store(db_url, *_one_row_records([GEMV_A] * 4 + [GEMV_B] * 2 + [None] * 2))  # 4 of 8: no majority
