@@ -59,9 +59,11 @@ class Observation:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"observation mode {self.mode!r} is not one of {', '.join(MODES)}")
-        if not (self.time_ms > 0 and self.cublas_ms > 0):
-            raise ValueError(f"observation of {self.problem.key} needs positive times, got "
-                             f"{self.time_ms} ms and cuBLAS {self.cublas_ms} ms")
+        # An infinite time would make every ridge weight, and so every prediction, NaN.
+        if not all(0 < t < math.inf for t in (self.time_ms, self.cublas_ms)):
+            raise ValueError(f"observation of {self.problem.key} needs positive, finite times, got "
+                             f"{self.time_ms} ms and cuBLAS {self.cublas_ms} ms; leave out the trials that failed "
+                             "or were not timed")
 
     @property
     def log_ratio(self) -> float:

@@ -32,7 +32,7 @@ def choose_fallback(problem: Problem, mode: str, candidates: Sequence[Config], m
     if model is None or not candidates or mode not in model.modes:
         return None
     for config, ratio in model.rank(problem, [c for c in candidates if not is_baseline(c)], mode):
-        if ratio * (1.0 + margin) > 1.0:
+        if not ratio * (1.0 + margin) <= 1.0:  # a NaN prediction is no evidence of a win either
             break  # ranked: nothing later is predicted faster
         distance = model.evidence(problem, config, mode)
         if distance <= max_distance:

@@ -102,6 +102,22 @@ def test_observation_refuses_a_bad_mode_and_non_positive_times() -> None:
         Observation(problem(1, 2, 3), THIN, "graph", 0.0, 1.0)
 
 
+@pytest.mark.parametrize("time_ms,cublas_ms", [(math.inf, 1.0), (1.0, math.inf), (math.nan, 1.0)])
+def test_observation_refuses_non_finite_times(time_ms: float, cublas_ms: float) -> None:
+    # One infinite time made every ridge weight NaN, and every prediction with them: the fallback then took
+    # a config predicted at NaN, which no comparison with the margin refuses.
+    with pytest.raises(ValueError, match="positive, finite times"):
+        Observation(problem(1, 2, 3), THIN, "graph", time_ms, cublas_ms)
+
+
+def test_fallback_is_cublas_where_the_model_predicts_nan() -> None:
+    fitted = fit(world(), kind="ridge")
+    broken = CostModel("ridge", fitted.points, {"graph": {**fitted.ridge["graph"],
+                                                          "weights": [math.nan] * len(fitted.ridge["graph"]["weights"])}})
+    assert math.isnan(broken.predict_ratio(problem(1024, 2048, 2048), MEH))
+    assert choose_fallback(problem(1024, 2048, 2048), "graph", [MEH, THIN, WIDE], broken) is None
+
+
 def test_a_config_matches_its_observations_whatever_the_order_of_its_values() -> None:
     reordered = Config.from_dict(dict(reversed(list(THIN.as_dict().items()))))
     assert str(reordered) != str(THIN)
