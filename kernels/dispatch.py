@@ -213,6 +213,9 @@ class Dispatcher:
 
     def choose(self, spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str = EAGER) -> Choice:
         """The config for ``problem`` in ``mode`` on ``device``, and where it came from."""
+        if mode not in (EAGER, GRAPH):  # another mode would find no record and answer as for an untuned problem
+            raise ValueError(f"mode {mode!r} is not eager or graph, the modes records are tuned in; pass "
+                             f"{EAGER!r} or {GRAPH!r} (\"auto\" picks one of them per call: ask for each)")
         choice = self._choose(spec, problem, device, mode)
         if is_baseline(choice.config) and not spec.baseline_dispatchable(problem):
             # A baseline that would sync on every call (KernelSpec.baseline_dispatchable), reached through a

@@ -200,6 +200,18 @@ def test_untuned_eager_call_ignores_eager_wins_that_are_slim_gpu_bound_or_host_h
         assert is_baseline(_choose(db_url, key, "eager").config), key
 
 
+def test_explain_refuses_a_mode_that_is_not_eager_or_graph(db_url) -> None:
+    """"auto" is a dispatch_mode, not a mode records are tuned in: asked for it, explain had looked up no record
+    and answered as for an untuned problem (cuBLAS) where both modes' records said TILED."""
+    key = "fp16:nt:32x4096x4096"
+    _store(db_url, *(make_record(H100, key, TILED, mode=mode) for mode in ("eager", "graph")))
+    kernels.use_database(db_url, use_shipped=False)
+    assert kernels.explain("matmul", _problem(key), H100, "graph").config == TILED
+    for mode in ("auto", "Graph"):
+        with pytest.raises(ValueError, match=f"mode {mode!r} .*eager or graph"):
+            kernels.explain("matmul", _problem(key), H100, mode)
+
+
 # A one-row weight-streaming config (kernels.gemm's gemv) and another, as tuned records of one-row problems
 _GEMV = dict(VARIANT="gemv", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, SPLIT_K=1, NUM_SM=132,
              FLATTEN=False, EPILOGUE_SUBTILE=False, num_stages=2)
