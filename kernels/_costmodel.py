@@ -31,7 +31,8 @@ from ._spec import Config, Problem, is_baseline, is_row_loop
 
 MODES = ("eager", "graph")
 KINDS = ("knn", "ridge")
-FORMAT_VERSION = 3  # 2: gemv among the variants, its own blocks in the features; 3: the epilogues' row loop too
+FORMAT_VERSION = 4  # 2: gemv among the variants, its own blocks in the features; 3: the epilogues' row loop too;
+# 4: fp32 a feature of its own (it had counted as fp16)
 
 _VARIANTS = ("tiled", "splitk", "tma", "repack", "gemv")
 # fp16 and bf16 share element size and tensor-core rate: the same shape in the other one counts as
@@ -130,7 +131,7 @@ def features(problem: Problem, config: Config) -> np.ndarray:
                      math.log2(split), math.log2(config.num_warps), float(config.num_stages),
                      math.log2(programs), math.log2(max(waves, 1e-3)), wave_waste, math.log2(1 + pad_waste),
                      math.log2(k_steps), math.log2(intensity), float(problem.dtype == "bf16"),
-                     *(float(variant == v) for v in _VARIANTS)], dtype=float)
+                     float(problem.dtype == "fp32"), *(float(variant == v) for v in _VARIANTS)], dtype=float)
 
 
 def _expand(x: np.ndarray) -> np.ndarray:

@@ -118,6 +118,20 @@ def test_fallback_is_cublas_where_the_model_predicts_nan() -> None:
     assert choose_fallback(problem(1024, 2048, 2048), "graph", [MEH, THIN, WIDE], broken) is None
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_fp32_observations_do_not_move_a_half_type_prediction(kind: str) -> None:
+    # The ridge features told bf16 from fp16 but not fp32 from fp16: fp32 rows 2.5x slower against cuBLAS moved
+    # every fp16 prediction by about that (THIN at 16 rows from 0.71x to 1.12x, no longer a win).
+    half = world()
+    fp32 = [Observation(problem(*o.problem.shape, "fp32"), o.config, o.mode, o.time_ms * 2.5, o.cublas_ms)
+            for o in half]
+    alone, mixed = fit(half, kind=kind), fit(half + fp32, kind=kind)
+    for m in (16, 1024):
+        for config in (THIN, WIDE, MEH):
+            asked = problem(m, 2048, 2048)
+            assert mixed.predict_ratio(asked, config) == pytest.approx(alone.predict_ratio(asked, config), rel=0.05)
+
+
 def test_a_config_matches_its_observations_whatever_the_order_of_its_values() -> None:
     reordered = Config.from_dict(dict(reversed(list(THIN.as_dict().items()))))
     assert str(reordered) != str(THIN)
