@@ -11,7 +11,8 @@ Two learners, compared by ``scripts/costmodel_eval.py`` (docs/COSTMODEL.md has t
   borrows from the observations nearest in (problem, config) space, at a distance penalty.
 - ``ridge``: least squares on problem x config features (log M/N/K, log tile sizes, split, warps,
   stages, variant one-hot, tiles per SM wave, padding waste, tile arithmetic intensity) and their
-  pairwise products; learns trends that carry to shapes far from every observation.
+  pairwise products, fitted per kernel and layout; learns trends that carry to shapes far from every
+  observation.
 
 Both predict per mode ("eager" or "graph"); a model fitted on one mode's observations answers only
 for that mode. ``evidence`` says how far the nearest observation of the same config lies, which the
@@ -31,8 +32,8 @@ from ._spec import Config, Problem, is_baseline, is_row_loop
 
 MODES = ("eager", "graph")
 KINDS = ("knn", "ridge")
-FORMAT_VERSION = 4  # 2: gemv among the variants, its own blocks in the features; 3: the epilogues' row loop too;
-# 4: fp32 a feature of its own (it had counted as fp16)
+FORMAT_VERSION = 5  # 2: gemv among the variants, its own blocks in the features; 3: the epilogues' row loop too;
+# 4: fp32 a feature of its own (it had counted as fp16); 5: ridge weights per kernel and layout
 
 _VARIANTS = ("tiled", "splitk", "tma", "repack", "gemv")
 # fp16 and bf16 share element size and tensor-core rate: the same shape in the other one counts as
@@ -147,8 +148,8 @@ class CostModel:
     kind: str
     # per mode: (problem key, kernel, config text, log ratio) of every observation (knn, evidence)
     points: dict[str, list[tuple[str, str, str, float]]]
-    # per mode: ridge weights, feature means and scales (ridge)
-    ridge: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # per mode, per kernel and layout (``_ridge_group``): ridge weights, feature means and scales (ridge)
+    ridge: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -186,7 +187,7 @@ class CostModel:
 
     def _ridge(self, problem: Problem, config: Config, mode: str) -> float:
         self._rows(mode)
-        fitted = self.ridge.get(mode)
+        fitted = self.ridge.get(mode, {}).get(_ridge_group(problem))
         if not fitted:
             return math.inf
         x = (features(problem, config) - np.array(fitted["mean"])) / np.array(fitted["scale"])
@@ -259,8 +260,20 @@ def fit(observations: Iterable[Observation], kind: str = "knn", alpha: float = R
             by_mode.setdefault(obs.mode, []).append(obs)
     points = {mode: [(o.problem.key, o.problem.kernel, str(o.config), o.log_ratio) for o in rows]
               for mode, rows in by_mode.items()}
-    ridge = {mode: _fit_ridge(rows, alpha) for mode, rows in by_mode.items()} if kind == "ridge" else {}
+    ridge: dict[str, dict[str, dict[str, list[float]]]] = {}
+    if kind == "ridge":
+        for mode, rows in by_mode.items():
+            groups: dict[str, list[Observation]] = {}
+            for obs in rows:
+                groups.setdefault(_ridge_group(obs.problem), []).append(obs)
+            ridge[mode] = {group: _fit_ridge(members, alpha) for group, members in groups.items()}
     return CostModel(kind, points, ridge)
+
+
+def _ridge_group(problem: Problem) -> str:
+    """The observations one ridge fit learns from: one kernel and layout. The features tell neither apart, and
+    nothing carries across them (knn counts them infinitely far: ``_group_penalty``)."""
+    return f"{problem.kernel}:{problem.layout}"
 
 
 def _fit_ridge(rows: Sequence[Observation], alpha: float) -> dict[str, list[float]]:
