@@ -24,19 +24,27 @@ class Refresher:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # start and stop from several threads at once (workers each calling refresh_every): without it one joined
+        # a thread another had not started yet, or two threads started and one was never stopped.
+        self._lock = threading.Lock()
 
     def start(self, ttl_s: float, clear: Callable[[], None]) -> None:
         """Call ``clear`` every ``ttl_s`` seconds from now on (replacing an earlier TTL)."""
         if not valid_seconds(ttl_s):  # nan or 0 would spin the thread, inf raise OverflowError inside it
             raise ValueError(f"refresh TTL {ttl_s!r} s must be a positive, finite number of seconds; "
                              "pass e.g. 300 (five minutes), or None to stop refreshing")
-        self.stop()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ttl_s, clear, self._stop), daemon=True,
-                                        name="tuner-refresh")
-        self._thread.start()
+        with self._lock:
+            self._stop_locked()
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, args=(ttl_s, clear, self._stop), daemon=True,
+                                            name="tuner-refresh")
+            self._thread.start()
 
     def stop(self) -> None:
+        with self._lock:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

@@ -62,3 +62,40 @@ def test_refresh_every_refuses_a_ttl_that_is_not_a_positive_finite_number(ttl_s:
     with pytest.raises(ValueError, match="positive, finite number of seconds; pass e.g. 300"):
         kernels.refresh_every(ttl_s)
     assert kernels._REFRESHER._thread is None
+
+
+def test_refresh_every_from_two_threads_at_once_leaves_one_refresh_thread_that_stop_ends() -> None:
+    """Two threads starting the refresh at once (two workers of a server each calling refresh_every) raced in
+    Refresher.start: one joined the other's thread before it had started (RuntimeError), or both started one and
+    the first was orphaned, clearing the caches for ever after refresh_every(None)."""
+    import threading
+
+    from kernels._refresh import Refresher
+
+    errors: list[BaseException] = []
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows within a few rounds
+    try:
+        for _ in range(100):
+            refresher, barrier = Refresher(), threading.Barrier(2)
+
+            def start() -> None:
+                barrier.wait()
+                try:
+                    refresher.start(3600.0, lambda: None)
+                except BaseException as exc:  # noqa: BLE001 - collected for the assertion below
+                    errors.append(exc)
+
+            starters = [threading.Thread(target=start) for _ in range(2)]
+            for thread in starters:
+                thread.start()
+            for thread in starters:
+                thread.join()
+            refresher.stop()
+            left = [t for t in threading.enumerate() if t.name == "tuner-refresh" and t.is_alive()]
+            for thread in left:
+                thread.join(timeout=1.0)  # stop()'s join has returned: a live one is an orphan, unless it is ending
+            assert not errors, errors[0]
+            assert not [t for t in left if t.is_alive()], "an orphaned refresh thread outlived stop()"
+    finally:
+        sys.setswitchinterval(switch)
