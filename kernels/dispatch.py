@@ -373,9 +373,9 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
 def _consensus_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode: str,
                       table: dict[tuple[str, str], _Entry]) -> Choice | None:
     """An untuned problem with no near record: the Triton config that won clearly on a majority of this
-    GPU's tuned problems of its class (as many rows of A, the same layout, a dtype whose records carry over), where that class is large enough
-    to judge by (CONSENSUS_SHARE, CONSENSUS_LEAST), else None; cuBLAS, saying why, where its blocks fill this
-    problem's K worse than any its wins speak for (``_least_fill_won``).
+    GPU's tuned problems of its class (as many rows of A, the same layout, a dtype whose records carry over),
+    where that class is large enough to judge by (CONSENSUS_SHARE, CONSENSUS_LEAST), else None; cuBLAS,
+    saying why, where its blocks fill this problem's K worse than any its wins speak for (``_least_fill_won``).
 
     A class where one config wins most problems whatever their N and K is a class where that config's
     advantage does not hang on the shape: one row of A against a K-major weight streams the weight, and

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import shutil
+import sqlite3
 import sys
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -73,3 +75,16 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
             pytest.skip("checks SQLite-specific behaviour")
         return request.getfixturevalue("pg_url")
     return f"sqlite:///{tmp_path / 'tuner.db'}"
+
+
+def copy_of(path: Path, tmp_path: Path) -> Path:
+    """A copy of a committed database file to test on: the committed one must stay as an older version wrote it."""
+    copy = tmp_path / path.name
+    shutil.copy(path, copy)
+    return copy
+
+
+def record_rows(path: Path, columns: str) -> list[tuple]:
+    """``columns`` of every row of a SQLite file's records table, read with sqlite3 (not our store), sorted."""
+    with sqlite3.connect(path) as connection:
+        return sorted(connection.execute(f"SELECT {columns} FROM tuner_records").fetchall())

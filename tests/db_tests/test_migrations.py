@@ -9,7 +9,6 @@ imported, then exported.
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from db import Record, Store, import_records
 from db import _migrate
 from db.store import StoreError
 
+from .conftest import copy_of, record_rows
+
 DATA = Path(__file__).resolve().parents[1] / "data"
 OLD_DB = DATA / "v1_tuner.db"
 OLD_EXPORT = DATA / "v1_export.json"
@@ -27,16 +28,12 @@ OLD_RECORDS = 69  # 68 shipped H100 records and one CPU record
 
 @pytest.fixture
 def old_db(tmp_path: Path) -> Path:
-    copy = tmp_path / "old.db"
-    shutil.copy(OLD_DB, copy)
-    return copy
+    return copy_of(OLD_DB, tmp_path)
 
 
 def _rows(path: Path) -> list[tuple]:
-    with sqlite3.connect(path) as connection:
-        columns = ("device_name, kernel, problem_key, config, time_ms, tflops, cublas_ms, triton_config, "
-                   "triton_ms, torch_version, triton_version, cuda_version, trials, created_at")
-        return sorted(connection.execute(f"SELECT {columns} FROM tuner_records").fetchall())
+    return record_rows(path, "device_name, kernel, problem_key, config, time_ms, tflops, cublas_ms, triton_config, "
+                             "triton_ms, torch_version, triton_version, cuda_version, trials, created_at")
 
 
 def _tables(path: Path) -> set[str]:

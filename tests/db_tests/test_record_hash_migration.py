@@ -23,7 +23,7 @@ from db.models import record_hash
 from db.queue import JobQueue
 from db.recorded import recorded
 
-from .conftest import make_long_grouped_record, make_record
+from .conftest import copy_of, make_long_grouped_record, make_record, record_rows
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 V3_DB = DATA / "v3_tuner.db"
@@ -33,17 +33,13 @@ V3 = "0003_fleet"
 
 @pytest.fixture
 def v3_db(tmp_path: Path) -> Path:
-    copy = tmp_path / "v3.db"
-    shutil.copy(V3_DB, copy)
-    return copy
+    return copy_of(V3_DB, tmp_path)
 
 
 def _rows(path: Path) -> list[tuple]:
-    with sqlite3.connect(path) as connection:
-        columns = ("device_name, device_alias, kernel, problem_key, mode, shapes, config, time_ms, tflops, "
-                   "cublas_ms, triton_config, triton_ms, torch_version, triton_version, cuda_version, trials, "
-                   "created_at")
-        return sorted(connection.execute(f"SELECT {columns} FROM tuner_records").fetchall())
+    return record_rows(path, "device_name, device_alias, kernel, problem_key, mode, shapes, config, time_ms, tflops, "
+                             "cublas_ms, triton_config, triton_ms, torch_version, triton_version, cuda_version, "
+                             "trials, created_at")
 
 
 def _revision(url: str) -> str | None:
@@ -124,7 +120,8 @@ def _copy_into(v3_db: Path, url: str) -> None:
             for table in ("tuner_records", "tuner_jobs", "tuner_recorded"):
                 # Without ids: the server numbers the rows, so its sequences go on from the copies.
                 columns = [column["name"] for column in inspect(reading).get_columns(table) if column["name"] != "id"]
-                rows = [dict(row._mapping) for row in reading.execute(text(f"SELECT {', '.join(columns)} FROM {table}"))]
+                query = text(f"SELECT {', '.join(columns)} FROM {table}")
+                rows = [dict(row._mapping) for row in reading.execute(query)]
                 writing.execute(text(f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
                                      f"({', '.join(':' + c for c in columns)})"), rows)
     finally:

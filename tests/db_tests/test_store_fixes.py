@@ -5,7 +5,6 @@ PostgreSQL only a lost race is tried again."""
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -14,6 +13,8 @@ from sqlalchemy import text
 
 from db import ImportValidationError, Record, Store, StoreError, import_records, load_document
 from db import _migrate
+
+from .conftest import copy_of
 from tuner.cli import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -23,9 +24,7 @@ OLD_EXPORT = DATA / "v1_export.json"
 
 @pytest.fixture
 def old_db(tmp_path: Path) -> Path:
-    copy = tmp_path / "old.db"
-    shutil.copy(OLD_DB, copy)
-    return copy
+    return copy_of(OLD_DB, tmp_path)
 
 
 def _revision(path: Path) -> str | None:
