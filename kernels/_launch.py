@@ -3,7 +3,7 @@
 ``kernel[grid](*args)`` binds and specializes every argument, hashes a cache key, looks up the device and
 stream, builds launch metadata and calls the (empty) launch hook chains: 16-30 us per launch on the H100
 box's host against 7-11 us direct, while a small group's whole kernel takes 4-7 us (docs/BENCHMARKS.md,
-fifth session).
+2026-11-23).
 A caller that knows its arguments specialize the same way on every call (the same tensors or fresh ones
 from torch's allocator, the same integers) launches the ``CompiledKernel`` that its first call returned,
 through that kernel's own launcher: what Triton itself does after the lookups.

@@ -628,7 +628,7 @@ const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, 
   // A bias plan whose algorithm wants workspace (a split-K pass and its reduction) is not the kernel torch.addmm
   // runs: on the H100, unseen Qwen2.5-72B's 10240x8192 at 8 and 32 rows got a split-K 256x8 tile and a reduce
   // kernel (62.4 + 2.3 us) where torch.addmm ran one 128x8 tile (60.3 us): 0.92-0.95x torch.addmm's eager
-  // call (scripts/probes/addmm_plan_probe.py, docs/BENCHMARKS.md, "Twenty-seventh session"). Such a key stays
+  // call (scripts/probes/addmm_plan_probe.py, docs/BENCHMARKS.md, 2026-11-27). Such a key stays
   // refused, and at::addmm serves it: torch's own choice of kernel, with less host time than from Python.
   if (key.bias && result.workspace > 0) {
     destroy(plan);

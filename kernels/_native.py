@@ -11,14 +11,14 @@ cuBLAS won, a graph record that a kernel won) is served too, where the call is a
 path asks ``kernels._modes`` what ``kernels.matmul`` asks (the thread's forced mode, ``KERNELS_MODE``,
 then the capture check for a CUDA tensor). In Python such a call also paid the mode check: on the H200
 box its cuBLAS eager picks ran at 0.84-0.88x torch.matmul on 13-20 us problems (docs/BENCHMARKS.md,
-"Thirteenth session").
+2026-11-25).
 
 A signature whose eager plan is a tiled, split-K or repack Triton kernel is served too, once its kernels are
 compiled: the C++ path allocates C and launches them through the driver (``cuLaunchKernel``), with the
 arguments Triton's own launcher would pass, on the default stream of a current device (kernels/_plans.py
 hands the launches over after a call there). In Python such a call cost the plan key, the lookup, the output
 allocation and Triton's launcher, which reads each tensor's address through Python: 0.88-0.94x of
-torch.matmul's host time on the H100 box (docs/BENCHMARKS.md, "Fifteenth session"), while cuBLAS's own
+torch.matmul's host time on the H100 box (docs/BENCHMARKS.md, 2026-11-25), while cuBLAS's own
 call pays torch's dispatcher and cuBLAS's heuristics. Another stream, a capture, a forced graph mode where
 the graph plan differs, a misaligned operand or a failed launch: the Python path serves the call.
 

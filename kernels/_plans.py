@@ -256,7 +256,7 @@ def _mirror(key: Hashable, plans: ModePlans | None, on_cuda: bool) -> None:
         # A plan handed over before is served again at once: the tuner's side-by-side eager timing puts
         # each pinned plan again before each of its blocks, whose first call would otherwise take the
         # Python path and pay the hand-over (on the H100 box, stored eager Triton wins then read up to
-        # 1.5x below what a fresh process measured; docs/BENCHMARKS.md "Sixteenth session").
+        # 1.5x below what a fresh process measured; docs/BENCHMARKS.md, 2026-11-25).
         if eager.native is not None and _native.remember_launch(key, both, eager.native):
             eager.offer = None
             return

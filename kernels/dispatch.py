@@ -44,14 +44,14 @@ SHIPPED_TABLES = "tables"  # package folder of exported JSON documents, one per 
 # than this (``KernelSpec.transfer_distance``: 1 is a factor 2 in one feature) and the kernel's baseline
 # is one launch that needs no sync (``KernelSpec.baseline_when_far``). Mixtral-sized MoE decode at 32
 # tokens took the config of a 16-expert N=768 record 6.7 away and ran its layer at 0.82x
-# torch._grouped_mm's under a CUDA graph (H100, 2026-11-25, docs/BENCHMARKS.md "Fifteenth session").
+# torch._grouped_mm's under a CUDA graph (H100, docs/BENCHMARKS.md, 2026-11-25).
 FAR_NEIGHBOUR = 3.0
 
 # A graph record's config serves eager calls as well where the call's GPU time hides its host time:
 # the eager caller pays max(host, GPU). The host-heavy variants qualify only above this GPU time;
 # tiled, split-K and cuBLAS calls cost no more host time than torch.matmul (scripts/host_cost.py)
 # and always qualify. repack launches a padding copy beside its kernel: 1.42x torch.matmul's host time
-# (H100, session 11). tma cost 1.3-1.4x until session 11 (descriptors encoded per call) and 0.91-0.96x
+# (H100, 2026-11-24). tma cost 1.3-1.4x until 2026-11-24 (descriptors encoded per call) and 0.91-0.96x
 # since (kept tensor maps); it stays in the list until the corpus measures dispatch without it.
 HOST_HEAVY_HIDDEN_MS = 0.15
 _HOST_HEAVY = ("tma", "repack")
@@ -63,7 +63,7 @@ _HOST_HEAVY = ("tma", "repack")
 # 32x5120x27648 at 0.79x. Having looked, the held-out part no longer judges this value.
 UNTUNED_WIN_MARGIN = 0.05
 UNTUNED_NEAR = 0.7
-# ... and its weight's shape (N, K) at most this near. Chosen in the twelfth session by a leave-one-model-out
+# ... and its weight's shape (N, K) at most this near. Chosen on 2026-11-24 by a leave-one-model-out
 # replay over the H200's tuned part (scripts/fallback_eval.py, docs/COSTMODEL.md), whose transfers all
 # change N or K: at 0.7, 7 of 159 problems took a neighbour's winner at 0.95-0.96x in graph mode
 # (DeepSeek's 2048/2816 widths from Phi-3's 3072x3072, 0.59 apart) and 9 lost eager; at 0.5, none and one,
@@ -79,7 +79,7 @@ HOST_BOUND_MORE_WORK = 1.3
 # host sets (13-25 us per call on the H100 boxes), where our cheaper launch is what wins.
 HOST_BOUND_MS = 0.04
 # torch.matmul's eager call took at least this long on every H100 and H200 box met (11.5-28 us, docs/BENCHMARKS.md
-# fifteenth and sixteenth sessions): a call whose cuBLAS GPU time is shorter is paced by the host.
+# 2026-11-25): a call whose cuBLAS GPU time is shorter is paced by the host.
 TORCH_HOST_FLOOR_MS = 0.0115
 _CHEAP_LAUNCH = ("tiled", "splitk")
 
@@ -88,12 +88,12 @@ _CHEAP_LAUNCH = ("tiled", "splitk")
 # with the same number of rows of A and the same layout, of which there must be at least CONSENSUS_LEAST.
 # The margin is the search's own for storing a Triton winner (tuner.search.WIN_MARGIN): many wins of one
 # config over many shapes are the evidence here, where UNTUNED_WIN_MARGIN guards one transfer.
-# Set in the twenty-first session from the H100's one-row records: gemv (4, 2048, 4 warps) won 36 of 58
+# Set on 2026-11-26 from the H100's one-row records: gemv (4, 2048, 4 warps) won 36 of 58
 # there, and in a quick tune of every one-row corpus problem it beat cuBLAS on each (graph: 1.033x at
-# worst over the tuned part, 1.015x over the held-out part; docs/BENCHMARKS.md, "Twenty-first session").
+# worst over the tuned part, 1.015x over the held-out part; docs/BENCHMARKS.md, 2026-11-26).
 # No other row count has a majority config (M = 8: 21 tiled winners of many shapes, 33 cuBLAS). gated_matmul's
 # one-row records have one too: its one-row loop (2, 1024, 4 warps), 8 of 12, ahead of cuBLAS and the SiLU pass
-# on all 12 of its one-row problems (graph 1.065x at worst, call 3).
+# on all 12 of its one-row problems (graph 1.065x at worst, H100, 2026-11-26).
 CONSENSUS_SHARE = 0.5
 CONSENSUS_LEAST = 8
 CONSENSUS_WIN_MARGIN = 0.02
@@ -104,7 +104,7 @@ CONSENSUS_WIN_MARGIN = 0.02
 # TFLOP/s over 3.0-4.8 TB/s, is 170-270). On the H200, Gemma-2-9B's stacked q/k/v (8192x3584) took Phi-3's
 # 9216x3072 records, won there by 8-9%, and ran at 0.90-0.94x cuBLAS: one row of A, its gemv run over K in
 # blocks of 1024 (3.5 of them at K = 3584), and 8 rows, its 64 tiles of 16x128 one wave whose every program
-# walks a K 17% longer while the bytes grew 4% (docs/BENCHMARKS.md, "Twenty-fourth session").
+# walks a K 17% longer while the bytes grew 4% (docs/BENCHMARKS.md, 2026-11-26).
 ROOFLINE_FLOPS_PER_BYTE = 250.0
 
 
@@ -337,7 +337,7 @@ def _untuned_choice(spec: KernelSpec, problem: Problem, device: DeviceInfo, mode
 
     For the epilogue kernels (bias, gated) the baseline is cuBLAS plus torch's elementwise ops. With
     its gated problems on the default config, a 70B decoder layer's prefill ran 1.38x slower than in
-    torch (H100, docs/BENCHMARKS.md, eighth session): an untried tile is never the safe guess.
+    torch (H100, docs/BENCHMARKS.md, 2026-11-24): an untried tile is never the safe guess.
 
     The evidence is the nearest tuned problem (``_untuned_distance``) whose graph record is a Triton
     config that beat torch.matmul there by UNTUNED_WIN_MARGIN, and still does here once its critical path's
@@ -429,10 +429,10 @@ def _least_fill_won(config: Config, keys: list[str], mode: str, table: dict[tupl
 
     Its wins say nothing of a K its blocks fill worse: gemv's 2048-wide blocks walk K = 2304 in two steps,
     the second one-eighth full, and ran 9216x2304 at 0.86-0.90x cuBLAS on the H100, where it won down to
-    K = 3072, three quarters full (docs/BENCHMARKS.md, "Twenty-seventh session"). Judged by eager
+    K = 3072, three quarters full (docs/BENCHMARKS.md, 2026-11-27). Judged by eager
     contests, a win counts only where the problem's eager contest went to the same config too: at K = 3072 the
     H100's eager contests went to another gemv (1024-wide blocks), and the consensus config ran 5120x3072 and
-    8192x3072 at 0.97x torch.matmul's eager call, 1.02-1.03x in graph replays ("Twenty-eighth session")."""
+    8192x3072 at 0.97x torch.matmul's eager call, 1.02-1.03x in graph replays (2026-11-27)."""
     fills = []
     for key in keys:
         if mode == EAGER:
@@ -532,7 +532,7 @@ def _triton_span(config: Config, problem: Problem, device: DeviceInfo, whole_wav
     Programs beyond the SMs: shared evenly (several are resident on one SM at once), or, ``whole_waves``, as
     the busiest SM holds them (programs over SMs rounded up). Neither alone tells the time: on the H100 a
     16x32 tile's 144 programs (K = 2048) took 1.03x its 128 programs' time at K = 2816, where evenly
-    shared they count 0.79x and in whole waves 1.45x (docs/BENCHMARKS.md, "Twenty-seventh session")."""
+    shared they count 0.79x and in whole waves 1.45x (docs/BENCHMARKS.md, 2026-11-27)."""
     sms = max(device.sm_count, 1)
     span = 0.0
     for m, n, k in problem.shapes:

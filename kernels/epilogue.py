@@ -274,7 +274,7 @@ def silu_mul(c: torch.Tensor) -> torch.Tensor:
     Why not torch's: on the halves of one [M, 2N] buffer, ``F.silu(c[:, :N]) * c[:, N:]`` runs two
     strided (non-vectorized) kernels and writes an [M, N] intermediate; on the H100 the pair took
     0.37 ms at 2048x28672 against 0.19 for torch's own on separate contiguous gate and up outputs
-    (docs/BENCHMARKS.md, eleventh session). This reads each half once and writes the product once."""
+    (docs/BENCHMARKS.md, 2026-11-24). This reads each half once and writes the product once."""
     m, n = c.shape[0], c.shape[1] // 2
     if not c.is_cuda:
         from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET (not paid on a GPU)
@@ -365,7 +365,7 @@ def _spec(kernel: str, run: Any, baseline_host_floor_ms: float = 0.0) -> KernelS
 
 # The gated baseline is two launches from Python (torch.mm, then the gating pass): its cached call cost
 # 1.87-2.15x torch.matmul's host time on the H100 (scripts/host_cost.py, 2026-11-26, docs/BENCHMARKS.md
-# "Twenty-second session"), and torch.matmul's call took at least 11.5 us on every H100 and H200 box met
+# 2026-11-26), and torch.matmul's call took at least 11.5 us on every H100 and H200 box met
 # (kernels.dispatch.TORCH_HOST_FLOOR_MS). 1.8 of those is its floor: on DeepSeek-V2-Lite's 2816x2048 MLP
 # (18.5-18.9 us on the GPU) it ran 29-51 us a call eagerly, where the one-launch kernel ran 13-20 us, and
 # the fast-host rule, comparing GPU times alone, had still given eager to cuBLAS.
@@ -500,7 +500,7 @@ def _hand_over(key: tuple, config: Config, both: bool, changes: int, a: torch.Te
     """Hand a Triton eager plan's launch to the C++ path (kernels/_native.py), which then serves the
     signature's eager calls (and graph ones, where ``both``) while the dispatcher's answers stand. The ready
     call cost 0.97-1.10x torch.matmul's host time for a bias winner on the H100 hosts (docs/BENCHMARKS.md,
-    "Twenty-fourth session"); from C++ the launch reads no Python attribute. Only a launch compiled for
+    2026-11-26); from C++ the launch reads no Python attribute. Only a launch compiled for
     16-byte aligned operands and bias, already made once (its first call adopted the compiled kernel)."""
     aligned = a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
     if bias is not None:

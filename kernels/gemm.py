@@ -520,7 +520,7 @@ class TmaLaunch:
     torch's caching allocator) and handed to the C launcher as the wrapper would. Where triton offers
     no such launcher, light stand-ins of the descriptors go through the wrapper (``_Described``).
     Host time per call: 60 us with real descriptors through Triton's path, 17 us with stand-ins through
-    the wrapper (tenth session); with the kept maps, docs/BENCHMARKS.md (eleventh session).
+    the wrapper (2026-11-24); with the kept maps, docs/BENCHMARKS.md (2026-11-24).
     """
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
@@ -595,7 +595,7 @@ _PAD_BLOCK_R, _PAD_BLOCK_C = 16, 256
 class RepackLaunch:
     """``repack`` on operands laid out like the first call's: one launch copies both operands into a
     padded scratch buffer kept per stream (``_Scratch``), one runs the kernel on it. Before, each call
-    allocated two buffers and launched two copies (docs/BENCHMARKS.md, eleventh session)."""
+    allocated two buffers and launched two copies (docs/BENCHMARKS.md, 2026-11-24)."""
 
     def __init__(self, config: Config, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
         m, k = a.shape

@@ -653,7 +653,7 @@ _COUNTING_CELLS = 1 << 22
 _COUNTING_ROWS = 1024
 # Under torch.compile, top-k over this few experts is k masked maxima, which Inductor fuses with the softmax
 # into the router's one reduction; torch.topk is two kernels of its own (a gather and a sort), 5 us each in a
-# one-token Mixtral step on the H100 (call 1 of the twenty-second session).
+# one-token Mixtral step on the H100 (2026-11-26, docs/BENCHMARKS.md).
 _FUSED_TOP_K_EXPERTS = 256
 _FUSED_TOP_K = 4
 
@@ -737,7 +737,7 @@ class MoE(nn.Module):
         down = ops.moe_matmul_call(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets, True)
         # Back to (token, slot) order and summed over each token's k rows: a gather, no atomics. index_add_
         # of the weighted rows into zeros took 0.15 ms of a 2048-token Mixtral block on the H100 (of 2.9;
-        # docs/BENCHMARKS.md, "Twenty-second session").
+        # docs/BENCHMARKS.md, 2026-11-26).
         slots = down[routed.position].view(tokens.shape[0], self.top_k, down.shape[-1])
         out = (slots * routed.gate.view(tokens.shape[0], self.top_k, 1)).sum(1)
         return out.reshape(x.shape)

@@ -96,7 +96,7 @@ class DecoderLayer(nn.Module):
             causal = True
         # Grouped-query attention inside SDPA, as current model code writes it: repeating K and V for
         # every query head (the older way) copied the whole cache per step and made a 32-sequence
-        # decode step mostly copies (3.5 ms; docs/BENCHMARKS.md, eighth session).
+        # decode step mostly copies (3.5 ms; docs/BENCHMARKS.md, 2026-11-24).
         attn = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, t, d.hidden))
         return x + self.mlp(self.post_norm(x))

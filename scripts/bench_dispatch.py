@@ -193,7 +193,7 @@ def drift_by_kind(rows: list[dict], mode: str) -> dict[str, dict]:
     """Measured/stored speed-up per kind of record: host-bound or GPU-bound (torch.matmul's time here
     against HOST_BOUND_MS; in graph mode every call is GPU-bound), cuBLAS or Triton. Where the GPU bounds
     the call the stored figure should hold within 3%; where the host does, it moves with the host's speed
-    (docs/BENCHMARKS.md, "Fifteenth session")."""
+    (docs/BENCHMARKS.md, 2026-11-25)."""
     kinds: dict[str, list[float]] = {}
     for row in rows:
         side = row[mode]

@@ -9,7 +9,7 @@ tuner's search of every problem the layer poses, with --tune), and the error aga
 
 Each setting's columns are timed in --rounds rounds, in the given order, then reversed, then in order again:
 the GPU's speed drifts within a run (on an H100, 2026-11-24, the same cuBLAS kernels' time ranged 4.32-4.90
-ms between the columns of one process: docs/BENCHMARKS.md, eleventh session), so one fixed order (torch
+ms between the columns of one process: docs/BENCHMARKS.md, 2026-11-24), so one fixed order (torch
 first, ours last) would tilt the comparison. A column's latency is the median of its rounds; setup and error are the first
 round's (later rounds hit warm caches). Every round sets the column up afresh (run_column) and tears it
 down, as ours patches the model in place and columns cannot be alive at once.
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         # What a process gets once the C++ path of cuBLAS plans is built (kernels/_native.py): built
         # first, so that no compile of it runs beside the timed calls (decoder decode 32, ours eager: 1.317 ms
-        # in session 10, likely timed during the build; 0.817 with it built first, session 11 call 1).
+        # on 2026-11-24, likely timed during the build; 0.817 with it built first, the same day).
         LOG.info("C++ path of cuBLAS plans: %s", kernels._native.start(block=True))
     columns = args.columns or (("torch_eager", "ours_eager", "ours_compile") if smoke
                                else QUICK_COLUMNS if args.quick else ALL_COLUMNS)

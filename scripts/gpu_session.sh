@@ -26,7 +26,7 @@
 #              OOB_BUDGET seconds (default 540) are spent; every run's files in $OUT/out-of-box.tgz as well
 #   one-row-layer  the epilogues' one-row loop on the GPU (its tests), then the decoder layer at one decode token
 #              with the layer's untuned problems quick-tuned (the gated gate/up product among them), against
-#              torch in a CUDA graph and max-autotune (docs/BENCHMARKS.md, twentieth session, "Still open")
+#              torch in a CUDA graph and max-autotune (docs/BENCHMARKS.md, 2026-11-26, "Still open")
 #
 # The database lives in $OUT so that the next stage (a fresh machine, maybe) can import its export;
 # pass DB to use another. Each stage exports what it tuned to $OUT/<stage>.json.

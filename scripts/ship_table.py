@@ -11,7 +11,7 @@ ones: tuner.corpus.corpus_problems).
 ``--same-winners`` (with ``--base``): a problem's database records replace the base's only where every
 mode names the same winner in both, so that a re-decision (scripts/redecide.py) refreshes the stored
 times without flipping winners on a contest's noise (host-bound eager contests moved 10-20% between
-processes on one H100 box, docs/BENCHMARKS.md "Fourteenth session").
+processes on one H100 box, docs/BENCHMARKS.md, 2026-11-25).
 ``--settle-gpu-bound``: every eager cuBLAS record of a GPU-bound call (torch.matmul at 50 us or more in the
 problem's graph record; base and databases) stores torch.matmul's eager time, as the tuner does since
 2026-11-26 (tuner.search.at_par_when_gpu_bound):

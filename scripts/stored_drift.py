@@ -2,7 +2,7 @@
 
 A stored eager speed-up is torch.matmul's time over ours, both stamped in one process. Read again in another, it
 can move because our call's time moved, or because torch's did while ours held: torch's host-bound call moves
-with the host's speed (docs/BENCHMARKS.md, "Twenty-sixth session"). The bench reports only the ratio; this splits
+with the host's speed (docs/BENCHMARKS.md, 2026-11-27). The bench reports only the ratio; this splits
 each record outside 3% by which of its two times moved. It times nothing and needs no GPU.
 
     python3 scripts/stored_drift.py ROWS.json --table kernels/tables/h100.json [--mode eager] [--kernel matmul]

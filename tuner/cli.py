@@ -15,14 +15,13 @@ from typing import NoReturn
 
 from db import StoreError  # torch- and triton-free: safe before the interpreter switch
 
+from .errors import UserError  # re-exported: tests and callers import it from here
+
 # tuner.corpus.PARTS, spelled here: importing tuner.corpus imports kernels (torch, triton) before main() can
 # switch the interpreter on (a test keeps the two equal).
 CORPUS_PARTS = ("all", "tuned", "held_out", "unseen")
 
 log = logging.getLogger("tuner")
-
-class UserError(Exception):
-    """A mistake the user can fix; printed without a traceback."""
 
 
 def _wants_cpu(device: str) -> bool:

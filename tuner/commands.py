@@ -13,7 +13,7 @@ from db import Record, Store, StoreError, export_records, load_document
 from db.store import check_on_conflict
 
 from . import suites
-from .cli import UserError
+from .errors import UserError
 from .search import SAMPLERS, Budget, Progress, SearchStats, make_sampler
 from . import fleet_commands
 from .fleet import WorkerHooks

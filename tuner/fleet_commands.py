@@ -17,7 +17,7 @@ from db._plausible import MAX_DIM, MAX_GEMMS
 from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 from db.recorded import recorded
 
-from .cli import UserError
+from .errors import UserError
 from .fleet import WorkerHooks, job_specs, optuna_storage, parse_gpus, run_worker, spawn_gpu_workers
 from .search import Budget
 

@@ -216,7 +216,7 @@ def recheck_eager(spec: KernelSpec, problem: Problem, device: DeviceInfo, eager:
     beats it by WIN_MARGIN. Why: an eager win stored on a slow host is a host-bound win, and holding back
     to back says only that the kernel is no slower. bf16 1x9216x3072's tiled winner held (within 1% of
     cuBLAS back to back), stored 1.22x, and measured 0.95x in a fresh process on the H200 box (2026-11-25,
-    docs/BENCHMARKS.md "Fifteenth session"). A Triton config is never promoted here: a winner only keeps
+    docs/BENCHMARKS.md, 2026-11-25). A Triton config is never promoted here: a winner only keeps
     its place or gives it to cuBLAS."""
     from .search import _winner_record, cublas_side_by_side, holds_on_a_fast_host, recontest_eager
 

@@ -68,7 +68,7 @@ DISPATCHED_BASELINE = ("matmul", "matmul_bias", "gated_matmul")
 # An eager winner must also be near cuBLAS on the GPU: its graph time at most this much over torch's.
 # An eager win of a config that is slower on the GPU is a win of host time that holds only on a host as
 # slow as the tuning one; the H100 boxes' hosts differ up to 1.7x (torch.matmul 12-20 us per call), and
-# such winners, tuned on a slow host, ran at 0.63-0.75x on a fast one (docs/BENCHMARKS.md, ninth session).
+# such winners, tuned on a slow host, ran at 0.63-0.75x on a fast one (docs/BENCHMARKS.md, 2026-11-24).
 EAGER_GPU_MARGIN = 0.03
 # ... and back to back on the GPU (``holds_on_a_fast_host``), at most this much over cuBLAS: an eager loop on
 # a host that keeps the GPU busy pays each call's own launches and gaps. Since 2026-11-26 back to back is
@@ -76,16 +76,16 @@ EAGER_GPU_MARGIN = 0.03
 # of calls, which hid part of those gaps: bf16 1x2048x10944's split-K winner ran 1.5% behind cuBLAS in that
 # graph and 5% behind in eager loops where the host kept up (scripts/probes/gemv_state_probe.py, H100,
 # 2026-11-25), and the queued timer moved 12 of the H100 table's 64 eager Triton winners to cuBLAS (H100,
-# 2026-11-26, docs/BENCHMARKS.md "Seventeenth session").
+# docs/BENCHMARKS.md, 2026-11-26).
 FAST_HOST_MARGIN = 0.01
 # A call whose cuBLAS takes at least this long on the GPU (back to back, or torch.matmul's graph time) is
 # GPU-bound on every box we met: torch.matmul's host time per call was 11.5-28 us on the H100 and H200
-# boxes (docs/BENCHMARKS.md, fifteenth and sixteenth sessions). Always a GPU time, never an eager one, which
+# boxes (docs/BENCHMARKS.md, 2026-11-25). Always a GPU time, never an eager one, which
 # a slow host or a baseline of several launches (gated_matmul's) could push past this while host-bound.
 # There an eager time is the GPU's time, so (1) an eager Triton winner must beat cuBLAS back to back by
 # WIN_MARGIN, not merely hold within FAST_HOST_MARGIN: the H200 table's GPU-bound eager winners (M = 8 and
 # 32 of 28672x8192), stored at 1.045-1.078x on one box, within 1% of cuBLAS back to back, measured
-# 0.945-1.016x on the next (NVIDIA H200, 2026-11-26, docs/BENCHMARKS.md "Seventeenth session"); and (2) a cuBLAS eager winner stores torch.matmul's time:
+# 0.945-1.016x on the next (NVIDIA H200, docs/BENCHMARKS.md, 2026-11-26); and (2) a cuBLAS eager winner stores torch.matmul's time:
 # our path runs the same at::mm, and contests had stored the two's spread as a speed-up (0.935-1.056x,
 # measured 1.00-1.07x in a fresh process: the bench's own spread; NVIDIA H200, 2026-11-26).
 GPU_BOUND_EAGER_MS = 0.05
@@ -98,7 +98,7 @@ GPU_BOUND_EAGER_MS = 0.05
 # GPU boxes' hosts move between phases second to second (torch.matmul 11.5-25.8 us a call on one problem
 # within one run, H100, 2026-11-25). One contest met one phase: of the eager Triton winners that passed
 # it and the back-to-back check, a recontest pass minutes later demoted 16 of 78 (H100) and 14 of 65
-# (H200) (docs/BENCHMARKS.md, "Fifteenth session"; scripts/redecide.py --recontest), so tables had to be
+# (H200) (docs/BENCHMARKS.md, 2026-11-25; scripts/redecide.py --recontest), so tables had to be
 # recontested before shipping. Now the search does it: the stored record is its median pass (tuner/stamp.py).
 EAGER_PASSES = 3
 EAGER_PASS_PAUSE_S = 2.0
@@ -331,7 +331,7 @@ def warm_start_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo, s
 # observations of the kernel on other problems: about three problems' quick-tuning portfolios (9-41
 # configs each, docs/COSTMODEL.md). Fewer say too little about a shape nobody tuned.
 MODEL_MIN_OBSERVATIONS = 50
-# The model's top 3: on the held-out H100 portfolios (docs/COSTMODEL.md, session 9) knn's best of 3 is
+# The model's top 3: on the held-out H100 portfolios (docs/COSTMODEL.md, 2026-11-24) knn's best of 3 is
 # as good as nearest's in graph mode and better in eager, its best of 5 better in both.
 MODEL_PICKS = 3
 MODEL_KIND = "knn"  # ridge ranked better on one of two held-out models and 3x worse at worst
@@ -1073,7 +1073,7 @@ def _winner_record(spec: KernelSpec, problem: Problem, device: DeviceInfo, found
     # lookup costs host time, or saves some from C++, so a Triton config must beat that path, not
     # torch.matmul), else torch.matmul's. Before 2026-11-25 this was the larger of the two, and stored
     # eager cuBLAS winners at 1.00x where a fresh process measured them at 1.03x (median of 129
-    # host-bound picks, H100, docs/BENCHMARKS.md "Fourteenth session").
+    # host-bound picks, H100, docs/BENCHMARKS.md, 2026-11-25).
     cublas_cost = baseline_ms if cublas_ms is None else cublas_ms
     # A baseline that dispatch cannot run as timed (KernelSpec.baseline_dispatchable) is the yardstick only.
     baseline_wins = spec.baseline_dispatchable(problem) and (

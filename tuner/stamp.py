@@ -2,8 +2,8 @@
 
 Why: a search decides an eager winner in side-by-side contests, in its own process, and until 2026-11-26
 stored a Triton winner's least win (a low reading of what the call gets; now its median contest). Tables
-decided under earlier timers still carry those timers' figures. In a fresh process on the H100 (2026-11-26, seventeenth
-session, call 4) 61 of 406 eager records of the shipped table read more than 3% off what they stored, from
+decided under earlier timers still carry those timers' figures. In a fresh process on the H100 (2026-11-26,
+docs/BENCHMARKS.md) 61 of 406 eager records of the shipped table read more than 3% off what they stored, from
 0.49x to 1.69x of it. A stamp times each record's winner again, through the public call (with the graph
 winner held beside it, as dispatch holds it) against the baseline (torch.matmul), side by side as the
 contest and scripts/bench_dispatch.py time them. It does so in several passes over all the records,

@@ -176,7 +176,7 @@ def queued_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequ
     when it did not, a split-K config at 21.7 and 22.7-25 us (scripts/probes/gemv_state_probe.py,
     2026-11-25). Until 2026-11-26 the blocks were CUDA graphs of calls; a graph's launches hide part of
     the gaps an eager loop pays, and bf16 32x1024x8192's split-K winner, within 1% of cuBLAS there, ran
-    6-7% behind it in eager loops on a fast host (H100, 2026-11-26, docs/BENCHMARKS.md "Seventeenth session")."""
+    6-7% behind it in eager loops on a fast host (H100, docs/BENCHMARKS.md, 2026-11-26)."""
     wall_ms = [_warmed_estimate_ms(call, inputs) for call in calls]
     count = int(max(QUEUE_CALLS, min(QUEUE_MAX_CALLS, math.ceil(QUEUE_BLOCK_MS / min(wall_ms)))))
     turns = int(min(QUEUE_TURNS[1], max(QUEUE_TURNS[0], budget_ms / (count * min(wall_ms)))))
@@ -248,7 +248,7 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> 
 # The host's own speed, read between the turns of ``eager_side_by_side``. On the lent KVM machines a pure-Python
 # loop ran 1.2-1.8x slower in bursts of about 0.1-0.2 s, 10-20% of the time, and torch.matmul's eager time per
 # call rose with it while a GPU-bound call's did not (H100, 2026-11-26, scripts/probes/host_phase_probe.py,
-# docs/BENCHMARKS.md "Nineteenth session"). A contest of 60 ms a side can fall wholly inside such a burst, and
+# docs/BENCHMARKS.md, 2026-11-26). A contest of 60 ms a side can fall wholly inside such a burst, and
 # a host-bound figure read there is not the one the same call reads a second later. So each turn is bracketed
 # by a short spin of the host, and the figure is read over the turns at the host's nominal speed: the spins on
 # either side within HOST_NOMINAL_SLACK of the fastest spin this process has seen. Our calls cost less host
@@ -257,7 +257,7 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> 
 # times those asked; with fewer than HOST_MIN_NOMINAL_TURNS nominal turns, every turn counts.
 #
 # Bursts are not the whole story. On 2026-11-27 (H100 box, scripts/probes/host_phase_series_probe.py, docs/BENCHMARKS.md
-# "Twenty-sixth session") the same loop read about 600 us for some seconds and 1000 us for others, in phases of
+# 2026-11-27) the same loop read about 600 us for some seconds and 1000 us for others, in phases of
 # 1 to 12 s, with no hypervisor steal; torch.matmul's host cost per call (13 against 18.5 us) and a bare launch
 # followed it, pinned to one CPU or not. A reading that falls in such a phase cannot find nominal turns by
 # taking more of them. So a reading whose figure is stored or checked against a stored one (a stamp, the
@@ -349,7 +349,7 @@ def learn_host(host: HostSpeed | None = None) -> str:
 # What paces a baseline's eager call: the host where the call is shorter than HOST_PACED_MS (torch.matmul's own
 # host cost read 13-27 us a call on the lent H100 hosts, slow phases included, so the host paces such a call
 # at least part of the time) or HOST_PACED_RATIO or more over its GPU time (its graph timing). An eager
-# speed-up over a host-paced baseline moves with the host's speed (docs/BENCHMARKS.md, "Twenty-sixth session").
+# speed-up over a host-paced baseline moves with the host's speed (docs/BENCHMARKS.md, 2026-11-27).
 HOST_PACED_MS = 0.030
 HOST_PACED_RATIO = 1.15
 

@@ -289,7 +289,7 @@ def _choose_epilogue(db_url: str, kernel: str, key: str, mode: str):
 @pytest.mark.parametrize("kernel", ["gated_matmul", "matmul_bias"])
 def test_an_untuned_epilogue_problem_runs_the_baseline_not_the_default_tile(db_url, kernel) -> None:
     """With its gated problems on the default tile, a 70B layer's prefill ran 1.38x slower than torch's
-    (H100, eighth session): with no evidence, an untuned problem gets the baseline."""
+    (H100, 2026-11-24): with no evidence, an untuned problem gets the baseline."""
     for mode in ("eager", "graph"):
         chosen = _choose_epilogue(db_url, kernel, "bf16:nt:2048x28672x8192", mode)
         assert is_baseline(chosen.config) and chosen.source.startswith("cublas"), (mode, chosen)

@@ -554,7 +554,7 @@ def _start_builder(directory: Path) -> subprocess.Popen:
 def test_a_lock_whose_marked_builder_was_killed_goes_at_once_and_a_live_ones_is_waited_for(tmp_path, monkeypatch) -> None:
     """A builder killed mid-build (SIGKILL: no cleanup) leaves its lock and its mark; the next process sees the
     mark's process gone and removes the lock at once, where it used to wait STALE_LOCK_S (180 s: the first
-    problem of a GPU call's quick tune, after a pytest run that ended during its build, session 24 call 2).
+    problem of a GPU call's quick tune, after a pytest run that ended during its build, H100, 2026-11-26).
     A live builder's lock, or one with a process still working in the directory, is judged by age as before."""
     import signal
     import time

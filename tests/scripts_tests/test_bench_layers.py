@@ -111,7 +111,7 @@ def test_cpu_smoke_run_with_two_rounds_keeps_both_latencies_and_reports_their_me
 
 
 def test_a_misnamed_column_is_refused_before_anything_runs(tmp_path, capsys) -> None:
-    # The twentieth session asked for "max_autotune": every round ran the other columns, then that one failed.
+    # A run on 2026-11-26 asked for "max_autotune": every round ran the other columns, then that one failed.
     bench_layers = _bench_layers()
     with pytest.raises(SystemExit) as exit_info:
         bench_layers.main(["--cpu-smoke", "--columns", "torch_graph,max_autotune", "--out", str(tmp_path / "out")])

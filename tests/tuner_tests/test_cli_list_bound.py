@@ -1,5 +1,5 @@
 """`python -m tuner list` says which eager records' baselines the host paces (their speed-up moves with the host's
-speed, docs/BENCHMARKS.md "Twenty-sixth session"): a real SQLite file holding made-up records (no GPU here)."""
+speed, docs/BENCHMARKS.md, 2026-11-27): a real SQLite file holding made-up records (no GPU here)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _record(key: str, mode: str, time_ms: float, cublas_ms: float) -> Record:
     return make_record(m, n, k, dtype="bf16", mode=mode, time_ms=time_ms, cublas_ms=cublas_ms, triton_ms=time_ms)
 
 
-HOST_BOUND = "bf16:nt:1x4096x4096"  # torch's eager call 18 us, its kernel 10 us
+HOST_BOUND = "bf16:nt:1x4096x4096"  # torch's eager call takes 18 us, its kernel 10 us
 GPU_BOUND = "bf16:nt:2048x4096x4096"  # 105 us against 100 us
 SLOW_HOST = "bf16:nt:512x4096x4096"  # 60 us against 40: the host paces even a call this long
 

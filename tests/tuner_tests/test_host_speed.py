@@ -113,7 +113,7 @@ def test_a_host_never_at_its_nominal_speed_counts_every_turn(monkeypatch) -> Non
     assert reading.nominal_ms == reading.all_ms and abs(reading.all_ms[0] - 0.020) < 1e-9
 
 
-# Slow phases of seconds (docs/BENCHMARKS.md, "Twenty-sixth session"): a host whose speed is scripted by the time
+# Slow phases of seconds (docs/BENCHMARKS.md, 2026-11-27): a host whose speed is scripted by the time
 # on its own clock, a test double for the lent machines' host phases, which this CPU does not have. Spins cost
 # the clock what they read; sleeps and the timed calls advance it too.
 

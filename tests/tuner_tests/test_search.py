@@ -336,7 +336,7 @@ def test_without_the_shipped_table_a_fresh_database_starts_from_default_and_seed
 
 def test_a_cublas_winner_in_the_shipped_table_is_left_out_of_the_warm_start(db_url) -> None:
     """The shipped h100 table keeps cuBLAS for 1000x1000x1000 (graph mode). Its config has no tile parameters,
-    which the problem's folds once read: the search crashed before its first trial (seventh session)."""
+    which the problem's folds once read: the search crashed before its first trial (2026-11-23)."""
     spec = kernels.get_kernel("matmul")
     problem = Problem.from_key("matmul", "fp16:nn:1000x1000x1000")
     h100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", alias="h100", compute_capability="9.0", sm_count=132,
