@@ -151,7 +151,7 @@ def test_untuned_problem_takes_a_near_record_only_where_it_beat_cublas_clearly(d
            make_record(H100, "fp16:nt:16x4096x4096", TILED, mode="eager", time_ms=0.023, cublas_ms=0.024),
            make_record(H100, "fp16:nt:64x4096x4096", SPLITK, mode="graph", time_ms=0.023, cublas_ms=0.024),
            make_record(H100, "fp16:nt:64x4096x4096", BASELINE, mode="eager", time_ms=0.024, cublas_ms=0.024))
-    near = "fp16:nt:24x4096x4096"
+    near = "fp16:nt:12x4096x4096"  # within the tile's 16 rows: the same programs (24 rows would double them)
     graph = _choose(db_url, near, "graph")
     assert graph.config == SPLITK and graph.source == "nearest:fp16:nt:16x4096x4096"
     # Eager takes the graph evidence (split-K's host cost is torch's); an eager win is no evidence.
@@ -341,8 +341,27 @@ def test_a_near_win_is_not_carried_where_the_configs_critical_path_grows_more_th
     # Same K, N 11% wider: gemv's path and cuBLAS's bytes grow alike, so the 9% win carries.
     wider = _choose(db_url, "fp16:nt:1x10240x3072", "graph", H200)
     assert wider.config == _PHI3_GEMV and wider.source == "nearest:fp16:nt:1x9216x3072"
-    # Along M (another token count) the path model is not applied: UNTUNED_NEAR's guard alone, as before.
+    # Along M, within the tile's 16 rows: the same programs, so the win carries.
     assert _choose(db_url, "fp16:nt:12x9216x3072", "graph", H200).config == _PHI3_TILE
+
+
+# The H100's shipped record of 16x4096x4096 (bf16, nt, graph): a 16x32 tile, 256 deep, that beat cuBLAS.
+_SMALL_M_TILE = Config.from_dict({**TILED.as_dict(), "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256,
+                                  "GROUP_SIZE_M": 8, "num_stages": 6})
+
+
+def test_a_near_win_is_not_carried_across_token_counts_where_a_new_row_of_tiles_adds_waves(db_url) -> None:
+    """24x4608x4096 took 16x4096x4096's 16-row tile (won with 128 programs, one wave on 132 SMs) and ran at
+    0.68-0.74x cuBLAS on the H100 in every mode: 24 rows need two rows of tiles, 288 programs in three waves,
+    while cuBLAS's bytes grew 12%. Its own token count, a little wider, still takes the tile."""
+    _store(db_url,
+           make_record(H100, "bf16:nt:16x4096x4096", _SMALL_M_TILE, mode="graph", time_ms=0.0200, cublas_ms=0.0230),
+           make_record(H100, "bf16:nt:16x4096x4096", _SMALL_M_TILE, mode="eager", time_ms=0.0200, cublas_ms=0.0230))
+    for mode in ("graph", "eager"):
+        chosen = _choose(db_url, "bf16:nt:24x4608x4096", mode)
+        assert is_baseline(chosen.config) and chosen.source.startswith("cublas"), (mode, chosen.source)
+    same_rows = _choose(db_url, "bf16:nt:16x4224x4096", "graph")  # 132 programs: still one wave
+    assert same_rows.config == _SMALL_M_TILE and same_rows.source == "nearest:bf16:nt:16x4096x4096"
 
 
 # The H100's record of DeepSeek-V2-Lite's shared-expert down projection at 32 rows (graph, shipped table)
