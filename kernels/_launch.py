@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 # KERNELS_DIRECT_LAUNCH=0 keeps every launch on Triton's own path (to rule the shortcut out when
-# debugging); scripts/probes/host_vs_gpu_time.py flips it to time both paths in one process.
+# debugging, or to time both paths).
 ENABLED = os.environ.get("KERNELS_DIRECT_LAUNCH", "1") != "0"
 
 try:

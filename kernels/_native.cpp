@@ -61,8 +61,8 @@ std::unordered_set<Signature, SignatureHash> addmm_signatures;
 // matmul_bias signatures that dispatch sends to torch.addmm in eager calls and to a Triton kernel under
 // capture (an eager record cuBLAS won beside a graph record a kernel won): served where the call is eager,
 // as ``eager_signatures`` are for kernels.matmul. On the H100 such a call from Python (its ready call, then
-// torch.addmm) read 0.81-0.90x of torch.addmm where the GPU takes 16 us (docs/BENCHMARKS.md, "Twenty-fifth
-// session"). Valid under the same ``addmm_changes``.
+// torch.addmm) read 0.81-0.90x of torch.addmm where the GPU takes 16 us (docs/BENCHMARKS.md,
+// 2026-11-27). Valid under the same ``addmm_changes``.
 std::unordered_set<Signature, SignatureHash> addmm_eager_signatures;
 int64_t addmm_changes = -1;
 constexpr size_t kAddmmCapacity = 4096;  // as _PATHS: ever-new shapes must not grow memory for ever
@@ -402,7 +402,7 @@ PyObject* run_launch(LaunchPlans& plans, const Signature& signature, const at::T
 // then the launch). cublasLt splits the two: the descriptors and the algorithm are made once per signature
 // and operand alignment, and each call is one cublasLtMatmul. On the H100 box one call from Python cost
 // 0.82-0.84x of torch.matmul's host time this way, against 0.96-0.98x through at::mm, with the same time on
-// the GPU where the GPU bounds the call (scripts/probes/cublaslt_host_probe.py, 2026-11-26). Served only where
+// the GPU where the GPU bounds the call (scripts/probes/cublaslt_host_probe.py, retired at 1996844, 2026-11-26). Served only where
 // at::mm would do nothing more: fp16/bf16 operands with no gradient to record, on the default stream of the
 // current device (it cannot be capturing; the kept workspace belongs to it), with torch's default reduced-
 // precision reductions. Anything else, or any failure, takes at::mm. KERNELS_NATIVE_LT=0 switches it off.
@@ -628,7 +628,7 @@ const Plan* make_plan(const Key& key, const at::Tensor& a, const at::Tensor& b, 
   // A bias plan whose algorithm wants workspace (a split-K pass and its reduction) is not the kernel torch.addmm
   // runs: on the H100, unseen Qwen2.5-72B's 10240x8192 at 8 and 32 rows got a split-K 256x8 tile and a reduce
   // kernel (62.4 + 2.3 us) where torch.addmm ran one 128x8 tile (60.3 us): 0.92-0.95x torch.addmm's eager
-  // call (scripts/probes/addmm_plan_probe.py, docs/BENCHMARKS.md, 2026-11-27). Such a key stays
+  // call (scripts/probes/addmm_plan_probe.py, retired at 1996844, docs/BENCHMARKS.md, 2026-11-27). Such a key stays
   // refused, and at::addmm serves it: torch's own choice of kernel, with less host time than from Python.
   if (key.bias && result.workspace > 0) {
     destroy(plan);

@@ -17,7 +17,7 @@ Five variants, chosen by the ``VARIANT`` parameter like any other tunable:
   ``nn.Linear`` weight): each program multiplies ``GEMV_BLOCK_N`` columns of B (1-8) by the row over
   ``GEMV_BLOCK_K``-long runs of K and sums at the end, no tensor cores. In the space only for M = 1:
   the call streams B once, a tile of tensor-core rows would be 15/16 empty, and thin column blocks
-  make thousands of programs, so many loads in flight (scripts/probes/gemv_probe.py: 1.04-1.40x
+  make thousands of programs, so many loads in flight (scripts/probes/gemv_probe.py, retired at 1996844: 1.04-1.40x
   cuBLAS on the H100 where 32-64 columns per program with a split K reached 0.95-1.10x).
 
 Rows that are 16-byte aligned but not multiples of 16 elements (1000) get the ALIGN hints
@@ -842,7 +842,7 @@ def default_config(problem: Problem, device: DeviceInfo) -> Config:
     return SPACE.canonical(config)
 
 
-# (GEMV_BLOCK_N, GEMV_BLOCK_K, num_warps) of the gemv seeds: the best of scripts/probes/gemv_probe.py on nine
+# (GEMV_BLOCK_N, GEMV_BLOCK_K, num_warps) of the gemv seeds: the best of scripts/probes/gemv_probe.py, retired at 1996844 on nine
 # one-row problems (H100, 2026-11-26) and their neighbours.
 GEMV_SEEDS = ((4, 2048, 4), (2, 2048, 2), (2, 1024, 4), (8, 1024, 8), (1, 4096, 2))
 

@@ -234,7 +234,7 @@ def signature(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> Signatu
     Cheaper than checking them: a signature that matches one cached after a full check names operands
     that would pass it again (same dtypes, devices, shapes; a 3-D tensor has a longer shape). Shapes
     and strides stay the tuples torch returns: unpacking them made a repeated call on 64 pairs 103 us
-    instead of 92-96 (launch stubbed; ``TRITON_INTERPRET=1 PYTHONPATH=. python scripts/probes/host_overhead.py``,
+    instead of 92-96 (launch stubbed; a probe retired at 1996844, ``scripts/probes/host_overhead.py``,
     2-core x86_64 CPU, torch 2.13.0+cpu, triton 3.6.0, 2026-11-23).
     """
     try:

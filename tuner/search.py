@@ -74,7 +74,7 @@ EAGER_GPU_MARGIN = 0.03
 # a host that keeps the GPU busy pays each call's own launches and gaps. Since 2026-11-26 back to back is
 # timed on calls queued behind a GPU sleep, launched as such a loop launches them; before, on a CUDA graph
 # of calls, which hid part of those gaps: bf16 1x2048x10944's split-K winner ran 1.5% behind cuBLAS in that
-# graph and 5% behind in eager loops where the host kept up (scripts/probes/gemv_state_probe.py, H100,
+# graph and 5% behind in eager loops where the host kept up (scripts/probes/gemv_state_probe.py, retired at 1996844, H100,
 # 2026-11-25), and the queued timer moved 12 of the H100 table's 64 eager Triton winners to cuBLAS (H100,
 # docs/BENCHMARKS.md, 2026-11-26).
 FAST_HOST_MARGIN = 0.01

@@ -173,7 +173,7 @@ def queued_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequ
 
     ``eager_ms`` on a slow host times the host instead, and the two can rank configs differently: on the
     H100 box, torch.matmul of bf16 1x2048x10944 ran at 20.6 us per call when the host kept up and 26-30 us
-    when it did not, a split-K config at 21.7 and 22.7-25 us (scripts/probes/gemv_state_probe.py,
+    when it did not, a split-K config at 21.7 and 22.7-25 us (scripts/probes/gemv_state_probe.py, retired at 1996844,
     2026-11-25). Until 2026-11-26 the blocks were CUDA graphs of calls; a graph's launches hide part of
     the gaps an eager loop pays, and bf16 32x1024x8192's split-K winner, within 1% of cuBLAS there, ran
     6-7% behind it in eager loops on a fast host (H100, docs/BENCHMARKS.md, 2026-11-26)."""
@@ -247,7 +247,7 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> 
 
 # The host's own speed, read between the turns of ``eager_side_by_side``. On the lent KVM machines a pure-Python
 # loop ran 1.2-1.8x slower in bursts of about 0.1-0.2 s, 10-20% of the time, and torch.matmul's eager time per
-# call rose with it while a GPU-bound call's did not (H100, 2026-11-26, scripts/probes/host_phase_probe.py,
+# call rose with it while a GPU-bound call's did not (H100, 2026-11-26, scripts/probes/host_phase_probe.py, retired at 1996844,
 # docs/BENCHMARKS.md, 2026-11-26). A contest of 60 ms a side can fall wholly inside such a burst, and
 # a host-bound figure read there is not the one the same call reads a second later. So each turn is bracketed
 # by a short spin of the host, and the figure is read over the turns at the host's nominal speed: the spins on
@@ -256,7 +256,7 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, flush: torch.Tensor, count: int) -> 
 # one a user's call can count on. While too few turns are nominal the turns go on, up to HOST_EXTRA_TURNS
 # times those asked; with fewer than HOST_MIN_NOMINAL_TURNS nominal turns, every turn counts.
 #
-# Bursts are not the whole story. On 2026-11-27 (H100 box, scripts/probes/host_phase_series_probe.py, docs/BENCHMARKS.md
+# Bursts are not the whole story. On 2026-11-27 (H100 box, scripts/probes/host_phase_series_probe.py, retired at 1996844, docs/BENCHMARKS.md
 # 2026-11-27) the same loop read about 600 us for some seconds and 1000 us for others, in phases of
 # 1 to 12 s, with no hypervisor steal; torch.matmul's host cost per call (13 against 18.5 us) and a bare launch
 # followed it, pinned to one CPU or not. A reading that falls in such a phase cannot find nominal turns by
