@@ -61,7 +61,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     every call): a plan checks them itself, and torch.mm (a cuBLAS plan) refuses a mismatch.
     An operand that requires grad, in grad mode, takes ``kernels.ops.matmul`` (a tuned backward) whichever
     config won; with ``out=`` such a call raises, as torch.matmul's does.
+    Under torch.compile the call is its operator, ``torch.ops.triton_tuner.matmul`` (docs/PYTORCH.md).
     """
+    if _COMPILING():  # traced: the operator, not this body (its caches, lock and C++ path are the host's)
+        return ops.traced_matmul(a, b, out)
     fast = _FAST.cublas_everywhere
     if fast is None:
         fast = _learn_cublas_everywhere()
@@ -122,6 +125,9 @@ def _matmul_with_grad(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None
 _OUT_WITH_GRAD = ("kernels.{name}(..., out=...) does not support automatic differentiation, but an operand "
                   "requires grad; call it under torch.no_grad() or on detached operands, or drop out=")
 _GRAD_ENABLED = torch.is_grad_enabled
+# Dynamo folds it to True while it traces; eagerly it is one call, ~70 ns on the CPU machine (timeit, torch
+# 2.13.0+cpu, 2026-11-28), the only price an eager call pays for the compiled path.
+_COMPILING = torch.compiler.is_compiling
 
 
 def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.ModePlans:
@@ -168,7 +174,10 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
     A repeated call with the same operands (same addresses, shapes and strides) finds its config,
     pointer table and output layout in one lookup; new operands pay one checked pass to build them.
     It has no backward: an operand that requires grad, in grad mode, raises (use torch.no_grad()).
+    Under torch.compile the call is its operator, ``torch.ops.triton_tuner.grouped_matmul``.
     """
+    if _COMPILING():  # traced: the operator, not this body
+        return ops.traced_grouped_matmul(As, Bs)
     pairs = grouped.signature(As, Bs)
     if pairs is not None and _GRAD_ENABLED() and (any(map(_WANTS_GRAD, As)) or any(map(_WANTS_GRAD, Bs))):
         raise RuntimeError("kernels.grouped_matmul has no backward, but an operand requires grad; call it under "
@@ -210,7 +219,10 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     ``torch._grouped_mm``). Rows at or past ``offsets[-1]`` are not written. The host never reads
     ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU. Operands that require grad, in
     grad mode, take ``kernels.ops.moe_matmul`` (a tuned backward; it zeroes the rows past ``offsets[-1]``).
+    Under torch.compile the call is that operator (``moe_matmul_out`` with ``out=``).
     """
+    if _COMPILING():  # traced: the operator, not this body
+        return ops.traced_moe_matmul(x, w, offsets, out)
     if not moe.operands_ok(x, w, offsets):
         moe.check_operands(x, w, offsets)
     if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph
