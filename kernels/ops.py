@@ -348,14 +348,8 @@ def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
 # What the public functions are when Dynamo traces them (their first line asks ``torch.compiler.is_compiling``):
 # the operators, whose fakes give the graph its shapes, so no Python body with locks, caches or a C++ call is
 # traced. The compiled graph then runs each operator, which calls the public function eagerly.
-# (``kernels.matmul_bias`` and ``kernels.gated_matmul`` are ``linear`` and ``gated_matmul`` themselves.)
-
-def traced_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    if out is None:
-        return torch.ops.triton_tuner.matmul(a, b)
-    torch.ops.triton_tuner.matmul_out(a, b, out)
-    return out
-
+# (``kernels.matmul``'s is kernels/_plans.py ``_traced``; ``kernels.matmul_bias`` and ``kernels.gated_matmul``
+# are ``linear`` and ``gated_matmul`` themselves.)
 
 def traced_grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return torch.ops.triton_tuner.grouped_matmul(list(As), list(Bs))

@@ -6,7 +6,8 @@ hides the first call's path: the named public functions, called inside ``torch.c
 MODE is a ``torch.compile`` mode ("default", "reduce-overhead", "max-autotune"). In order: Dynamo's explain
 counts graph breaks (0); the compiled function runs first, before any eager call, and matches torch; an eager
 call of each function follows, then the same calls compiled again from scratch; then, compiled with
-``dynamic=True``, two new shapes run against torch and share one graph. Exits non-zero (an AssertionError) on the first thing that is wrong.
+``dynamic=True``, two new shapes run against torch and share one graph. Exits non-zero (an AssertionError)
+on the first thing that is wrong.
 """
 
 from __future__ import annotations
