@@ -572,7 +572,7 @@ def _triton_call(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.T
 # device are not in the key: addmm refuses a mismatch, and the error is then said as the check says it.
 _PATHS: dict[tuple, tuple[int, bool]] = {}
 _NATIVE = _native.NATIVE
-_COMPILING = torch.compiler.is_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
+_COMPILING = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
 _PATHS_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
 
 

@@ -345,7 +345,7 @@ def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
 
 # ------------------------------------------------------------------------------------ under torch.compile
 
-# What the public functions are when Dynamo traces them (their first line asks ``torch.compiler.is_compiling``):
+# What the public functions are when Dynamo traces them (their first line asks ``torch.compiler.is_dynamo_compiling``):
 # the operators, whose fakes give the graph its shapes, so no Python body with locks, caches or a C++ call is
 # traced. The compiled graph then runs each operator, which calls the public function eagerly.
 # (``kernels.matmul``'s is kernels/_plans.py ``_traced``; ``kernels.matmul_bias`` and ``kernels.gated_matmul``
