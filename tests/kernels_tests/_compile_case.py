@@ -6,7 +6,8 @@ hides the first call's path: the named public functions, called inside ``torch.c
 MODE is a ``torch.compile`` mode ("default", "reduce-overhead", "max-autotune"). In order: Dynamo's explain
 counts graph breaks (0); the compiled function runs first, before any eager call, and matches torch; an eager
 call of each function follows, then the same calls compiled again from scratch; then, compiled with
-``dynamic=True``, two new shapes run against torch and share one graph. Exits non-zero (an AssertionError)
+``dynamic=True``, two new shapes run against torch and share one graph. Each compiled function is called three
+times (under "reduce-overhead" on a GPU: warm-up, capture, replay). Exits non-zero (an AssertionError)
 on the first thing that is wrong.
 """
 
@@ -88,37 +89,40 @@ def _compiled(names: list[str], mode: str | None, dynamic: bool | None) -> Calla
     return torch.compile(step, fullgraph=True, mode=mode, dynamic=dynamic)
 
 
+def _run(step: Callable[[dict], dict], inputs: dict, where: str) -> None:
+    """Three calls, each checked: under "reduce-overhead" on a GPU, Inductor's CUDA-graph trees warm up on
+    the first, capture on the second and replay from the third (an output is checked before the next call
+    overwrites it)."""
+    for call in ("warm-up", "capture", "replay"):
+        out = step(inputs)
+        for name in out:
+            _check(name, out[name], inputs[name], f"{where}, {call}")
+
+
 def main(mode: str, names: list[str]) -> None:
     mode_arg = None if mode == "default" else mode
-    inputs = {name: _inputs(name, 7) for name in names}
     torch.manual_seed(0)
+    inputs = {name: _inputs(name, 7) for name in names}
 
     explained = torch._dynamo.explain(lambda inputs: {name: _call(name, inputs[name]) for name in names})(inputs)
     assert explained.graph_break_count == 0, f"{names}: graph breaks {explained.break_reasons}"
     assert explained.graph_count == 1, f"{names}: {explained.graph_count} graphs"
     torch._dynamo.reset()
 
-    first = _compiled(names, mode_arg, None)(inputs)  # before any eager call of these functions
-    for name in names:
-        _check(name, first[name], inputs[name], f"first call compiled ({mode})")
+    _run(_compiled(names, mode_arg, None), inputs, f"first call compiled ({mode})")  # before any eager call
 
     for name in names:
         _check(name, _call(name, inputs[name]), inputs[name], "eager")
 
     torch._dynamo.reset()
-    again = _compiled(names, mode_arg, None)(inputs)  # the signatures the eager calls resolved and ran
-    for name in names:
-        _check(name, again[name], inputs[name], f"compiled after eager calls ({mode})")
+    _run(_compiled(names, mode_arg, None), inputs, f"compiled after eager calls ({mode})")  # signatures they ran
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     step = _compiled(names, mode_arg, True)
     for rows in (9, 13):  # two shapes, one graph: the sizes are symbolic (none equal to another, which Dynamo
         # would take for one size: duck sizing)
-        more = {name: _inputs(name, rows) for name in names}
-        out = step(more)
-        for name in names:
-            _check(name, out[name], more[name], f"compiled after eager calls, dynamic, {rows} rows ({mode})")
+        _run(step, {name: _inputs(name, rows) for name in names}, f"compiled, dynamic, {rows} rows ({mode})")
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert graphs == 1, f"{names}: dynamic=True compiled {graphs} graphs for two shapes"
     print(f"ok: {mode} {' '.join(names)}")
