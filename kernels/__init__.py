@@ -52,7 +52,7 @@ def get_kernel(name: str) -> KernelSpec:
 
 
 # kernels.matmul's whole path, first call and repeated, is one module: kernels/_plans.py (its docstring).
-matmul = _plans.matmul
+from ._plans import matmul  # noqa: E402
 _OUT_WITH_GRAD = _plans.OUT_WITH_GRAD
 _GRAD_ENABLED = torch.is_grad_enabled
 _COMPILING = _plans._COMPILING  # Dynamo folds it to True while it traces (kernels/_plans.py)
