@@ -51,115 +51,15 @@ def get_kernel(name: str) -> KernelSpec:
         raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(KERNELS)}") from None
 
 
-def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """C = A @ B with the config tuned for this GPU, problem and dispatch mode (docs/MODES.md).
-
-    A repeated call signature (shapes, strides, a's dtype and device) costs one dict lookup before its
-    plan runs (kernels/_plans.py); the first one checks the operands and resolves both modes' configs.
-    Where the two modes run the same plan (most signatures), the mode is not even asked: the capture
-    check is a CUDA runtime query. b's dtype and device are not in the key (each costs host time on
-    every call): a plan checks them itself, and torch.mm (a cuBLAS plan) refuses a mismatch.
-    An operand that requires grad, in grad mode, takes ``kernels.ops.matmul`` (a tuned backward) whichever
-    config won; with ``out=`` such a call raises, as torch.matmul's does.
-    """
-    fast = _FAST.cublas_everywhere
-    if fast is None:
-        fast = _learn_cublas_everywhere()
-    native = _NATIVE.try_mm
-    if fast and out is None:  # nothing tuned for any GPU here: cuBLAS from the first call, at torch.mm's cost
-        try:
-            # Once the C++ path is ready, GPU calls take the plans below instead: their cuBLAS plans are
-            # served from C++ by a kept cublasLt plan, at less host time than torch.mm's (kernels/_native.cpp).
-            if a.dtype in _TAKEN and (native is None or not a.is_cuda):
-                return _MM(a, b)
-        except AttributeError:
-            pass  # not a tensor: the checked path below says so
-        except RuntimeError:  # b of another dtype or device, not 2-D...: say so as check_operands does
-            check_operands(a, b)
-            raise
-    if native is not None and out is None:  # a cuBLAS signature, served from C++ (kernels/_native.py)
-        c = native(a, b)
-        if c is not None:
-            return c
-    try:
-        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
-        # A Triton plan records no autograd graph: such a call takes the operator with a backward. Here,
-        # after the C++ attempt (which declines these calls), so that its fast path pays nothing.
-        if (a.requires_grad or b.requires_grad) and _GRAD_ENABLED():
-            return _matmul_with_grad(a, b, out)
-    except (AttributeError, TypeError):
-        check_operands(a, b)  # not tensors: raises the TypeError that says so
-        raise
-    plans = _PLANS.get(key)
-    if plans is None:
-        plans = _plan_matmul(key, a, b)
-    if _REC.on:  # record mode: one dict increment per call
-        _REC.counts[key] += 1
-    plan = plans.both
-    if plan is None:  # the modes differ here: _modes.current(), inlined (every such call pays for it)
-        mode = _FORCED.mode or _modes.ENV_MODE
-        if mode is None or mode is _AUTO:
-            mode = _GRAPH if a.is_cuda and _modes.capturing() else _EAGER
-        plan = plans.graph if mode == _GRAPH else plans.eager
-    if out is None:
-        try:
-            return plan(a, b)
-        except RuntimeError:  # torch.mm on a b of another dtype or device: say so as check_operands does
-            check_operands(a, b)
-            raise
-    return _plans.with_out(plan, a, b, out)
-
-
-def _matmul_with_grad(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
-    """A call autograd must record: through ``ops.matmul``, whose backward is two tuned GEMMs. Its body
-    calls ``matmul`` again with grad mode off (inside an autograd function), so this does not recurse."""
-    if out is not None:
-        raise RuntimeError(_OUT_WITH_GRAD.format(name="matmul"))
-    check_operands(a, b)
-    return ops.matmul(a, b)  # looked up per call: ops is imported at the bottom of this module
-
-
-_OUT_WITH_GRAD = ("kernels.{name}(..., out=...) does not support automatic differentiation, but an operand "
-                  "requires grad; call it under torch.no_grad() or on detached operands, or drop out=")
+# kernels.matmul's whole path, first call and repeated, is one module: kernels/_plans.py (its docstring).
+from ._plans import matmul  # noqa: E402
+_OUT_WITH_GRAD = _plans.OUT_WITH_GRAD
 _GRAD_ENABLED = torch.is_grad_enabled
-
-
-def _plan_matmul(key: tuple, a: torch.Tensor, b: torch.Tensor) -> _plans.ModePlans:
-    """The first call of a signature: check, resolve each mode's config, build and keep the plans."""
-    check_operands(a, b)
-    resolved_in = _plans.generation()  # before resolving: a clear meanwhile makes these plans stale
-    if a.device.type == "cpu" and not _INTERPRETED:
-        configs = {mode: BASELINE for mode in MODES}  # no Triton on the CPU unless the interpreter is on
-    else:
-        problem, device = MATMUL.problem_of(a, b), current_device(a.device)
-        configs = {mode: DISPATCHER.resolve(key + (mode,), MATMUL, problem, device, mode) for mode in MODES}
-        if _REC.on:
-            _REC.seen(key, MATMUL.name, problem, device)
-    return _plans.put(key, _plans.plans_for(configs, a, b), resolved_in)
-
-
-def _learn_cublas_everywhere() -> bool:
-    """Whether every matmul of this process goes to cuBLAS (kernels/_plans.py ``_Fast``); remembered
-    until the next ``clear_cache``."""
-    resolved_in = _plans.generation()  # a clear while the tables are read makes this answer stale
-    fast = not (_INTERPRETED or _REC.on or _FAST.pins) and not any(
-        DISPATCHER.has_records(current_device(torch.device("cuda", index)), MATMUL)
-        for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0))
-    with _plans._LOCK:
-        if not _FAST.pins and resolved_in == _plans.generation():
-            _FAST.cublas_everywhere = fast
-    if fast and torch.cuda.is_available() and _native.NATIVE.state == "idle":
-        _native.start()  # in the background: no plan is put meanwhile, so nothing else would start it
-    return fast
-
-
+_COMPILING = _plans._COMPILING  # Dynamo folds it to True while it traces (kernels/_plans.py)
+# What scripts/host_cost.py and tests read (the plan dict, the nothing-tuned shortcut, the C++ path).
 _PLANS = _plans._PLANS
 _FAST = _plans.FAST
 _NATIVE = _native.NATIVE
-_MM = torch.mm
-_TAKEN = frozenset(gemm.DTYPE_NAMES)
-_FORCED = _modes.LOCAL
-_AUTO, _GRAPH, _EAGER = _modes.AUTO, _modes.GRAPH, _modes.EAGER
 
 
 def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -168,7 +68,10 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
     A repeated call with the same operands (same addresses, shapes and strides) finds its config,
     pointer table and output layout in one lookup; new operands pay one checked pass to build them.
     It has no backward: an operand that requires grad, in grad mode, raises (use torch.no_grad()).
+    Under torch.compile the call is its operator, ``torch.ops.triton_tuner.grouped_matmul``.
     """
+    if _COMPILING():  # traced: the operator, not this body
+        return ops.traced_grouped_matmul(As, Bs)
     pairs = grouped.signature(As, Bs)
     if pairs is not None and _GRAD_ENABLED() and (any(map(_WANTS_GRAD, As)) or any(map(_WANTS_GRAD, Bs))):
         raise RuntimeError("kernels.grouped_matmul has no backward, but an operand requires grad; call it under "
@@ -210,7 +113,10 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     ``torch._grouped_mm``). Rows at or past ``offsets[-1]`` are not written. The host never reads
     ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU. Operands that require grad, in
     grad mode, take ``kernels.ops.moe_matmul`` (a tuned backward; it zeroes the rows past ``offsets[-1]``).
+    Under torch.compile the call is that operator (``moe_matmul_out`` with ``out=``).
     """
+    if _COMPILING():  # traced: the operator, not this body
+        return ops.traced_moe_matmul(x, w, offsets, out)
     if not moe.operands_ok(x, w, offsets):
         moe.check_operands(x, w, offsets)
     if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph

@@ -26,7 +26,7 @@ The extension is built in a daemon thread the first time a GPU process has somet
 a cuBLAS plan put (``remember``), a tiled, split-K or repack eager plan put (kernels/_plans.py ``_mirror``),
 a ``kernels.matmul_bias`` signature sent to ``torch.addmm`` or an epilogue launch handed over
 (``remember_addmm``, ``remember_epilogue_launch``), or ``kernels.matmul`` learning that no GPU of the process
-has a tuned table (kernels/__init__.py ``_learn_cublas_everywhere``: its calls then put no plan). It is built
+has a tuned table (kernels/_plans.py ``_learn_cublas_everywhere``: its calls then put no plan). It is built
 with torch's own ``cpp_extension`` (a C++ compiler and ninja; the build is cached across processes in
 ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Until it is ready, and wherever it
 cannot be built, the Python path serves every call: nothing but host time depends on it.

@@ -1,19 +1,33 @@
-"""A plan per matmul call signature: what a repeated call needs, resolved once.
+"""``kernels.matmul``: the whole path of a call, first and repeated, in the order a call meets it.
 
-The first call with a signature (the plan key: both operands' shapes and strides, a's dtype and a's
-device; not b's dtype or device, nor the dispatch mode, ``signature``) checks the operands, asks the
-dispatcher for each mode's config and builds the plans (``ModePlans``, one per mode); every later call is
-one dict lookup and the plan's own few steps. A plan for a tiled or split-K config allocates C and launches the compiled
-kernel directly (kernels/_launch.py); a cuBLAS plan calls ``torch.mm``; the other variants go
-through their launchers. Tiled, split-K and repack plans then hand their launches to the C++ path
-(``_mirror``, kernels/_native.py), which serves the signature's eager calls on a default stream.
-Whatever a plan cannot vouch for on a given call (an ``out`` tensor, a pointer whose 16-byte alignment
-differs from the first call's, empty sizes) takes the checked path.
+A call takes the first of these steps that applies; each is in this module unless another is named.
 
-A cuBLAS plan is ``torch.mm`` itself: kernels.matmul calls ``plan(a, b)``, so that a cuBLAS winner
-costs the lookup and torch's own call, nothing more.
+1. Traced by torch.compile (``torch.compiler.is_dynamo_compiling()``): the operator ``triton_tuner::matmul``
+   (``_traced``; kernels/ops.py), whose fake gives the graph its shape. The compiled graph runs the operator,
+   which calls ``matmul`` eagerly. Nothing below is traced: dicts, a lock and a C++ call are host state.
+2. Nothing tuned for any GPU of this process (``FAST.cublas_everywhere``, learnt once per ``clear`` by
+   ``_learn_cublas_everywhere``): ``torch.mm`` at once, before a key is even built.
+3. The C++ path (``NATIVE.try_mm``, kernels/_native.py and _native.cpp): a signature whose eager plan was
+   handed over to it (a cuBLAS plan when it is ``put``; a tiled, split-K, gemv or repack launch after a call
+   on the default stream, ``_offer_launch``) is served from one C call, its key included; any other call
+   returns None from it in about 40 ns and goes on here.
+4. The plan dict: the call's ``signature`` finds its ``ModePlans``. A signature's first call
+   (``_first_call``) checks the operands, asks the dispatcher for each mode's config, builds each mode's plan
+   (``build``) and keeps them (``put``, which tells the C++ path what it may serve: ``_mirror``). An operand
+   that wants a gradient takes the operator instead (``_with_grad``), whose backward is two tuned GEMMs.
+5. The mode: where the two modes' plans differ, the thread's forced mode, ``KERNELS_MODE`` or the capture
+   check picks one (kernels/_modes.py); where they agree (most signatures) nothing is asked.
+6. The plan's call. cuBLAS: ``torch.mm`` itself. Tiled, split-K and gemv: ``_Direct`` allocates C and
+   launches the compiled kernel through its ``DirectLaunch`` (kernels/_launch.py: Triton's own launch on the
+   first call, which compiles; the compiled kernel's C launcher after). TMA and repack: ``_Launched``
+   (kernels/gemm.py ``TmaLaunch``, ``RepackLaunch``). Whatever a plan cannot vouch for (a CPU tensor, empty
+   sizes, a pointer whose 16-byte alignment differs from the first call's, ``out=``: ``with_out``) takes
+   the checked launcher, ``gemm._run_checked``.
 
-``pinned`` installs a plan for one config: the tuner times the public call with it (tuner/timing.py).
+Steps 2, 3 and 6's direct launches each exist for host time per call, measured against torch.matmul's
+(scripts/host_cost.py; kernels/_native.py and kernels/_launch.py give the figures); a step that does not
+apply costs an attribute read or a None return. ``pinned`` and ``pinning`` install a plan for one config:
+the tuner times the public call with it (tuner/timing.py), as dispatch will hold it.
 """
 
 from __future__ import annotations
@@ -27,9 +41,12 @@ from typing import Any
 
 import torch
 
-from . import _launch, _native, gemm
-from ._modes import EAGER, GRAPH
+from . import _launch, _modes, _native, gemm
+from ._device import current_device
+from ._modes import EAGER, GRAPH, MODES
+from ._record_mode import RECORDER as _REC
 from ._spec import BASELINE, Config, is_baseline
+from .dispatch import DISPATCHER
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +59,133 @@ _LOCK = threading.Lock()
 # thread) was resolved under the old tables: ``put`` and ``pinning`` compare it to keep nothing stale.
 _GENERATION = 0
 
+
+# ------------------------------------------------------------------------------------------------ the call
+
+def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """C = A @ B with the config tuned for this GPU, problem and dispatch mode (docs/MODES.md).
+
+    A repeated call signature (shapes, strides, a's dtype and device) costs one dict lookup before its
+    plan runs; the first one checks the operands and resolves both modes' configs (this module's docstring
+    tells each step). b's dtype and device are not in the key (each costs host time on every call): a plan
+    checks them itself, and torch.mm (a cuBLAS plan) refuses a mismatch. An operand that requires grad, in
+    grad mode, takes ``kernels.ops.matmul`` (a tuned backward) whichever config won; with ``out=`` such a
+    call raises, as torch.matmul's does. Under torch.compile the call is its operator (docs/PYTORCH.md).
+    """
+    if _COMPILING():  # 1. traced: the operator, not this body
+        return _traced(a, b, out)
+    fast = FAST.cublas_everywhere
+    if fast is None:
+        fast = _learn_cublas_everywhere()
+    native = _NATIVE.try_mm
+    if fast and out is None:  # 2. nothing tuned for any GPU here: cuBLAS from the first call, at torch.mm's cost
+        try:
+            # Once the C++ path is ready, GPU calls take it instead: it serves cuBLAS plans by a kept cublasLt
+            # plan, at less host time than torch.mm's (kernels/_native.cpp).
+            if a.dtype in _TAKEN and (native is None or not a.is_cuda):
+                return _MM(a, b)
+        except AttributeError:
+            pass  # not a tensor: the checked path below says so
+        except RuntimeError:  # b of another dtype or device, not 2-D...: say so as check_operands does
+            gemm.check_operands(a, b)
+            raise
+    if native is not None and out is None:  # 3. a signature handed over to C++ (kernels/_native.py)
+        c = native(a, b)
+        if c is not None:
+            return c
+    try:
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)  # 4. the plan dict: ``signature``
+        # A Triton plan records no autograd graph: such a call takes the operator with a backward. Here,
+        # after the C++ attempt (which declines these calls), so that its fast path pays nothing.
+        if (a.requires_grad or b.requires_grad) and _GRAD_ENABLED():
+            return _with_grad(a, b, out)
+    except (AttributeError, TypeError):
+        gemm.check_operands(a, b)  # not tensors: raises the TypeError that says so
+        raise
+    plans = _PLANS.get(key)
+    if plans is None:
+        plans = _first_call(key, a, b)
+    if _REC.on:  # record mode: one dict increment per call
+        _REC.counts[key] += 1
+    plan = plans.both
+    if plan is None:  # 5. the modes differ here: _modes.current(), inlined (every such call pays for it)
+        mode = _FORCED.mode or _modes.ENV_MODE
+        if mode is None or mode is _AUTO:
+            mode = GRAPH if a.is_cuda and _modes.capturing() else EAGER
+        plan = plans.graph if mode == GRAPH else plans.eager
+    if out is None:  # 6. the plan's call
+        try:
+            return plan(a, b)
+        except RuntimeError:  # torch.mm on a b of another dtype or device: say so as check_operands does
+            gemm.check_operands(a, b)
+            raise
+    return with_out(plan, a, b, out)
+
+
+# Dynamo folds it to True while it traces; eagerly it is a call that returns False: 32 ns on the CPU machine,
+# where ``is_compiling`` (which asks ``torch.jit`` first) took 70-146 ns (timeit, torch 2.13.0+cpu, 2026-11-28).
+# The only price an eager call pays for the compiled path.
+_COMPILING = torch.compiler.is_dynamo_compiling
+_GRAD_ENABLED = torch.is_grad_enabled
+_MM = torch.mm
+_TAKEN = frozenset(gemm.DTYPE_NAMES)
+_FORCED = _modes.LOCAL
+_AUTO = _modes.AUTO
+_NATIVE = _native.NATIVE
+
+
+def _traced(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """What torch.compile records for a call: the operator (registered by kernels/ops.py on import)."""
+    if out is None:
+        return torch.ops.triton_tuner.matmul(a, b)
+    torch.ops.triton_tuner.matmul_out(a, b, out)
+    return out
+
+
+def _with_grad(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A call autograd must record: through ``ops.matmul``, whose backward is two tuned GEMMs. Its body
+    calls ``matmul`` again with grad mode off (inside an autograd function), so this does not recurse."""
+    if out is not None:
+        raise RuntimeError(OUT_WITH_GRAD.format(name="matmul"))
+    gemm.check_operands(a, b)
+    return torch.ops.triton_tuner.matmul(a, b)
+
+
+OUT_WITH_GRAD = ("kernels.{name}(..., out=...) does not support automatic differentiation, but an operand "
+                 "requires grad; call it under torch.no_grad() or on detached operands, or drop out=")
+
+
+def _first_call(key: tuple, a: torch.Tensor, b: torch.Tensor) -> ModePlans:
+    """A signature's first call: check, resolve each mode's config, build and keep the plans."""
+    from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
+    gemm.check_operands(a, b)
+    resolved_in = _GENERATION  # before resolving: a clear meanwhile makes these plans stale
+    if a.device.type == "cpu" and not _INTERPRETED:
+        configs = {mode: BASELINE for mode in MODES}  # no Triton on the CPU unless the interpreter is on
+    else:
+        problem, device = gemm.MATMUL.problem_of(a, b), current_device(a.device)
+        configs = {mode: DISPATCHER.resolve(key + (mode,), gemm.MATMUL, problem, device, mode) for mode in MODES}
+        if _REC.on:
+            _REC.seen(key, gemm.MATMUL.name, problem, device)
+    return put(key, plans_for(configs, a, b), resolved_in)
+
+
+def _learn_cublas_everywhere() -> bool:
+    """Whether every matmul of this process goes to cuBLAS (``_Fast``); remembered until the next ``clear``."""
+    from . import _INTERPRETED
+    resolved_in = _GENERATION  # a clear while the tables are read makes this answer stale
+    fast = not (_INTERPRETED or _REC.on or FAST.pins) and not any(
+        DISPATCHER.has_records(current_device(torch.device("cuda", index)), gemm.MATMUL)
+        for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0))
+    with _LOCK:
+        if not FAST.pins and resolved_in == _GENERATION:
+            FAST.cublas_everywhere = fast
+    if fast and torch.cuda.is_available() and _native.NATIVE.state == "idle":
+        _native.start()  # in the background: no plan is put meanwhile, so nothing else would start it
+    return fast
+
+
+# ------------------------------------------------------------------------------- the plans of a signature
 
 def signature(a: torch.Tensor, b: torch.Tensor) -> tuple:
     """The plan key of a call: what a plan depends on but the data's addresses, the mode, and b's dtype
@@ -117,6 +261,8 @@ FAST = _Fast()
 # Distinct call signatures kept; a model has a few hundred GEMM signatures per dtype and batch bucket.
 _CAPACITY = 4096
 
+
+# ------------------------------------------------------------------------------------------- plan kinds
 
 class _Checked:
     """Any config, through the checked launcher (``gemm._run_checked``): TMA, repack, odd calls."""
@@ -245,6 +391,8 @@ class _Launched(_Handed):
 _CUBLAS = torch.mm
 
 
+# ------------------------------------------------------------------------------ handed over to C++
+
 def _mirror(key: Hashable, plans: ModePlans | None, on_cuda: bool) -> None:
     """Tell the C++ path what it serves of ``key`` now that ``plans`` hold it (None: nothing): a cuBLAS
     plan at once; a tiled, split-K or repack eager plan from the first call after its kernels are
@@ -345,6 +493,8 @@ def plans_for(configs: dict[str, Config], a: torch.Tensor, b: torch.Tensor) -> M
     graph = eager if configs[GRAPH] == configs[EAGER] else build(configs[GRAPH], a, b)
     return ModePlans(eager, graph)
 
+
+# ------------------------------------------------------------------------------- pinned by the tuner
 
 @contextlib.contextmanager
 def pinned(config: Config, a: torch.Tensor, b: torch.Tensor) -> Iterator[None]:

@@ -572,6 +572,7 @@ def _triton_call(config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.T
 # device are not in the key: addmm refuses a mismatch, and the error is then said as the check says it.
 _PATHS: dict[tuple, tuple[int, bool]] = {}
 _NATIVE = _native.NATIVE
+_COMPILING = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
 _PATHS_CAPACITY = 4096  # as kernels/_plans.py: ever-new shapes must not grow memory for ever
 
 
@@ -579,7 +580,9 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
     """A @ B + bias in one launch, with the config tuned for this problem (or torch.addmm where that won).
 
     ``bias`` is [N] in a's dtype on every path. Where a gradient is wanted for an operand, the call runs as
-    ``torch.ops.triton_tuner.linear`` (same kernels, with a backward)."""
+    ``torch.ops.triton_tuner.linear`` (same kernels, with a backward), and so does every call torch.compile traces."""
+    if _COMPILING():  # traced: the operator, not this body (its caches and C++ path are the host's)
+        return torch.ops.triton_tuner.linear(a, b.t(), bias)
     native = _NATIVE.try_addmm
     if native is not None:  # an addmm signature, served from C++ (kernels/_native.py), which leaves another
         c = native(a, b, bias)  # bias shape or dtype, and a Triton launch that would record no gradient, to us
@@ -637,7 +640,10 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
 
 def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(A @ B[:, :N]) * (A @ B[:, N:]) in one launch, with the config tuned for this problem. Where a
-    gradient is wanted for A or B, the call runs as ``torch.ops.triton_tuner.gated_matmul`` (with a backward)."""
+    gradient is wanted for A or B, the call runs as ``torch.ops.triton_tuner.gated_matmul`` (with a backward),
+    and so does every call torch.compile traces."""
+    if _COMPILING():  # traced: the operator, not this body
+        return torch.ops.triton_tuner.gated_matmul(a, b)
     native = _NATIVE.try_gated
     if native is not None:  # a Triton signature handed over to C++ (kernels/_native.py); not a call that
         c = native(a, b)    # wants a gradient, which the launch would not record

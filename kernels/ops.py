@@ -343,6 +343,27 @@ def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * x_shape[0] * x_shape[1] * w_shape[2]
 
 
+# ------------------------------------------------------------------------------------ under torch.compile
+
+# What the public functions are when Dynamo traces them (their first line asks ``torch.compiler.is_dynamo_compiling``):
+# the operators, whose fakes give the graph its shapes, so no Python body with locks, caches or a C++ call is
+# traced. The compiled graph then runs each operator, which calls the public function eagerly.
+# (``kernels.matmul``'s is kernels/_plans.py ``_traced``; ``kernels.matmul_bias`` and ``kernels.gated_matmul``
+# are ``linear`` and ``gated_matmul`` themselves.)
+
+def traced_grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return torch.ops.triton_tuner.grouped_matmul(list(As), list(Bs))
+
+
+def traced_moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """The operator zeroes the rows at or past ``offsets[-1]``, which the eager call leaves unwritten."""
+    if out is None:
+        return torch.ops.triton_tuner.moe_matmul(x, w, offsets)
+    torch.ops.triton_tuner.moe_matmul_out(x, w, offsets, out)
+    return out
+
+
 # ------------------------------------------------------------------------------------------ direct calls
 
 def _direct(*tensors: torch.Tensor | None) -> bool:

@@ -16,6 +16,13 @@ says where the host time of the tiled call, the Python cuBLAS plan and the patch
 
     PYTHONPATH=. python3 scripts/host_cost.py [--calls 300] [--rounds 31] [--profile]
 
+Before and after a change, in one run: ``--against OLD_TREE`` (a copy of the older tree, e.g.
+``git archive 1996844 kernels tuner db scripts | tar -x -C .gpu/old-tree``) runs each tree's own copy of
+this script in a fresh process, ``--pairs`` times, alternating which goes first, and prints each row's
+"vs torch" (the ratio to torch.matmul in the same round, which cancels the host's drift between processes)
+for both trees and their quotient. Both trees load one build of kernels/_native.cpp where its source is the
+same (torch's extension cache); otherwise each process rebuilds it (30-60 s).
+
 The host's speed wanders between rounds (torch.matmul ranged 14.5-24.8 us per call over 9 rounds of
 3000 calls on the H100 box), so rounds are short, many and interleaved, and "vs torch" is the median of
 each round's ratio to torch.matmul's time in the same round.
@@ -28,10 +35,14 @@ import contextlib
 import cProfile
 import io
 import json
+import os
 import pstats
+import subprocess
+import sys
 import tempfile
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -127,13 +138,60 @@ def _epilogue_pinned(pin: tuple):
                 _native.resume()
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tree_run(tree: Path, calls: int, rounds: int) -> dict:
+    """The figures of ``tree``'s own copy of this script, run in a fresh process on that tree's packages."""
+    others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+              if p and Path(p).resolve() not in (ROOT, tree)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), *others]))
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "figures.json"
+        subprocess.run([sys.executable, str(tree / "scripts" / "host_cost.py"), "--calls", str(calls),
+                        "--rounds", str(rounds), "--json", str(out)], cwd=tree, env=env, check=True)
+        return json.loads(out.read_text())
+
+
+def compare_trees(old: Path, pairs: int, calls: int, rounds: int) -> dict:
+    """Each row's "vs torch" in ``old`` and in this tree, ``pairs`` runs each, alternating which runs first."""
+    runs: dict[str, list[dict]] = {"old": [], "new": []}
+    for pair in range(pairs):
+        order = [("old", old), ("new", ROOT)] if pair % 2 == 0 else [("new", ROOT), ("old", old)]
+        for label, tree in order:
+            print(f"# pair {pair + 1}/{pairs}: {label} tree, {tree}", flush=True)
+            runs[label].append(_tree_run(tree, calls, rounds))
+    print(f"\n# vs torch.matmul, median over {pairs} runs per tree; old: {old}, new: {ROOT}")
+    print(f"{'call':32} {'old vs torch':>13} {'new vs torch':>13} {'new / old':>10} {'old us':>8} {'new us':>8}")
+    table = {}
+    for name in runs["new"][0]:
+        if name not in runs["old"][0]:
+            continue
+        old_ratio = statistics.median(run[name]["vs_torch"] for run in runs["old"])
+        new_ratio = statistics.median(run[name]["vs_torch"] for run in runs["new"])
+        old_us = statistics.median(run[name]["host_us"] for run in runs["old"])
+        new_us = statistics.median(run[name]["host_us"] for run in runs["new"])
+        table[name] = dict(old_vs_torch=old_ratio, new_vs_torch=new_ratio, old_host_us=old_us, new_host_us=new_us)
+        print(f"{name:32} {old_ratio:12.3f}x {new_ratio:12.3f}x {new_ratio / old_ratio:10.3f} {old_us:8.2f} "
+              f"{new_us:8.2f}")
+    return dict(pairs=pairs, calls=calls, rounds=rounds, old=str(old), rows=table, runs=runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--profile", action="store_true", help="cProfile the tiled call")
     parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument("--against", type=Path, default=None, metavar="OLD_TREE",
+                        help="time OLD_TREE's copy of this script and this tree's, in turns (see above)")
+    parser.add_argument("--pairs", type=int, default=3, help="with --against: runs per tree")
     args = parser.parse_args()
+    if args.against is not None:
+        figures = compare_trees(args.against.resolve(), args.pairs, args.calls, args.rounds)
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=1))
+        return
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
           f"{time.strftime('%Y-%m-%d')}, {args.calls} calls x {args.rounds} interleaved rounds")
     started = time.perf_counter()
