@@ -29,7 +29,9 @@ CASE_LIMIT_S = 600  # a case took 7-11 s on the 2-core CPU machine (torch 2.13.0
 
 
 def _run_case(tmp_path: Path, mode: str, names: list[str]) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TUNER_DB=f"sqlite:///{tmp_path / 'tuner.db'}")
+    # The root first, then whatever the caller's path holds (packages installed to a --target folder).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, TUNER_DB=f"sqlite:///{tmp_path / 'tuner.db'}")
     env.pop("TUNER_RECORD", None)
     if not _has_gpu():
         env["TRITON_INTERPRET"] = "1"
