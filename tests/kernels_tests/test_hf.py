@@ -250,3 +250,33 @@ def test_recorded_model_problems_are_listed_then_all_tuned_by_search_recorded(tm
                   "--workers", "0", "--db", url)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no recorded problem is left untuned" in _tuner(tmp_path, "list", "--untuned", "--db", url).stdout
+
+
+def test_experts_trace_whole_under_torch_compile_fullgraph() -> None:
+    """No graph break: the sort, both moe_matmul operators and the combine trace into one graph (aot_eager:
+    the trace is what is checked; Inductor's code generation is not this test's)."""
+    model = kernels.patch(build(MOE["mixtral"], torch.float16))
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 5, 2, seed=5)
+    with torch.no_grad():
+        want = experts(x, index, weights)
+        compiled = torch.compile(lambda x, i, w: experts(x, i, w), fullgraph=True, backend="aot_eager")
+        got = compiled(x, index, weights)
+    assert relative_error(got, want) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
+def test_experts_never_make_the_host_wait_once_warm() -> None:
+    model = kernels.patch(build(MOE["qwen3_moe"], torch.bfloat16))
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 64, 2, seed=6)
+    with torch.no_grad():
+        experts(x, index, weights)  # first call: compile, dispatch resolution
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                experts(x, index, weights)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
