@@ -65,10 +65,10 @@ MODELS = {spec.name: spec for spec in (
         vocab_size=152064), why="benchmarks/corpus/models.json, in the shipped H100 table"),
     ModelSpec("DeepSeek-V2-Lite", "tuned", "DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
         hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=64,
-        num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=0, num_attention_heads=16,
+        num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1, num_attention_heads=16,
         num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
         v_head_dim=128, head_dim=64, n_group=1, topk_group=1, vocab_size=102400, max_position_embeddings=8192),
-        moe=True, why="benchmarks/corpus/models.json (shared experts and dense layers tuned)"),
+        moe=True, why="benchmarks/corpus/models.json (its dense first layer and shared experts tuned)"),
     ModelSpec("Llama-3.1-8B", "held-out", "LlamaConfig", "LlamaForCausalLM", dict(
         _GQA, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
         vocab_size=128256, rope_theta=5e5), why="benchmarks/corpus/unseen.json"),
@@ -123,8 +123,8 @@ def build(spec: ModelSpec, layers: int, device: torch.device, dtype: torch.dtype
     values = dict(spec.config, num_hidden_layers=layers, pad_token_id=0, bos_token_id=0, eos_token_id=None)
     if smoke:
         values.update({k: v for k, v in SMOKE.items() if k in values})
-        if "qk_rope_head_dim" in values:  # DeepSeek's head_dim is its rope part
-            values["head_dim"] = values["qk_rope_head_dim"]
+        if "qk_rope_head_dim" in values:  # DeepSeek's head_dim is its rope part; its one layer an MoE one
+            values.update(head_dim=values["qk_rope_head_dim"], first_k_dense_replace=0)
     config = getattr(transformers, spec.config_class)(**values)
     torch.manual_seed(0)
     with torch.device(device):
@@ -264,6 +264,9 @@ def table(rows: list[Row], checks: dict) -> str:
             lines.append(f"{part}: geomean {geomean:.3f}x vanilla, min {min(speedups):.3f}x over {len(speedups)} cells")
     lines.append("\ncorrectness (relative L2 error of last-token logits to an fp32 copy)")
     for name, found in checks.items():
+        if "error" in found:
+            lines.append(f"{name:<18} {found['error']}")
+            continue
         verdict = "ok" if found["patched_no_further"] else f"patched further, x{found['patched'] / found['vanilla']:.3f}"
         lines.append(f"{name:<18} vanilla {found['vanilla']:.2e}  patched {found['patched']:.2e}  {verdict}")
     return "\n".join(lines)
@@ -303,9 +306,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace) -> tuple[list[Row], dict]:
+def run(args: argparse.Namespace, on_row: Callable[[list[Row], dict], None] | None = None) -> tuple[list[Row], dict]:
     """Every model's eager settings first, then the static-cache ones (each compiles twice per batch size,
-    the costliest settings): a budget that runs out then costs compiled columns, not whole models."""
+    the costliest settings): a budget that runs out then costs compiled columns, not whole models. A setting
+    that raises is noted in its row and the run goes on; ``on_row`` sees the rows after each setting."""
     smoke = args.cpu_smoke
     device = torch.device("cpu" if smoke else "cuda")
     dtype = torch.float16 if smoke else torch.bfloat16  # bf16 dot products are wrong under the interpreter
@@ -321,14 +325,24 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict]:
             model = build(spec, args.layers, device, dtype, smoke)
             models = variants(spec, model)
             if phase == "eager":
-                checks[name] = errors(spec, model, models, device, 8 if smoke else 512)
+                try:
+                    checks[name] = errors(spec, model, models, device, 8 if smoke else 512)
+                except Exception as exc:  # noqa: BLE001 - as a failing setting: noted, the timings still run
+                    LOG.exception("%s: the correctness check failed", name)
+                    checks[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
             for setting in chosen:
                 if time.perf_counter() - start > args.budget_s:
                     rows.append(Row(name, spec.part, setting.name, "",
                                     note=f"skipped: --budget-s {args.budget_s:g} spent"))
                     continue
                 LOG.info("%s %s", name, setting.name)
-                rows.append(bench_setting(spec, setting, models, args, device))
+                try:
+                    rows.append(bench_setting(spec, setting, models, args, device))
+                except Exception as exc:  # noqa: BLE001 - one failing setting must not cost the run's other rows
+                    LOG.exception("%s %s failed", name, setting.name)
+                    rows.append(Row(name, spec.part, setting.name, "", note=f"failed: {type(exc).__name__}: {exc}"[:200]))
+                if on_row is not None:
+                    on_row(rows, checks)
             del model, models
             gc.collect()
             if device.type == "cuda":
@@ -343,15 +357,19 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, checks = run(args)
     device = kernels.current_device()
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "triton": __import__("triton").__version__, "layers": args.layers, "rounds": args.rounds,
             "new_tokens": args.new_tokens, "argv": sys.argv[1:],
             "parts": {name: {"part": MODELS[name].part, "why": MODELS[name].why} for name in args.models}}
-    (out / "bench_models.json").write_text(json.dumps(
-        {"meta": meta, "rows": [vars(r) for r in rows], "correctness": checks}, indent=1))
+
+    def write(rows: list[Row], checks: dict) -> None:  # after every setting: a run cut short keeps its rows
+        (out / "bench_models.json").write_text(json.dumps(
+            {"meta": meta, "rows": [vars(r) for r in rows], "correctness": checks}, indent=1))
+
+    rows, checks = run(args, write)
+    write(rows, checks)
     text = table(rows, checks)
     (out / "bench_models.txt").write_text(text + "\n")
     print(f"{meta['gpu']}, torch {meta['torch']}, transformers {meta['transformers']}, triton {meta['triton']}, "
