@@ -102,11 +102,20 @@ def _has_experts(model: nn.Module) -> bool:
                and hasattr(m, "_is_expert_parallel") for m in model.modules())
 
 
+# transformers' own generic implementations, which ours replaces. Another one (a vendor kernel such as
+# "deepgemm" or "sonicmoe", or one the user registered) was chosen on purpose: patch leaves it.
+_STOCK = frozenset((None, "eager", "grouped_mm", "batched_mm"))
+
+
 def patch_experts(model: nn.Module) -> bool:
     """Switch a transformers model's routed experts to ``"triton_tuner"``, keeping the implementation it had
-    for ``unpatch_experts``; False (nothing changed) for a model without experts it can switch."""
+    for ``unpatch_experts``; False (nothing changed) for a model without experts it can switch, or whose
+    experts run an implementation other than transformers' generic ones."""
     setter = getattr(model, "set_experts_implementation", None)
     if setter is None or not _has_experts(model) or not model._can_set_experts_implementation():
+        return False
+    if model.config._experts_implementation not in _STOCK | {IMPLEMENTATION}:
+        log.info("kernels.patch leaves the experts on %r, chosen for this model", model.config._experts_implementation)
         return False
     register()
     model.__dict__.setdefault(_BEFORE, model.get_experts_implementation())

@@ -164,6 +164,20 @@ def test_experts_implementation_registers_by_name_and_matches_an_fp32_reference(
     assert relative_error(got, want) < TOLERANCE[torch.float16]
 
 
+def test_patch_leaves_experts_on_an_implementation_chosen_for_the_model() -> None:
+    """Only transformers' generic implementations are replaced: a vendor's or the user's own stays."""
+    from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
+
+    ExpertsInterface.register("users_own", grouped_mm_experts_forward)
+    model = build(MOE["mixtral"], torch.float16)
+    model.set_experts_implementation("users_own")
+    kernels.patch(model)
+    assert model.config._experts_implementation == "users_own"
+    assert isinstance(model.lm_head, Linear)  # the rest of the model is patched as usual
+    kernels.unpatch(model)
+    assert model.config._experts_implementation == "users_own"
+
+
 def test_experts_decline_what_they_cannot_compute_and_run_transformers_grouped_mm() -> None:
     """float32 experts (moe_matmul takes fp16/bf16): transformers' own implementation, the same result."""
     from transformers.integrations.moe import grouped_mm_experts_forward
