@@ -17,7 +17,7 @@ of the same model; patched must be no further than vanilla.
 A time budget (--budget-s, default 400 s) stops starting new settings once spent (a static-cache one needs 90 s
 of it left); skipped settings are listed as such. Imports, model builds and the last setting come on top.
 
-    PYTHONPATH=. python scripts/bench_models.py --out $OUT                  # default set, at most about 8 min on an H100
+    PYTHONPATH=. python scripts/bench_models.py --out $OUT                  # default set, <= ~8 min on an H100
     PYTHONPATH=. python scripts/bench_models.py --quick --out $OUT          # 2 models, no static cache, ~2 min
     TUNER_RECORD=1 PYTHONPATH=. python scripts/bench_models.py --quick --out $OUT   # also records every problem
     TRITON_INTERPRET=1 PYTHONPATH=. python scripts/bench_models.py --cpu-smoke --out /tmp/smoke  # tiny, CPU
@@ -271,7 +271,8 @@ def table(rows: list[Row], checks: dict) -> str:
         if "error" in found:
             lines.append(f"{name:<18} {found['error']}")
             continue
-        verdict = "ok" if found["patched_no_further"] else f"patched further, x{found['patched'] / found['vanilla']:.3f}"
+        further = found["patched"] / found["vanilla"]
+        verdict = "ok" if found["patched_no_further"] else f"patched further, x{further:.3f}"
         lines.append(f"{name:<18} vanilla {found['vanilla']:.2e}  patched {found['patched']:.2e}  {verdict}")
     return "\n".join(lines)
 
@@ -346,7 +347,8 @@ def run(args: argparse.Namespace, on_row: Callable[[list[Row], dict], None] | No
                     rows.append(bench_setting(spec, setting, models, args, device))
                 except Exception as exc:  # noqa: BLE001 - one failing setting must not cost the run's other rows
                     LOG.exception("%s %s failed", name, setting.name)
-                    rows.append(Row(name, spec.part, setting.name, "", note=f"failed: {type(exc).__name__}: {exc}"[:200]))
+                    note = f"failed: {type(exc).__name__}: {exc}"[:200]
+                    rows.append(Row(name, spec.part, setting.name, "", note=note))
                 if on_row is not None:
                     on_row(rows, checks)
             del model, models

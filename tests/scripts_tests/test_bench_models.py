@@ -42,6 +42,7 @@ def test_quick_picks_a_tuned_and_a_held_out_model_and_unknown_names_are_refused(
 
 
 def test_the_budget_skips_settings_it_cannot_start(tmp_path: Path) -> None:
-    args = bench_models.parse_args(["--cpu-smoke", "--models", "Llama-3.1-8B", "--budget-s", "0", "--out", str(tmp_path)])
+    args = bench_models.parse_args(["--cpu-smoke", "--models", "Llama-3.1-8B", "--budget-s", "0",
+                                    "--out", str(tmp_path)])
     rows, checks = bench_models.run(args)
     assert [row.note.startswith("skipped") for row in rows] == [True, True] and "Llama-3.1-8B" in checks
