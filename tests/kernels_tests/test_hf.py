@@ -178,6 +178,23 @@ def test_patch_leaves_experts_on_an_implementation_chosen_for_the_model() -> Non
     assert model.config._experts_implementation == "users_own"
 
 
+def test_training_through_the_experts_gives_transformers_gradients() -> None:
+    """A loss backward through the patched experts (moe_matmul's backward, torch's gating) reaches the expert
+    weights with the gradients transformers' own implementation gives."""
+    import copy
+
+    vanilla = build(MOE["mixtral"], torch.float16).train()
+    patched = kernels.patch(copy.deepcopy(vanilla))
+    ids = tokens()
+    for model in (vanilla, patched):
+        model(ids, labels=ids).loss.backward()
+    for name in ("gate_up_proj", "down_proj"):
+        want = getattr(vanilla.model.layers[0].mlp.experts, name).grad
+        got = getattr(patched.model.layers[0].mlp.experts, name).grad
+        assert got is not None and float(want.float().norm()) > 0
+        assert relative_error(got, want) < TOLERANCE[torch.float16]
+
+
 def test_experts_decline_what_they_cannot_compute_and_run_transformers_grouped_mm() -> None:
     """float32 experts (moe_matmul takes fp16/bf16): transformers' own implementation, the same result."""
     from transformers.integrations.moe import grouped_mm_experts_forward
