@@ -19,7 +19,8 @@ from torch.nn.modules import module as _torch_module
 
 from . import ops
 
-__all__ = ["FusedMLP", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route", "unpatch"]
+__all__ = ["FusedMLP", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route", "sort_by_expert",
+           "unpatch"]
 
 log = logging.getLogger(__name__)
 
