@@ -28,6 +28,7 @@ from ._gemm_triton import _gemv_row, _grouped_tile, _tile_dot, _tile_offsets
 from ._launch import SLOT_A, SLOT_B, SLOT_BIAS, SLOT_C, DirectLaunch
 from . import _modes, _native
 from ._device import current_device
+from ._record_mode import RECORDER as _REC
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
 from .dispatch import DISPATCHER, TORCH_HOST_FLOOR_MS
 from .gemm import (_GEMV_MAX_ROWS, DTYPE_NAMES, GEMV_SEEDS, LAUNCHES, TORCH_DTYPES, _dot_precision, _needs_int64,
@@ -396,7 +397,21 @@ def _resolve(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor, mode: str | Non
     if a.device.type == "cpu" and not _INTERPRETED:
         return BASELINE  # no Triton on the CPU unless the interpreter is on
     problem = spec.problem_of(a, b)
-    return DISPATCHER.resolve(key, spec, problem, current_device(a.device), mode)
+    device = current_device(a.device)
+    if _REC.on and key is not None:
+        _REC.seen(key, spec.name, problem, device)
+    return DISPATCHER.resolve(key, spec, problem, device, mode)
+
+
+def _count(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Record mode: one more call of this signature in the current mode (the key ``_resolve`` notes on a
+    miss). Counted before any shortcut (a ready call, addmm's path), which would otherwise skip the count;
+    the C++ path serves nothing while recording (``Recorder.start`` suspends it)."""
+    try:
+        key = _key(spec, a, b, _modes.current(a.is_cuda))
+    except AttributeError:
+        return  # not tensors: the call raises below
+    _REC.counts[key] += 1
 
 
 def _key(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor, mode: str) -> tuple:
@@ -599,6 +614,8 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
         if torch.is_grad_enabled():
             from . import ops  # imported here: ops imports the package, which imports this module first
             return ops.linear(a, b.t(), bias)
+    if _REC.on:  # after the redirect above, whose operator calls back here: one count per call
+        _count(MATMUL_BIAS, a, b)
     try:
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, a.device)
     except AttributeError:
@@ -653,6 +670,8 @@ def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             from . import ops  # imported here, as in matmul_bias
             return ops.gated_matmul(a, b)
+    if _REC.on:
+        _count(GATED_MATMUL, a, b)
     key = _ready_key("gated_matmul", a, b)
     c = _ready_call(key, a, b, None)
     if c is not None:

@@ -10,6 +10,7 @@ and autograd runs.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, NamedTuple
 
 import torch
@@ -18,7 +19,8 @@ from torch.nn.modules import module as _torch_module
 
 from . import ops
 
-__all__ = ["FusedMLP", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route", "unpatch"]
+__all__ = ["FusedMLP", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route", "sort_by_expert",
+           "unpatch"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,8 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True) -> nn.
     is not ``nn.Linear``'s, so swapping it would change what they compute. With ``fuse_mlp``, each SiLU-gated
     MLP (see ``FusedMLP``) computes its gate and up projections in one ``gated_matmul`` launch. With
     ``fuse_qkv``, the query, key and value projections of each attention module run as one GEMM wherever the
-    model calls them on one input (see ``SharedInput``).
+    model calls them on one input (see ``SharedInput``). A transformers 5 MoE model's routed experts switch
+    to the ``"triton_tuner"`` experts implementation (kernels/hf.py): one ``moe_matmul`` per expert GEMM.
     """
     # The MLPs first: the check runs each one's own forward on torch's Linears.
     fused = sum(_fuse(module) for module in model.modules()) if fuse_mlp else 0
@@ -95,9 +98,24 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True) -> nn.
         if type(module) is nn.Linear:
             Linear.from_linear(module)
             linears += 1
-    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused",
-             linears, fused, shared)
+    hf = _transformers()
+    experts = hf is not None and hf.patch_experts(model)
+    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused%s",
+             linears, fused, shared, ", routed experts on moe_matmul" if experts else "")
     return model
+
+
+def _transformers() -> Any:
+    """kernels.hf where the program has imported transformers (a transformers model can exist only then);
+    None otherwise, so that patching a plain torch model never imports transformers."""
+    if "transformers" not in sys.modules:
+        return None
+    try:
+        from . import hf
+    except ImportError as exc:  # transformers before 5 has no ExpertsInterface: its models keep their experts
+        log.debug("kernels.patch leaves transformers' experts alone: %s", exc)
+        return None
+    return hf
 
 
 def unpatch(model: nn.Module) -> nn.Module:
@@ -113,6 +131,9 @@ def unpatch(model: nn.Module) -> nn.Module:
             for name in _FUSED_STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = type(module)._unfused
+    hf = _transformers()
+    if hf is not None:
+        hf.unpatch_experts(model)
     return model
 
 
@@ -680,7 +701,13 @@ def _route(logits: torch.Tensor, top_k: int) -> _Routed:
         raise ValueError(f"top_k must be in 1..{experts} (the number of experts); got {top_k}")
     gate, chosen = _top_k(logits, top_k)
     gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype).reshape(-1)
-    flat = chosen.reshape(-1)
+    perm, position, offsets, counts = sort_by_expert(chosen.reshape(-1), experts)
+    return _Routed(perm, position, gate, offsets, counts)
+
+
+def sort_by_expert(flat: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (token, slot) rows ``flat`` [T * k] (each row's expert) sorted by expert, on the device (no host
+    sync, static sizes): (perm, position, offsets, counts) as ``_Routed`` names them."""
     rows = flat.shape[0]
     index = torch.arange(rows, device=flat.device)
     if _counting(rows, experts):
@@ -695,11 +722,11 @@ def _route(logits: torch.Tensor, top_k: int) -> _Routed:
     else:
         sorted_experts, perm = torch.sort(flat, stable=True)
         # scatter_add, not bincount: its output size is static, so torch.compile traces it without a break.
-        counts = torch.zeros(experts, dtype=torch.int64, device=logits.device).scatter_add_(
+        counts = torch.zeros(experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, sorted_experts, torch.ones_like(sorted_experts))
         position = torch.empty_like(index).scatter_(0, perm, index)
     offsets = torch.cumsum(counts, 0).to(torch.int32)
-    return _Routed(perm, position, gate, offsets, counts)
+    return perm, position, offsets, counts
 
 
 _MOE_DTYPES = (torch.float16, torch.bfloat16)

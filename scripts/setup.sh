@@ -7,7 +7,8 @@
 # C++ compiler and Python's headers: as root with apt-get, Debian's `postgresql`, `g++` and `python3-dev`
 # packages are installed when missing
 # (the tests start their own server in a temp dir; the package's own cluster is not used). Idempotent:
-# a second run installs nothing new.
+# a second run installs nothing new. The [hf] extra (transformers 5) is installed too: tests/kernels_tests/test_hf.py
+# builds real transformers models, and fails in CI without it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing=()
@@ -32,9 +33,9 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     # With a GPU the venv sees the system's packages, so an installed CUDA torch (and its triton) is reused:
     # pip finds torch>=2.4 satisfied and installs only what is missing.
     python3 -m venv --system-site-packages .venv
-    "${pip[@]}" -e ".[test,postgres]"
+    "${pip[@]}" -e ".[test,postgres,hf]"
 else
     python3 -m venv .venv
     "${pip[@]}" "torch==2.13.0" "triton==3.6.0" "numpy<2.4"
-    "${pip[@]}" -e ".[test,postgres]"
+    "${pip[@]}" -e ".[test,postgres,hf]"
 fi

@@ -135,3 +135,37 @@ def test_a_new_recording_writes_none_of_an_earlier_ones_unwritten_counts(tmp_pat
     RECORDER.stop()
     assert _recorded(first) == []
     assert _recorded(second) == [(KEY, 1)]
+
+
+def _recorded_by_kernel(path: Path) -> list[tuple[str, str, int]]:
+    with sqlite3.connect(path) as connection:
+        return sorted(connection.execute("select kernel, problem_key, calls from tuner_recorded").fetchall())
+
+
+def test_recording_counts_every_call_of_the_fused_epilogues(own_database: None, tmp_path: Path) -> None:
+    """matmul_bias and gated_matmul are problems dispatch resolves, as matmul's are: each call is counted,
+    including those a ready call or addmm's remembered path serves after the first."""
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(16, 64, generator=g).half().to(DEVICE)
+    b = torch.randn(64, 32, generator=g).half().to(DEVICE)
+    bias = torch.randn(32, generator=g).half().to(DEVICE)
+    path = tmp_path / "recorded.db"
+    with kernels.recording(f"sqlite:///{path}"):
+        for _ in range(3):
+            kernels.matmul_bias(a, b, bias)
+        for _ in range(4):
+            kernels.gated_matmul(a, b)
+    assert _recorded_by_kernel(path) == [("gated_matmul", "fp16:nn:16x16x64", 4), ("matmul_bias", KEY, 3)]
+
+
+def test_an_epilogue_call_that_wants_a_gradient_is_counted_once(own_database: None, tmp_path: Path) -> None:
+    """With a gradient wanted the call goes through the operator, whose body calls back in: counted once, not
+    twice (on a GPU the operator's first call of a signature also runs the graph winner once, which counts:
+    kernels/ops.py ``_call``)."""
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(16, 64, generator=g).half().to(DEVICE).requires_grad_()
+    b = torch.randn(64, 32, generator=g).half().to(DEVICE)
+    path = tmp_path / "recorded.db"
+    with kernels.recording(f"sqlite:///{path}"):
+        kernels.gated_matmul(a, b)
+    assert _recorded_by_kernel(path) == [("gated_matmul", "fp16:nn:16x16x64", 1 if DEVICE == "cpu" else 2)]

@@ -1,0 +1,130 @@
+"""Hugging Face transformers 5 models on the tuned kernels, through transformers' own extension points.
+
+transformers 5 keeps a MoE model's routed experts as 3-D ``gate_up_proj`` [E, 2I, H] and ``down_proj``
+[E, H, I] Parameters of one ``...Experts`` module, whose forward it picks by name from
+``transformers.integrations.moe.ExpertsInterface`` (``model.set_experts_implementation(name)``). We
+register ``experts_forward`` there as ``"triton_tuner"``: both expert GEMMs run as one ``moe_matmul``
+launch each, the SiLU gating as one pass over their output (``kernels.epilogue.silu_mul``), and the rows
+are sorted by expert on the device (``kernels.nn.sort_by_expert``: no host sync, CUDA-graph safe).
+
+``kernels.patch(model)`` calls ``patch_experts`` when transformers is imported; everything else of a
+transformers model (its ``nn.Linear`` layers, SiLU-gated MLPs, query/key/value projections, DeepSeek's
+shared experts) is patched as any torch module is (kernels/nn.py). Importing ``kernels`` never imports
+this module, nor transformers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from transformers.activations import SiLUActivation
+from transformers.integrations import moe as _hf_moe
+
+from . import ops
+from .epilogue import silu_mul
+from .nn import sort_by_expert
+
+__all__ = ["IMPLEMENTATION", "experts_forward", "patch_experts", "register", "unpatch_experts"]
+
+log = logging.getLogger(__name__)
+
+IMPLEMENTATION = "triton_tuner"  # the name users pass to set_experts_implementation / experts_implementation=
+
+_DTYPES = (torch.float16, torch.bfloat16)  # what moe_matmul takes
+_SILU = (nn.SiLU, SiLUActivation)
+_BEFORE = "_triton_tuner_experts_before"  # a patched model's own implementation, kept in its __dict__
+
+
+def register() -> None:
+    """Make ``"triton_tuner"`` a valid experts implementation for every transformers model (idempotent)."""
+    _hf_moe.ExpertsInterface.register(IMPLEMENTATION, experts_forward)
+
+
+def _stock(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """transformers' default experts implementation ("grouped_mm"), for the calls ``experts_forward`` declines."""
+    return _hf_moe.grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+
+
+def _takes(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether our path computes what ``module``'s experts compute: SiLU-gated, concatenated [gate; up]
+    weights without bias or post-norm, one device (no expert parallelism), a dtype ``moe_matmul`` runs, on a
+    device Triton runs on (the GPU, or the CPU under TRITON_INTERPRET=1)."""
+    if not (getattr(module, "has_gate", False) and getattr(module, "is_concatenated", False)) or module.has_bias \
+            or module.has_post_expert_norm or module._is_expert_parallel:
+        return False
+    if type(module)._apply_gate is not _hf_moe._default_apply_gate or type(module.act_fn) not in _SILU:
+        return False
+    w = module.gate_up_proj
+    if x.dtype not in _DTYPES or w.dtype != x.dtype or module.down_proj.dtype != x.dtype:
+        return False
+    if x.is_cuda:
+        return True
+    from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
+    return x.is_cpu and _INTERPRETED
+
+
+def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The routed experts of one MoE layer: ``sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))`` per token.
+
+    ``hidden_states`` [T, H], ``top_k_index`` [T, k] each token's experts, ``top_k_weights`` [T, k] their
+    weights: ExpertsInterface's signature. Calls our path cannot compute (see ``_takes``) run
+    transformers' "grouped_mm" implementation."""
+    if not _takes(self, hidden_states):
+        return _stock(self, hidden_states, top_k_index, top_k_weights)
+    tokens, top_k = top_k_index.shape
+    experts = self.gate_up_proj.shape[0]
+    perm, position, offsets, _ = sort_by_expert(top_k_index.reshape(-1), experts)
+    rows = hidden_states[perm // top_k]
+    # moe_matmul takes w as [E, K, N] of any strides: transformers stores [E, N, K] unless is_transposed.
+    gate_up_w = self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2)
+    down_w = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)
+    # all_rows: the offsets end at T * k (every row is routed), so no output fill is needed.
+    gate_up = ops.moe_matmul_call(rows, gate_up_w, offsets, True)
+    if torch.compiler.is_compiling() or (gate_up.requires_grad and torch.is_grad_enabled()):
+        # silu_mul is a launch of its own, with no backward and nothing Dynamo traces: torch's ops here.
+        half = gate_up.shape[-1] // 2
+        h = nn.functional.silu(gate_up[:, :half]) * gate_up[:, half:]
+    else:
+        h = silu_mul(gate_up)  # one pass over [S, 2I] on the GPU, where torch's chunk, silu and mul are three
+    down = ops.moe_matmul_call(h, down_w, offsets, True)
+    # Back to (token, slot) order by a gather and summed over each token's k rows (no atomics), in the
+    # weights' dtype as transformers' own implementations sum (float32 where the router gives float32).
+    slots = down[position].view(tokens, top_k, down.shape[-1])
+    return (slots * top_k_weights.unsqueeze(-1)).sum(1).to(hidden_states.dtype)
+
+
+def _has_experts(model: nn.Module) -> bool:
+    return any(isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3
+               and hasattr(m, "_is_expert_parallel") for m in model.modules())
+
+
+# transformers' own generic implementations, which ours replaces. Another one (a vendor kernel such as
+# "deepgemm" or "sonicmoe", or one the user registered) was chosen on purpose: patch leaves it.
+_STOCK = frozenset((None, "eager", "grouped_mm", "batched_mm"))
+
+
+def patch_experts(model: nn.Module) -> bool:
+    """Switch a transformers model's routed experts to ``"triton_tuner"``, keeping the implementation it had
+    for ``unpatch_experts``; False (nothing changed) for a model without experts it can switch, or whose
+    experts run an implementation other than transformers' generic ones."""
+    setter = getattr(model, "set_experts_implementation", None)
+    if setter is None or not _has_experts(model) or not model._can_set_experts_implementation():
+        return False
+    if model.config._experts_implementation not in _STOCK | {IMPLEMENTATION}:
+        log.info("kernels.patch leaves the experts on %r, chosen for this model", model.config._experts_implementation)
+        return False
+    register()
+    model.__dict__.setdefault(_BEFORE, model.get_experts_implementation())
+    setter(IMPLEMENTATION)
+    return True
+
+
+def unpatch_experts(model: nn.Module) -> None:
+    """Give a model ``patch_experts`` switched its own experts implementation back."""
+    before = model.__dict__.pop(_BEFORE, None)
+    if before is not None:
+        model.set_experts_implementation(before)

@@ -1,0 +1,390 @@
+"""Whole transformers models, vanilla against ``kernels.patch(model)``: is a real model faster, and never slower?
+
+Models are built from their transformers 5 config classes with real dimensions, a few layers and random
+weights (nothing is downloaded), in bf16 on the GPU. Two parts, reported apart: "tuned" models, whose layer
+shapes are in the corpus the shipped tables were tuned on (benchmarks/corpus/models.json), and "held-out"
+ones that nobody tuned or fitted a rule to (benchmarks/corpus/unseen.json, or in no corpus file at all).
+
+Settings (each a row): prefill of 512 and 4096 tokens, eager (ms per forward); ``generate`` at batch 1, 16
+and 64 with the dynamic cache, eager (ms per new token); ``generate`` with ``cache_implementation="static"``
+at batch 1 and 16, where transformers compiles ``forward`` itself (reduce-overhead). Columns: vanilla (for
+MoE models transformers' default experts implementation, which is "grouped_mm"), "eager_experts" (MoE:
+transformers' per-expert loop), and patched. Vanilla and patched are two copies of one model, timed in
+interleaved rounds (order flipped every round: the GPU's speed drifts within a run); a cell is the median
+of its rounds. Correctness: the relative L2 error of vanilla's and patched's prefill logits to an fp32 copy
+of the same model; patched must be no further than vanilla.
+
+A time budget (--budget-s, default 400 s) stops starting new settings once spent (a static-cache one needs 90 s
+of it left); skipped settings are listed as such. Imports, model builds and the last setting come on top.
+
+    PYTHONPATH=. python scripts/bench_models.py --out $OUT                  # default set, <= ~8 min on an H100
+    PYTHONPATH=. python scripts/bench_models.py --quick --out $OUT          # 2 models, no static cache, ~2 min
+    TUNER_RECORD=1 PYTHONPATH=. python scripts/bench_models.py --quick --out $OUT   # also records every problem
+    TRITON_INTERPRET=1 PYTHONPATH=. python scripts/bench_models.py --cpu-smoke --out /tmp/smoke  # tiny, CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch._dynamo
+
+import kernels
+
+LOG = logging.getLogger("bench_models")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to build: its transformers classes, its real config values, and which part it belongs to."""
+
+    name: str
+    part: str  # "tuned" or "held-out"
+    config_class: str
+    model_class: str
+    config: dict
+    moe: bool = False
+    why: str = ""
+
+
+_GQA = dict(hidden_act="silu", max_position_embeddings=8192, rope_theta=1e6)
+MODELS = {spec.name: spec for spec in (
+    ModelSpec("Qwen2.5-7B", "tuned", "Qwen2Config", "Qwen2ForCausalLM", dict(
+        _GQA, hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
+        vocab_size=152064), why="benchmarks/corpus/models.json, in the shipped H100 table"),
+    ModelSpec("DeepSeek-V2-Lite", "tuned", "DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408, n_routed_experts=64,
+        num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1, num_attention_heads=16,
+        num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, head_dim=64, n_group=1, topk_group=1, vocab_size=102400, max_position_embeddings=8192),
+        moe=True, why="benchmarks/corpus/models.json (its dense first layer and shared experts tuned)"),
+    ModelSpec("Llama-3.1-8B", "held-out", "LlamaConfig", "LlamaForCausalLM", dict(
+        _GQA, hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+        vocab_size=128256, rope_theta=5e5), why="benchmarks/corpus/unseen.json"),
+    ModelSpec("Qwen3-30B-A3B", "held-out", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        _GQA, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+        num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+        decoder_sparse_step=1, mlp_only_layers=[]), moe=True, why="in no corpus file; 128 experts, top-8"),
+    ModelSpec("Mixtral-8x7B", "held-out", "MixtralConfig", "MixtralForCausalLM", dict(
+        _GQA, hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=32000), moe=True,
+        why="in no corpus file; 8 large experts, top-2"),
+)}
+# What a static-cache setting is assumed to take (two compiles of forward by transformers, then the rounds): an
+# estimate, not a measurement; one is not started with less of the budget left.
+STATIC_SETTING_S = 90.0
+DEFAULT_MODELS = ("Qwen2.5-7B", "DeepSeek-V2-Lite", "Llama-3.1-8B", "Qwen3-30B-A3B")
+QUICK_MODELS = ("Qwen2.5-7B", "Qwen3-30B-A3B")
+SMOKE = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, vocab_size=128, kv_lora_rank=16, qk_nope_head_dim=8,
+             qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, num_experts=4, num_local_experts=4,
+             num_experts_per_tok=2, n_shared_experts=1, max_position_embeddings=128)
+
+
+@dataclass
+class Setting:
+    name: str  # prefill512, generate_b16, static_b1 ...
+    kind: str  # "prefill", "generate", "static"
+    tokens: int  # prompt length (prefill) or batch size (generate)
+
+
+@dataclass
+class Row:
+    model: str
+    part: str
+    setting: str
+    unit: str
+    ms: dict = field(default_factory=dict)  # column -> median ms
+    rounds: dict = field(default_factory=dict)  # column -> every round's ms
+    note: str = ""
+
+
+def settings(args: argparse.Namespace, spec: ModelSpec) -> list[Setting]:
+    found = [Setting(f"prefill{n}", "prefill", n) for n in args.prefill]
+    found += [Setting(f"generate_b{b}", "generate", b) for b in args.batches]
+    if not spec.moe or args.static_moe:  # compiling an MoE model twice more costs minutes
+        found += [Setting(f"static_b{b}", "static", b) for b in args.static]
+    return found
+
+
+# --------------------------------------------------------------------------------------------- building
+
+def build(spec: ModelSpec, layers: int, device: torch.device, dtype: torch.dtype, smoke: bool) -> torch.nn.Module:
+    import transformers
+
+    values = dict(spec.config, num_hidden_layers=layers, pad_token_id=0, bos_token_id=0, eos_token_id=None)
+    if smoke:
+        values.update({k: v for k, v in SMOKE.items() if k in values})
+        if "qk_rope_head_dim" in values:  # DeepSeek's head_dim is its rope part; its one layer an MoE one
+            values.update(head_dim=values["qk_rope_head_dim"], first_k_dense_replace=0)
+    config = getattr(transformers, spec.config_class)(**values)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = getattr(transformers, spec.model_class)(config)
+    return model.to(dtype=dtype).eval()
+
+
+def variants(spec: ModelSpec, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The columns' models: vanilla (and, for MoE, vanilla with transformers' per-expert loop: the same
+    object, switched per call), and a patched copy."""
+    patched = kernels.patch(copy.deepcopy(model))
+    return {"vanilla": model, "patched": patched, "moe": spec.moe}
+
+
+def columns(spec: ModelSpec, setting: Setting) -> tuple[str, ...]:
+    # The per-expert loop syncs with the host per expert: not under a compiled static cache.
+    return ("vanilla", "eager_experts", "patched") if spec.moe and setting.kind != "static" else ("vanilla", "patched")
+
+
+def model_for(column: str, models: dict[str, torch.nn.Module]) -> torch.nn.Module:
+    """The model a column runs; for MoE, vanilla's experts implementation switched to the column's."""
+    if column == "patched":
+        return models["patched"]
+    model = models["vanilla"]
+    if models["moe"]:
+        model.set_experts_implementation("eager" if column == "eager_experts" else "grouped_mm")
+    return model
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """Median wall ms of ``iters`` calls, each synchronized (a generate call is long: its sync is noise)."""
+    times = []
+    for _ in range(iters):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def call_for(setting: Setting, model: torch.nn.Module, device: torch.device, new_tokens: int,
+             vocab: int) -> tuple[Callable[[], object], float]:
+    """The timed call of ``setting`` and what to divide its ms by (1 for a forward, new tokens for generate)."""
+    gen = torch.Generator(device="cpu").manual_seed(setting.tokens)
+    if setting.kind == "prefill":
+        ids = torch.randint(1, vocab, (1, setting.tokens), generator=gen).to(device)
+
+        def forward() -> object:
+            with torch.no_grad():
+                return model(ids, use_cache=False, logits_to_keep=1)
+        return forward, 1.0
+    ids = torch.randint(1, vocab, (setting.tokens, 16), generator=gen).to(device)
+    extra = {"cache_implementation": "static"} if setting.kind == "static" else {}
+
+    def generate() -> object:
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0, **extra)
+    return generate, float(new_tokens)
+
+
+def bench_setting(spec: ModelSpec, setting: Setting, models: dict, args: argparse.Namespace,
+                  device: torch.device) -> Row:
+    unit = "ms/forward" if setting.kind == "prefill" else "ms/token"
+    row = Row(spec.name, spec.part, setting.name, unit)
+    cols = columns(spec, setting)
+    iters = args.iters if setting.kind == "prefill" else 1
+    vocab = models["vanilla"].config.vocab_size
+    for col in cols:  # warm-up: compiles, dispatch resolution, transformers' compile of forward
+        fn, _ = call_for(setting, model_for(col, models), device, args.new_tokens, vocab)
+        fn()
+        if setting.kind == "static":
+            fn()  # reduce-overhead records its graphs on the second call
+    for r in range(args.rounds):
+        for col in (cols if r % 2 == 0 else tuple(reversed(cols))):
+            fn, per = call_for(setting, model_for(col, models), device, args.new_tokens, vocab)
+            row.rounds.setdefault(col, []).append(timed(fn, device, iters) / per)
+    row.ms = {col: statistics.median(times) for col, times in row.rounds.items()}
+    model_for("vanilla", models)
+    return row
+
+
+# ------------------------------------------------------------------------------------------ correctness
+
+def errors(spec: ModelSpec, model: torch.nn.Module, models: dict, device: torch.device, tokens: int) -> dict:
+    """Relative L2 error of vanilla's and patched's last-token logits to an fp32 copy's, on one prompt."""
+    ids = torch.randint(1, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(7)).to(device)
+    reference = copy.deepcopy(model).float()
+    if spec.moe:
+        reference.set_experts_implementation("eager")  # fp32 experts: torch's grouped GEMM takes bf16 only
+    with torch.no_grad():
+        want = reference(ids, use_cache=False).logits.float()
+        del reference
+        got = {col: model_for(col, models)(ids, use_cache=False).logits.float() for col in ("vanilla", "patched")}
+    model_for("vanilla", models)
+    found = {col: float((out - want).norm() / want.norm()) for col, out in got.items()}
+    found["patched_no_further"] = found["patched"] <= found["vanilla"]
+    return found
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+def ratio(row: Row, column: str) -> float | None:
+    """Speed-up of patched over ``column`` (>1: patched faster)."""
+    if column not in row.ms or "patched" not in row.ms:
+        return None
+    return row.ms[column] / row.ms["patched"]
+
+
+def table(rows: list[Row], checks: dict) -> str:
+    lines = []
+    for part in ("tuned", "held-out"):
+        chosen = [r for r in rows if r.part == part]
+        if not chosen:
+            continue
+        lines.append(f"\n{part} models (patched speed-up; >1.00 is faster)")
+        lines.append(f"{'model':<18} {'setting':<13} {'vanilla ms':>11} {'patched ms':>11} {'x vanilla':>10} "
+                     f"{'x eager_exp':>11}  unit")
+        speedups = []
+        for r in chosen:
+            if r.note:
+                lines.append(f"{r.model:<18} {r.setting:<13} {r.note}")
+                continue
+            vs, ve = ratio(r, "vanilla"), ratio(r, "eager_experts")
+            speedups.append(vs)
+            lines.append(f"{r.model:<18} {r.setting:<13} {r.ms['vanilla']:>11.3f} {r.ms['patched']:>11.3f} "
+                         f"{vs:>10.3f} {'' if ve is None else f'{ve:.3f}':>11}  {r.unit}")
+        if speedups:
+            geomean = statistics.geometric_mean(speedups)
+            lines.append(f"{part}: geomean {geomean:.3f}x vanilla, min {min(speedups):.3f}x over {len(speedups)} cells")
+    lines.append("\ncorrectness (relative L2 error of last-token logits to an fp32 copy)")
+    for name, found in checks.items():
+        if "error" in found:
+            lines.append(f"{name:<18} {found['error']}")
+            continue
+        further = found["patched"] / found["vanilla"]
+        verdict = "ok" if found["patched_no_further"] else f"patched further, x{further:.3f}"
+        lines.append(f"{name:<18} vanilla {found['vanilla']:.2e}  patched {found['patched']:.2e}  {verdict}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", type=lambda s: s.split(","), default=None,
+                        help=f"comma-separated, of: {', '.join(MODELS)} (default: {', '.join(DEFAULT_MODELS)})")
+    parser.add_argument("--layers", type=int, default=2, help="decoder layers per model (default 2)")
+    parser.add_argument("--prefill", type=ints, default=[512, 4096], help="prompt lengths (default 512,4096)")
+    parser.add_argument("--batches", type=ints, default=[1, 16, 64], help="dynamic-cache generate batches")
+    parser.add_argument("--static", type=ints, default=[1, 16], help="static-cache generate batches ('' for none)")
+    parser.add_argument("--static-moe", action="store_true", help="static-cache settings for MoE models too")
+    parser.add_argument("--new-tokens", type=int, default=32, help="tokens per generate call (default 32)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per setting (default 3)")
+    parser.add_argument("--iters", type=int, default=5, help="forwards per prefill round (default 5)")
+    parser.add_argument("--budget-s", type=float, default=400.0,
+                        help="start no new setting after this many seconds, and no static-cache one with less than "
+                             f"{STATIC_SETTING_S:g} s of it left (default 400)")
+    parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK_MODELS)}; prefill 512, "
+                        "generate batch 1 and 16, no static cache, 2 rounds")
+    parser.add_argument("--cpu-smoke", action="store_true", help="tiny dims on the CPU (TRITON_INTERPRET=1)")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench_models_out"))
+    args = parser.parse_args(argv)
+    if args.quick or args.cpu_smoke:
+        args.models = args.models or list(QUICK_MODELS)
+        args.prefill, args.batches, args.static, args.rounds = [512], [1, 16], [], 2
+    if args.cpu_smoke:
+        args.layers, args.prefill, args.batches, args.new_tokens, args.rounds, args.iters = 1, [8], [1], 2, 1, 1
+    args.models = args.models or list(DEFAULT_MODELS)
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    return args
+
+
+def run(args: argparse.Namespace, on_row: Callable[[list[Row], dict], None] | None = None) -> tuple[list[Row], dict]:
+    """Every model's eager settings first, then the static-cache ones (each compiles twice per batch size,
+    the costliest settings): a budget that runs out then costs compiled columns, not whole models. A setting
+    that raises is noted in its row and the run goes on; ``on_row`` sees the rows after each setting."""
+    smoke = args.cpu_smoke
+    device = torch.device("cpu" if smoke else "cuda")
+    dtype = torch.float16 if smoke else torch.bfloat16  # bf16 dot products are wrong under the interpreter
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)  # two copies compiled
+    start = time.perf_counter()
+    rows, checks = [], {}
+    for phase in ("eager", "static"):
+        for name in args.models:
+            spec = MODELS[name]
+            chosen = [s for s in settings(args, spec) if (s.kind == "static") == (phase == "static")]
+            if not chosen:
+                continue
+            model = build(spec, args.layers, device, dtype, smoke)
+            models = variants(spec, model)
+            if phase == "eager":
+                try:
+                    checks[name] = errors(spec, model, models, device, 8 if smoke else 512)
+                except Exception as exc:  # noqa: BLE001 - as a failing setting: noted, the timings still run
+                    LOG.exception("%s: the correctness check failed", name)
+                    checks[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            for setting in chosen:
+                left = args.budget_s - (time.perf_counter() - start)
+                if left <= 0 or (setting.kind == "static" and left < STATIC_SETTING_S):
+                    rows.append(Row(name, spec.part, setting.name, "",
+                                    note=f"skipped: --budget-s {args.budget_s:g} spent"))
+                    continue
+                LOG.info("%s %s", name, setting.name)
+                try:
+                    rows.append(bench_setting(spec, setting, models, args, device))
+                except Exception as exc:  # noqa: BLE001 - one failing setting must not cost the run's other rows
+                    LOG.exception("%s %s failed", name, setting.name)
+                    note = f"failed: {type(exc).__name__}: {exc}"[:200]
+                    rows.append(Row(name, spec.part, setting.name, "", note=note))
+                if on_row is not None:
+                    on_row(rows, checks)
+            del model, models
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows, checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    import transformers  # after parsing: --help works without it
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = kernels.current_device()
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "triton": __import__("triton").__version__, "layers": args.layers, "rounds": args.rounds,
+            "new_tokens": args.new_tokens, "argv": sys.argv[1:],
+            "parts": {name: {"part": MODELS[name].part, "why": MODELS[name].why} for name in args.models}}
+
+    def write(rows: list[Row], checks: dict) -> None:  # after every setting: a run cut short keeps its rows
+        (out / "bench_models.json").write_text(json.dumps(
+            {"meta": meta, "rows": [vars(r) for r in rows], "correctness": checks}, indent=1))
+
+    rows, checks = run(args, write)
+    write(rows, checks)
+    text = table(rows, checks)
+    (out / "bench_models.txt").write_text(text + "\n")
+    print(f"{meta['gpu']}, torch {meta['torch']}, transformers {meta['transformers']}, triton {meta['triton']}, "
+          f"{args.layers} layers, {meta['date']}")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

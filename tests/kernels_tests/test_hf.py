@@ -1,0 +1,313 @@
+"""transformers 5 models on the tuned kernels: real model classes from tiny configs, random weights.
+
+``kernels.patch`` changes the modules it should (Linears, SiLU-gated MLPs, query/key/value groups, the
+routed experts through the "triton_tuner" experts implementation) and the patched model computes what the
+vanilla one does; record mode sees every kernel a patched model runs. On the CPU the kernels run under
+Triton's interpreter (fp32 for dense models, fp16 for MoE: moe_matmul takes fp16/bf16; bf16 dot products are
+wrong under the interpreter).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from _helpers import DEVICE, relative_error
+
+import kernels
+from kernels._record_mode import RECORDER
+from kernels.nn import FusedMLP, Linear, SharedInputLinear
+
+if os.environ.get("CI"):
+    import transformers  # CI installs the [hf] extra (scripts/setup.sh): a missing one fails, not skips
+else:
+    transformers = pytest.importorskip("transformers", minversion="5")
+
+from kernels import hf  # noqa: E402  (needs transformers)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# One layer, widths that keep each model's own constraints (heads x head_dim, rope dims); ids within vocab.
+_COMMON = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=16, vocab_size=64, max_position_embeddings=64,
+               pad_token_id=0, bos_token_id=0, eos_token_id=0)
+_EXPERTS = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+_DEEPSEEK = dict(_EXPERTS, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=0, n_group=1,
+                 topk_group=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                 v_head_dim=16, head_dim=8)
+
+# name -> (config class, model class, config overrides, whether its MLP is SiLU-gated)
+DENSE = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}, True),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}, True),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}, True),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}, True),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {}, False),  # GELU-gated: its Linears only
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {}, False),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}, True),  # one stacked gate_up_proj
+    "glm": ("GlmConfig", "GlmForCausalLM", {}, True),
+}
+MOE = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_EXPERTS, num_experts=4)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(_EXPERTS, num_experts=4, shared_expert_intermediate_size=64)),
+    "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", _DEEPSEEK),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK),
+}
+
+# Relative L2 error of the patched logits to the vanilla ones: fp32 kernels against torch's fp32 (about 1e-6
+# measured here), fp16 ones against torch's fp16 (about 1e-3: another summation order in half precision).
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
+
+
+def build(spec: tuple, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    config_name, model_name, overrides = spec[:3]
+    config = getattr(transformers, config_name)(**{**_COMMON, **overrides})
+    torch.manual_seed(seed)
+    return getattr(transformers, model_name)(config).to(dtype=dtype, device=DEVICE).eval()
+
+
+def tokens(seed: int = 1, length: int = 8) -> torch.Tensor:
+    return torch.randint(1, 64, (1, length), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.fixture(autouse=True)
+def fresh_dispatch(own_database: None) -> Iterator[None]:
+    """No shipped table and a fresh dispatch cache: every test resolves its own problems."""
+    kernels.clear_cache()
+    yield
+    kernels.clear_cache()
+
+
+@pytest.mark.parametrize("name", list(DENSE))
+def test_patch_swaps_every_linear_fuses_silu_mlps_and_keeps_the_logits(name: str) -> None:
+    model = build(DENSE[name], torch.float32)
+    ids = tokens()
+    want = logits(model, ids)
+    kernels.patch(model)
+    layer = model.model.layers[0]
+    assert not [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
+    assert isinstance(model.lm_head, Linear)
+    assert isinstance(layer.mlp, FusedMLP) == DENSE[name][3]
+    if hasattr(layer.self_attn, "q_proj"):  # Phi-3 has one stacked qkv_proj
+        assert type(layer.self_attn.k_proj) is SharedInputLinear
+    got = logits(model, ids)
+    assert relative_error(got, want) < TOLERANCE[torch.float32]
+    kernels.unpatch(model)
+    assert not isinstance(layer.mlp, FusedMLP) and type(model.lm_head) is torch.nn.Linear
+
+
+@pytest.mark.parametrize("name", list(MOE))
+def test_patch_puts_routed_experts_on_moe_matmul_and_keeps_the_logits(name: str) -> None:
+    model = build(MOE[name], torch.float16)
+    ids = tokens()
+    want = logits(model, ids)
+    before = model.config._experts_implementation
+    kernels.patch(model)
+    assert model.config._experts_implementation == hf.IMPLEMENTATION
+    mlp = model.model.layers[0].mlp
+    shared = getattr(mlp, "shared_experts", None) or getattr(mlp, "shared_expert", None)
+    if shared is not None:  # DeepSeek's and Qwen2-MoE's shared experts: a SiLU-gated MLP
+        assert isinstance(shared, FusedMLP)
+    x = torch.randn(3, 32, dtype=torch.float16, device=DEVICE)
+    assert hf._takes(mlp.experts, x)  # our path, not the fallback to transformers' grouped_mm
+    got = logits(model, ids)
+    assert relative_error(got, want) < TOLERANCE[torch.float16]
+    kernels.unpatch(model)
+    assert model.config._experts_implementation == before
+
+
+def _experts_inputs(experts: torch.nn.Module, tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, experts.gate_up_proj.shape[-1], generator=gen).to(experts.gate_up_proj)
+    scores = torch.rand(tokens, experts.num_experts, generator=gen)
+    weights, index = torch.topk(scores.softmax(-1), top_k, dim=-1)
+    return x, index.to(DEVICE), weights.to(DEVICE)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_experts_implementation_registers_by_name_and_matches_an_fp32_reference(name: str) -> None:
+    hf.register()
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert ALL_EXPERTS_FUNCTIONS[hf.IMPLEMENTATION] is hf.experts_forward
+    model = build(MOE[name], torch.float16)
+    model.set_experts_implementation(hf.IMPLEMENTATION)  # transformers' own switch, without kernels.patch
+    experts = model.model.layers[0].mlp.experts
+    # Skewed routing (expert 1 busy, expert 2 idle) and a token count no tile divides.
+    x, index, weights = _experts_inputs(experts, 13, 2, seed=3)
+    index[:9, 0] = 1
+    index[:9, 1] = 0
+    index[index == 2] = 3
+    with torch.no_grad():
+        got = experts(x, index, weights)
+    gate_up, down = (p.detach().float().cpu() for p in (experts.gate_up_proj, experts.down_proj))
+    want = torch.zeros(x.shape)
+    for t in range(x.shape[0]):
+        for slot in range(index.shape[1]):
+            e = int(index[t, slot])
+            gate, up = (gate_up[e] @ x[t].float().cpu()).chunk(2)
+            want[t] += float(weights[t, slot]) * (down[e] @ (torch.nn.functional.silu(gate) * up))
+    assert got.dtype == torch.float16 and got.shape == x.shape
+    assert relative_error(got, want) < TOLERANCE[torch.float16]
+
+
+def test_patch_leaves_experts_on_an_implementation_chosen_for_the_model() -> None:
+    """Only transformers' generic implementations are replaced: a vendor's or the user's own stays."""
+    from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
+
+    ExpertsInterface.register("users_own", grouped_mm_experts_forward)
+    model = build(MOE["mixtral"], torch.float16)
+    model.set_experts_implementation("users_own")
+    kernels.patch(model)
+    assert model.config._experts_implementation == "users_own"
+    assert isinstance(model.lm_head, Linear)  # the rest of the model is patched as usual
+    kernels.unpatch(model)
+    assert model.config._experts_implementation == "users_own"
+
+
+def test_training_through_the_experts_gives_transformers_gradients() -> None:
+    """A loss backward through the patched experts (moe_matmul's backward, torch's gating) reaches the expert
+    weights with the gradients transformers' own implementation gives."""
+    import copy
+
+    vanilla = build(MOE["mixtral"], torch.float16).train()
+    patched = kernels.patch(copy.deepcopy(vanilla))
+    ids = tokens()
+    for model in (vanilla, patched):
+        model(ids, labels=ids).loss.backward()
+    for name in ("gate_up_proj", "down_proj"):
+        want = getattr(vanilla.model.layers[0].mlp.experts, name).grad
+        got = getattr(patched.model.layers[0].mlp.experts, name).grad
+        assert got is not None and float(want.float().norm()) > 0
+        assert relative_error(got, want) < TOLERANCE[torch.float16]
+
+
+def test_experts_decline_what_they_cannot_compute_and_run_transformers_grouped_mm() -> None:
+    """float32 experts (moe_matmul takes fp16/bf16): transformers' own implementation, the same result."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    model = build(MOE["mixtral"], torch.float32)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 5, 2, seed=4)
+    assert not hf._takes(experts, x)
+    with torch.no_grad():
+        assert torch.equal(hf.experts_forward(experts, x, index, weights),
+                           grouped_mm_experts_forward(experts, x, index, weights))
+
+
+def test_importing_kernels_and_patching_a_torch_model_never_import_transformers() -> None:
+    code = ("import sys, torch, kernels\n"
+            "m = torch.nn.Sequential(torch.nn.Linear(8, 8))\n"
+            "kernels.patch(m); kernels.unpatch(m)\n"
+            "assert 'transformers' not in sys.modules, 'transformers was imported'\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# ----------------------------------------------------------------------------------------- record mode
+
+def _recorded(path: Path) -> dict[str, list[tuple[str, int]]]:
+    """kernel -> [(problem key, calls)] rows recorded into the SQLite file at ``path``."""
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("select kernel, problem_key, calls from tuner_recorded").fetchall()
+    found: dict[str, list[tuple[str, int]]] = {}
+    for kernel, key, calls in sorted(rows):
+        found.setdefault(kernel, []).append((key, calls))
+    return found
+
+
+def _tuner(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TUNER_RECORD")}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+               XDG_CACHE_HOME=str(tmp_path / "cache"), TRITON_INTERPRET="1",
+               TUNER_DB=f"sqlite:///{tmp_path / 'unused-default.db'}")
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture
+def recorder_off() -> Iterator[None]:
+    if RECORDER.on:
+        pytest.skip("TUNER_RECORD=1 records this whole process; this test starts and stops the recorder")
+    yield
+    while RECORDER.on:
+        RECORDER.stop()
+
+
+@pytest.mark.usefixtures("recorder_off")
+def test_record_mode_counts_every_kernel_a_patched_moe_model_runs(tmp_path: Path) -> None:
+    """Qwen2-MoE runs all four: biased q/k/v (matmul_bias), the shared expert (gated_matmul), o_proj and
+    the routers (matmul), the routed experts (moe_matmul, both GEMMs)."""
+    model = kernels.patch(build(MOE["qwen2_moe"], torch.float16))
+    path = tmp_path / "recorded.db"
+    with kernels.recording(f"sqlite:///{path}"):
+        for _ in range(2):
+            logits(model, tokens())
+    found = _recorded(path)
+    assert set(found) == {"matmul", "matmul_bias", "gated_matmul", "moe_matmul"}
+    assert found["matmul_bias"] == [("fp16:nt:8x64x32", 2)]  # q (32) + k (16) + v (16), stacked
+    assert found["gated_matmul"] == [("fp16:nt:8x64x32", 2)]  # the shared expert, 2 x 32 wide
+    # The experts' two GEMMs: 16 routed rows over 4 experts, gate/up [32 -> 64] and down [32 -> 32].
+    assert [(key.split(":")[0], calls) for key, calls in found["moe_matmul"]] == [("fp16", 2), ("fp16", 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("recorder_off")
+def test_recorded_model_problems_are_listed_then_all_tuned_by_search_recorded(tmp_path: Path) -> None:
+    model = kernels.patch(build(MOE["qwen2_moe"], torch.float16))
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    with kernels.recording(url):
+        logits(model, tokens(length=4))
+    kinds = set(_recorded(tmp_path / "tuner.db"))
+    listed = _tuner(tmp_path, "list", "--untuned", "--db", url)
+    assert listed.returncode == 0, listed.stderr
+    assert {line.split()[1] for line in listed.stdout.splitlines()[1:]} == kinds
+    done = _tuner(tmp_path, "search", "--recorded", "--device", "cpu", "--trials", "1", "--seed", "0",
+                  "--workers", "0", "--db", url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no recorded problem is left untuned" in _tuner(tmp_path, "list", "--untuned", "--db", url).stdout
+
+
+def test_experts_trace_whole_under_torch_compile_fullgraph() -> None:
+    """No graph break: the sort, both moe_matmul operators and the combine trace into one graph (aot_eager:
+    the trace is what is checked; Inductor's code generation is not this test's)."""
+    model = kernels.patch(build(MOE["mixtral"], torch.float16))
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 5, 2, seed=5)
+    with torch.no_grad():
+        want = experts(x, index, weights)
+        compiled = torch.compile(lambda x, i, w: experts(x, i, w), fullgraph=True, backend="aot_eager")
+        got = compiled(x, index, weights)
+    assert relative_error(got, want) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
+def test_experts_never_make_the_host_wait_once_warm() -> None:
+    model = kernels.patch(build(MOE["qwen3_moe"], torch.bfloat16))
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 64, 2, seed=6)
+    with torch.no_grad():
+        experts(x, index, weights)  # first call: compile, dispatch resolution
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                experts(x, index, weights)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

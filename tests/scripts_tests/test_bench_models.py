@@ -1,0 +1,48 @@
+"""scripts/bench_models.py's pieces on the CPU: tiny real transformers models, one round, under the interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("CI"):
+    import transformers  # noqa: F401  (CI installs the [hf] extra)
+else:
+    pytest.importorskip("transformers", minversion="5")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import bench_models  # noqa: E402
+
+
+def test_cpu_smoke_times_every_column_and_checks_both_models_against_fp32(tmp_path: Path) -> None:
+    assert bench_models.main(["--cpu-smoke", "--models", "Llama-3.1-8B,Qwen3-30B-A3B", "--out", str(tmp_path)]) == 0
+    found = json.loads((tmp_path / "bench_models.json").read_text())
+    cells = {(row["model"], row["setting"]): row for row in found["rows"]}
+    assert set(cells) == {(m, s) for m in ("Llama-3.1-8B", "Qwen3-30B-A3B") for s in ("prefill8", "generate_b1")}
+    assert set(cells["Llama-3.1-8B", "prefill8"]["ms"]) == {"vanilla", "patched"}
+    assert set(cells["Qwen3-30B-A3B", "generate_b1"]["ms"]) == {"vanilla", "eager_experts", "patched"}
+    assert all(ms > 0 for row in found["rows"] for ms in row["ms"].values())
+    assert [row["part"] for row in found["rows"]] == ["held-out"] * 4
+    for errors in found["correctness"].values():
+        assert 0 < errors["vanilla"] < 1e-2 and 0 < errors["patched"] < 1e-2  # fp16 against fp32
+    assert "held-out models" in (tmp_path / "bench_models.txt").read_text()
+
+
+def test_quick_picks_a_tuned_and_a_held_out_model_and_unknown_names_are_refused(capsys) -> None:
+    args = bench_models.parse_args(["--quick"])
+    assert {bench_models.MODELS[m].part for m in args.models} == {"tuned", "held-out"}
+    assert args.static == [] and args.prefill == [512]
+    with pytest.raises(SystemExit):
+        bench_models.parse_args(["--models", "GPT-5"])
+    assert "unknown model(s) GPT-5" in capsys.readouterr().err
+
+
+def test_the_budget_skips_settings_it_cannot_start(tmp_path: Path) -> None:
+    args = bench_models.parse_args(["--cpu-smoke", "--models", "Llama-3.1-8B", "--budget-s", "0",
+                                    "--out", str(tmp_path)])
+    rows, checks = bench_models.run(args)
+    assert [row.note.startswith("skipped") for row in rows] == [True, True] and "Llama-3.1-8B" in checks
