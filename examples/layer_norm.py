@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels.autotune import Key, Launch, Space
+from kernels import Key, Launch, Space
 
 from ._common import device, dtype_of, rows
 

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels.autotune import Key, Launch
+from kernels import Key, Launch
 
 from ._common import device, dtype_of
 

@@ -26,8 +26,10 @@ from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with
 from ._record_mode import RECORDER as _REC, env_wants_recording
 from ._refresh import REFRESHER as _REFRESHER, env_ttl_s
+from ._autotune import AUTOTUNE_MODES, AutotuneError, Autotuner, Key, Launch, Space, autotune
 
 __all__ = [
+    "AUTOTUNE_MODES", "AutotuneError", "Autotuner", "Key", "Launch", "Space", "autotune",
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
     "CPU", "alias_of", "clear_cache", "current_device", "described_device", "interpreter_enabled", "explain",
     "get_kernel", "grouped_matmul",
