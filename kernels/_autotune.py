@@ -137,6 +137,18 @@ class Autotuner(KernelInterface):
         return Key(dict(zip(named, key_values[:len(named)])), tuple(str(d).removeprefix("torch.")
                                                                    for d in key_values[len(named):]))
 
+    def explain(self, key: Key, device: DeviceInfo) -> tuple[str, Config]:
+        """Where a key's first call on ``device`` would take its config from, and that config (reads only)."""
+        known = self._known_on(device)
+        stored = known.get(problem_key(key, self.src_hash))
+        if stored is not None:
+            return "record", stored
+        near = self._nearest(key, known)
+        if near is not None:
+            return "nearest", near
+        mode = self.mode or os.environ.get(ENV_MODE, "on").strip().lower() or "on"
+        return ("default" if mode in ("off", "record") else f"default until tuned ({mode})"), self.default_config(key)
+
     # Candidates and the default ----------------------------------------------------------------
 
     def candidates(self, key: Key, nargs: Mapping[str, Any] | None = None, kwargs: Mapping | None = None) -> list[Config]:
