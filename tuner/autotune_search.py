@@ -25,6 +25,7 @@ from kernels._autotune_core import (AutotuneError, Key, Launch, make_record, out
                                     split_problem_key)
 
 from .fleet import optuna_storage
+from .workers import TimingWorker, WorkerLost
 
 _logger = logging.getLogger(__name__)
 
@@ -79,33 +80,40 @@ def recorded_keys(store: Store, tuner: kernels.Autotuner, device: kernels.Device
     return keys
 
 
-def search_kernel(tuner: kernels.Autotuner, keys: Sequence[Key], store: Store, device: kernels.DeviceInfo,
-                  trials: int = 40, seed: int | None = None,
+def search_kernel(tuner: kernels.Autotuner, target: str, keys: Sequence[Key], store: Store,
+                  device: kernels.DeviceInfo, trials: int = 40, seed: int | None = None, isolated: bool = True,
                   on_done: Callable[[KernelOutcome], None] | None = None) -> list[KernelOutcome]:
-    """Tune each key and store its winner; a key that fails says why and stores nothing."""
+    """Tune each key and store its winner; a key that fails says why and stores nothing.
+
+    ``isolated``: each candidate is checked and timed in a worker process (``TimingWorker``), so one that kills
+    its process (an illegal address, a compiler crash) or hangs costs that trial only; ``target`` (MODULE:NAME)
+    is how the worker imports the kernel.
+    """
     if tuner.inputs is None:
         raise ValueError(f"{tuner.name} has no inputs=: give the decorator a function from key values to a "
                          "kernels.Launch, so that a search can make the call's arguments")
     storage = optuna_storage(store.url)
+    worker = TimingWorker() if isolated else None
     outcomes = []
-    for key in keys:
-        try:
-            record = _search_one(tuner, key, store, storage, device, trials, seed)
-            outcome = KernelOutcome(key, record)
-        except AutotuneError as exc:
-            outcome = KernelOutcome(key, None, str(exc))
-        outcomes.append(outcome)
-        if on_done:
-            on_done(outcome)
+    try:
+        for key in keys:
+            try:
+                record = _search_one(tuner, target, key, store, storage, device, trials, seed, worker)
+                outcome = KernelOutcome(key, record)
+            except AutotuneError as exc:
+                outcome = KernelOutcome(key, None, str(exc))
+            outcomes.append(outcome)
+            if on_done:
+                on_done(outcome)
+    finally:
+        if worker is not None:
+            worker.close()
     return outcomes
 
 
-def _search_one(tuner: kernels.Autotuner, key: Key, store: Store, storage: Any, device: kernels.DeviceInfo,
-                trials: int, seed: int | None) -> Record:
-    launch = tuner.inputs(key)
+def _search_one(tuner: kernels.Autotuner, target: str, key: Key, store: Store, storage: Any,
+                device: kernels.DeviceInfo, trials: int, seed: int | None, worker: TimingWorker | None) -> Record:
     configs = tuner.candidates(key) if tuner.space is None else _space_points(tuner, key)
-    pristine = _tensors_copy(launch)
-    expected = _expected(tuner, launch, configs, pristine)
     study = optuna.create_study(study_name=f"autotune:{device.name}:{tuner.name}:{problem_key(key, tuner.src_hash)}",
                                 storage=storage, load_if_exists=True, direction="minimize",
                                 sampler=optuna.samplers.TPESampler(seed=seed))
@@ -115,15 +123,14 @@ def _search_one(tuner: kernels.Autotuner, key: Key, store: Store, storage: Any, 
             study.enqueue_trial({"index": warm}, skip_if_exists=True)
 
     def objective(trial: optuna.Trial) -> float:
-        index = trial.suggest_int("index", 0, len(configs) - 1)
-        config = configs[index]
-        _restore(launch, pristine)
-        wrong = _check(tuner, config, launch, expected)
-        if wrong:
-            _logger.warning("%s %s: config %s is skipped: %s", tuner.name, key.text, config, wrong)
+        config = configs[trial.suggest_int("index", 0, len(configs) - 1)]
+        if worker is None:
+            return evaluate(target, key.text, str(config), tuner)
+        try:
+            return worker.call(evaluate, target, key.text, str(config))
+        except WorkerLost as exc:
+            _logger.warning("%s %s: config %s ended its worker (%s) and is skipped", tuner.name, key.text, config, exc)
             return float("inf")
-        _restore(launch, pristine)
-        return tuner.bench(config, launch.args, dict(launch.kwargs), launch.grid)
 
     left = min(trials, len(configs)) - len(done)
     if left > 0:
@@ -137,6 +144,34 @@ def _search_one(tuner: kernels.Autotuner, key: Key, store: Store, storage: Any, 
                          len(finished))
     store.put(record)
     return record
+
+
+# What a process has set up for a key: (launch, the tensors before a call, the tensors after a correct one).
+_PREPARED: dict[tuple[str, str], tuple[Launch, list[torch.Tensor], list[torch.Tensor]]] = {}
+
+
+def evaluate(target: str, key_text: str, config_text: str, tuner: kernels.Autotuner | None = None) -> float:
+    """Check one config at one key, then time it: its median ms, or inf where it faults or computes wrong.
+
+    Runs in the timing worker (or in process, given ``tuner``); the key's inputs and expected outputs are made
+    once per process. Raises AutotuneError where no config yields an expected output."""
+    tuner = tuner or load_kernel(target)
+    prepared = _PREPARED.get((target, key_text))
+    if prepared is None:
+        key = Key.parse(key_text)
+        launch = tuner.inputs(key)
+        pristine = _tensors_copy(launch)
+        configs = tuner.candidates(key) if tuner.space is None else _space_points(tuner, key)
+        prepared = _PREPARED[(target, key_text)] = (launch, pristine, _expected(tuner, launch, configs, pristine))
+    launch, pristine, expected = prepared
+    config = kernels.Config.parse(config_text)
+    _restore(launch, pristine)
+    wrong = _check(tuner, config, launch, expected)
+    if wrong:
+        _logger.warning("%s %s: config %s is skipped: %s", tuner.name, key_text, config, wrong)
+        return float("inf")
+    _restore(launch, pristine)
+    return tuner.bench(config, launch.args, dict(launch.kwargs), launch.grid)
 
 
 def _space_points(tuner: kernels.Autotuner, key: Key) -> list:

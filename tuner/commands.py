@@ -188,7 +188,8 @@ def _search_user_kernel(args: argparse.Namespace) -> int:
             else:
                 print(f"  {outcome.key.text}: failed: {outcome.error}")
 
-        outcomes = search_kernel(tuner, keys, store, device, trials=args.trials, seed=args.seed, on_done=done)
+        outcomes = search_kernel(tuner, args.kernel, keys, store, device, trials=args.trials, seed=args.seed,
+                                 isolated=args.workers != 0, on_done=done)
     return 1 if any(o.record is None for o in outcomes) else 0
 
 
