@@ -22,6 +22,7 @@ from triton.runtime.jit import KernelInterface
 from ._autotune_core import (ANY, DEFAULT_TOLERANCE, AutotuneError, Key, Launch, Space, as_config, candidates,
                              make_record, median_ms, problem_key, source_hash, split_problem_key)
 from ._device import current_device
+from .dispatch import _database_records, table_documents, table_records
 from ._spec import LAUNCH_OPTIONS, Config, DeviceInfo
 
 __all__ = ["AUTOTUNE_MODES", "AutotuneError", "Autotuner", "ENV_MODE", "Key", "Launch", "Space", "autotune"]
@@ -266,39 +267,23 @@ class Autotuner(KernelInterface):
     # The database -----------------------------------------------------------------------------
 
     def _known_on(self, device: DeviceInfo) -> dict[str, Config]:
-        """This kernel's tuned keys on ``device`` (shipped tables, then the user's database over them), loaded once."""
+        """This kernel's tuned keys on ``device`` (its tables, then the user's database over them), read once,
+        as dispatch reads matmul's (kernels/dispatch.py: the same readers)."""
         known = self._known.get(device.name)
         if known is None:
-            records = self._shipped(device) + self._stored(device)
-            stale = {r.problem_key for r in records if split_problem_key(r.problem_key)[1] != self.src_hash}
+            documents = table_documents([Path(p) for p in self.tables], _warn_damaged_table)
+            raw = table_records(documents, device.name, self.name)
+            raw += [{"problem_key": r.problem_key, "config": r.config}
+                    for r in _database_records(self.db, device.name, self.name)]
+            fresh = {r["problem_key"]: r["config"] for r in raw
+                     if isinstance(r.get("config"), dict) and _hash_of(r["problem_key"]) == self.src_hash}
+            stale = {r["problem_key"] for r in raw} - set(fresh)
             if stale:
                 warnings.warn(f"{self.name}: its source changed since {len(stale)} of its keys were tuned on "
-                              f"{device.alias}; those records are ignored and the keys are tuned again (delete them "
-                              f"with `python -m tuner` tools or keep them for the old source)", stacklevel=4)
-            known = {r.problem_key: Config.from_dict(r.config) for r in records if r.problem_key not in stale}
-            self._known[device.name] = known
+                              f"{device.alias}; those records are ignored and the keys are tuned again (export or "
+                              "delete them: `python -m tuner list --kernel NAME` shows them)", stacklevel=4)
+            known = self._known[device.name] = {k: Config.from_dict(v) for k, v in fresh.items()}
         return known
-
-    def _stored(self, device: DeviceInfo) -> list:
-        from db import Store, StoreError
-
-        try:
-            with Store.open_readonly(self.db) as store:
-                return store.records(device=device.name, kernel=self.name)
-        except StoreError as exc:
-            _logger.warning("%s: the database cannot be read (%s); going on without it", self.name, exc)
-            return []
-
-    def _shipped(self, device: DeviceInfo) -> list:
-        from db import load_document
-
-        found = []
-        for path in self.tables:
-            files = sorted(Path(path).glob("*.json")) if Path(path).is_dir() else [Path(path)]
-            for file in files:
-                found += [r for r in load_document(file) if r.kernel == self.name and r.device_name == device.name
-                          and r.dtype == ANY]
-        return found
 
     def _store(self, record: Any) -> None:
         from db import Store, StoreError
@@ -354,6 +339,14 @@ class Autotuner(KernelInterface):
         self.cache.clear()
         self._known.clear()
         self._pending.clear()
+
+
+def _hash_of(text: object) -> str | None:
+    return split_problem_key(text)[1] if isinstance(text, str) and "@" in text else None
+
+
+def _warn_damaged_table(name: str, exc: Exception) -> None:
+    _logger.warning("skipping the table %s: it is not a records export (%s)", name, exc)
 
 
 def _device_of(args: tuple, kwargs: dict) -> DeviceInfo:
