@@ -179,3 +179,40 @@ def test_one_faulting_config_is_skipped(db_url) -> None:
 def test_a_bad_mode_is_refused() -> None:
     with pytest.raises(AutotuneError, match="mode='always' is not one of off, record, on, incremental"):
         kernels.autotune(configs=CONFIGS, key=["n"], mode="always")(scale)
+
+
+# Never tune under a trace or a capture ------------------------------------------------------------------------
+
+def test_under_a_torch_compile_trace_nothing_is_timed_and_a_later_eager_call_tunes(db_url, monkeypatch) -> None:
+    # torch.compile cannot trace the interpreter's kernels on the CPU, so the trace is stood in for by its own
+    # flag (torch's function, not ours); the GPU test below captures a CUDA graph for real.
+    timer = FakeTimer((3.0, 1.0, 2.0))
+    tuner = _tuner(db_url, timer, mode="on")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x, y = call(tuner, 50)
+    torch.testing.assert_close(y, 2 * x)
+    assert timer.calls == 0 and tuner.best_config["BLOCK"] == 16 and _records(db_url) == []
+    monkeypatch.undo()
+    call(tuner, 50)
+    assert timer.calls == 3 and tuner.best_config["BLOCK"] == 32
+
+
+@pytest.mark.gpu
+def test_inside_cuda_graph_capture_the_best_known_config_runs_untimed(db_url) -> None:
+    n = 1000
+    x = torch.randn(n, device="cuda")
+    y = torch.empty_like(x)
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+    _tuner(db_url, FakeTimer(), mode="off")[grid](x, y, n)  # compiles the default config outside the capture
+    timer = FakeTimer()
+    tuner = _tuner(db_url, timer, mode="on")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tuner[grid](x, y, n)
+    y.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, 2 * x)
+    assert timer.calls == 0 and tuner.best_config["BLOCK"] == 16
+    tuner[grid](x, y, n)  # eager again: now it tunes
+    assert timer.calls == 3
