@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +31,7 @@ __all__ = ["AUTOTUNE_MODES", "AutotuneError", "Autotuner", "ENV_MODE", "Key", "L
 _logger = logging.getLogger(__name__)
 
 ENV_MODE = "TUNER_AUTOTUNE"
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")  # as db/_plausible.py's _USER_KERNEL
 AUTOTUNE_MODES = ("off", "record", "on", "incremental")
 
 
@@ -67,16 +69,22 @@ class Autotuner(KernelInterface):
         self.fn = fn
         self.base_fn = getattr(fn, "fn", fn)
         self.arg_names = list(fn.arg_names)
-        self.name = name or f"{self.base_fn.__module__}.{self.base_fn.__qualname__}"
+        # A nested function's qualname holds "<locals>", which no database name may: it is left out.
+        self.name = name or f"{self.base_fn.__module__}.{self.base_fn.__qualname__}".replace("<locals>.", "")
+        if not _NAME.fullmatch(self.name):
+            raise AutotuneError(f"name={self.name!r} cannot name a kernel in the database: give name= a dotted Python "
+                                "name of up to 128 letters, digits and '_', e.g. my_pkg.my_mod.my_kernel")
         self.keys = list(key)
         self.configs = [as_config(c) for c in configs]
         self._triton_configs = list(configs)
+        # A triton.Config's own pre_hook runs before each launch of that config, as Triton runs it.
+        self._config_hooks = {as_config(c): c.pre_hook for c in configs if getattr(c, "pre_hook", None)}
         self.space = space
         self.prune_configs_by = dict(prune_configs_by or {})
         self.reset_to_zero = list(reset_to_zero or [])
         self.restore_value = list(restore_value or [])
         self.user_pre_hook, self.user_post_hook = pre_hook, post_hook
-        self.warmup, self.rep, self._do_bench = warmup, rep, do_bench
+        self.num_warmups, self.num_reps, self._do_bench = warmup, rep, do_bench  # Triton's names for them
         self.tables = [tables] if isinstance(tables, (str, Path)) else list(tables or [])
         self.distance, self.mode, self.inputs, self.reference = distance, mode, inputs, reference
         self.tolerance, self.db = tolerance, db
@@ -88,18 +96,23 @@ class Autotuner(KernelInterface):
         self.best_config: Config | None = None
         self._known: dict[str, dict[str, Config]] = {}  # device name -> problem key -> config
         self._pending: dict[tuple, list[float]] = {}  # incremental: key -> times of the candidates tried so far
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # one thread tunes a key; the others wait for its winner
 
     # The call ---------------------------------------------------------------------------------
 
     def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
+        if warmup:  # kernel.warmup(...): compile every config ahead of time, as Triton's Autotuner.warmup does
+            return [self.fn.run(*args, grid=grid, warmup=True, **kwargs, **c.as_dict()) for c in self.configs]
         nargs = dict(zip(self.arg_names, args))
         key = self._key_of(nargs, kwargs)
         config = self.cache.get(key)
         if config is None:
-            config = self._resolve(key, args, kwargs, grid)
+            with self._lock:
+                config = self.cache.get(key) or self._resolve(key, args, kwargs, grid)
         self.best_config = config
-        return self.fn.run(*args, grid=grid, warmup=warmup, **kwargs, **config.as_dict())
+        if self._config_hooks and config in self._config_hooks:
+            self._config_hooks[config]({**nargs, **kwargs, **config.as_dict()})
+        return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **config.as_dict())
 
     def _key_of(self, nargs: dict, kwargs: dict) -> tuple:
         # As Triton keys it: the named arguments' values, then the dtype of every argument that has one.
@@ -204,7 +217,11 @@ class Autotuner(KernelInterface):
         full = {**dict(zip(self.arg_names, args)), **current}
         saved = {n: full[n].clone() for n in self.restore_value}
 
+        hook = self._config_hooks.get(config)
+
         def call() -> None:
+            if hook:
+                hook(full)
             for n in self.reset_to_zero:
                 full[n].zero_()
             if self.user_pre_hook:
@@ -229,8 +246,8 @@ class Autotuner(KernelInterface):
             return self._do_bench
         import triton.testing
 
-        return lambda fn, quantiles: triton.testing.do_bench(fn, warmup=self.warmup or 25, rep=self.rep or 100,
-                                                             quantiles=quantiles)
+        return lambda fn, quantiles: triton.testing.do_bench(fn, warmup=self.num_warmups or 25,
+                                                             rep=self.num_reps or 100, quantiles=quantiles)
 
     def _tune_now(self, key: Key, device: DeviceInfo, args: tuple, kwargs: dict, grid: Any) -> Config:
         configs = self.candidates(key, dict(zip(self.arg_names, args)), kwargs)
@@ -291,7 +308,7 @@ class Autotuner(KernelInterface):
         try:
             with Store(self.db) as store:
                 store.put(record)
-        except StoreError as exc:
+        except (StoreError, ValueError) as exc:  # ValueError: a record the plausibility rules refuse (a timer's 0 ms)
             _logger.warning("%s: the winner for %s could not be stored (%s)", self.name, record.problem_key, exc)
 
     def _note(self, device: DeviceInfo, key: Key) -> None:

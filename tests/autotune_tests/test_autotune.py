@@ -216,3 +216,49 @@ def test_inside_cuda_graph_capture_the_best_known_config_runs_untimed(db_url) ->
     assert timer.calls == 0 and tuner.best_config["BLOCK"] == 16
     tuner[grid](x, y, n)  # eager again: now it tunes
     assert timer.calls == 3
+
+
+# Triton's arguments keep their meaning ----------------------------------------------------------------------
+
+@triton.jit
+def _accumulate(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(y_ptr + offs, mask=mask) + 2 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+@pytest.mark.parametrize("hook", ["restore_value", "reset_to_zero"])
+def test_in_place_outputs_are_restored_or_zeroed_between_timings_as_triton_does(db_url, hook) -> None:
+    timer = FakeTimer()
+    tuner = kernels.autotune(configs=CONFIGS, key=["n"], do_bench=timer, db=db_url, mode="on",
+                             **{hook: ["y_ptr"]})(_accumulate)
+    gen = torch.Generator().manual_seed(3)
+    x, y0 = torch.randn(40, generator=gen), torch.randn(40, generator=gen)
+    y = y0.clone()
+    tuner[lambda meta: (triton.cdiv(40, meta["BLOCK"]),)](x, y, 40)
+    assert timer.calls == 3
+    # restore_value: as if only the user's call ran; reset_to_zero: the last timing zeroed y, then the call added.
+    torch.testing.assert_close(y, y0 + 2 * x if hook == "restore_value" else 2 * x + 2 * x)
+
+
+def test_early_config_prune_and_hooks_see_triton_configs_and_named_arguments(db_url) -> None:
+    seen = []
+
+    def prune(configs, named_args, **kwargs):
+        seen.append((type(configs[0]).__name__, sorted(named_args)))
+        return [c for c in configs if c.kwargs["BLOCK"] >= 32]
+
+    timer = FakeTimer()
+    tuner = _tuner(db_url, timer, mode="on", prune_configs_by={"early_config_prune": prune},
+                   pre_hook=lambda args: seen.append("pre"))
+    x, y = call(tuner, 50)
+    torch.testing.assert_close(y, 2 * x)
+    assert seen[0] == ("Config", ["n", "x_ptr", "y_ptr"]) and seen.count("pre") == 2
+    assert timer.calls == 2 and tuner.best_config["BLOCK"] == 32
+
+
+def test_default_name_is_module_and_qualname_and_a_bad_name_is_refused(db_url) -> None:
+    tuner = kernels.autotune(configs=CONFIGS, key=["n"], db=db_url)(scale)
+    assert tuner.name == f"{_kernels.__name__}.scale"  # however pytest named the module
+    with pytest.raises(AutotuneError, match="name='my kernel' cannot name a kernel"):
+        kernels.autotune(configs=CONFIGS, key=["n"], name="my kernel")(scale)
