@@ -243,6 +243,9 @@ def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None, mod
 def validate_record(record: Any) -> None:
     """Reject a stored record the runtime could not use: unknown kernel, bad key, config outside the space."""
     if record.dtype == "any":  # a user kernel's (kernels.autotune): its decorator checks the config when it loads it
+        if record.kernel in KERNELS:
+            raise ValueError(f"{record.kernel} is one of the tuner's own kernels, whose records have a dtype and layout; "
+                             "a user kernel's record needs another name")
         _autotune_core.split_problem_key(record.problem_key)
         return
     spec = get_kernel(record.kernel)

@@ -74,6 +74,8 @@ class Autotuner(KernelInterface):
         if not _NAME.fullmatch(self.name):
             raise AutotuneError(f"name={self.name!r} cannot name a kernel in the database: give name= a dotted Python "
                                 "name of up to 128 letters, digits and '_', e.g. my_pkg.my_mod.my_kernel")
+        if self.name in _builtin_names():
+            raise AutotuneError(f"name={self.name!r} is one of the tuner's own kernels; give name= another name")
         self.keys = list(key)
         self.configs = [as_config(c) for c in configs]
         self._triton_configs = list(configs)
@@ -356,6 +358,12 @@ class Autotuner(KernelInterface):
         self.cache.clear()
         self._known.clear()
         self._pending.clear()
+
+
+def _builtin_names() -> set[str]:
+    from . import KERNELS  # the package's own families; imported late: this module is imported by kernels/__init__
+
+    return set(KERNELS)
 
 
 def _hash_of(text: object) -> str | None:

@@ -262,3 +262,5 @@ def test_default_name_is_module_and_qualname_and_a_bad_name_is_refused(db_url) -
     assert tuner.name == f"{_kernels.__name__}.scale"  # however pytest named the module
     with pytest.raises(AutotuneError, match="name='my kernel' cannot name a kernel"):
         kernels.autotune(configs=CONFIGS, key=["n"], name="my kernel")(scale)
+    with pytest.raises(AutotuneError, match="name='matmul' is one of the tuner's own kernels"):
+        kernels.autotune(configs=CONFIGS, key=["n"], name="matmul")(scale)
