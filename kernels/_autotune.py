@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from triton.runtime.jit import KernelInterface
 
-from ._autotune_core import (ANY, DEFAULT_TOLERANCE, AutotuneError, Key, Launch, Space, as_config, candidates,
+from ._autotune_core import (DEFAULT_TOLERANCE, AutotuneError, Key, Launch, Space, as_config, candidates,
                              make_record, median_ms, problem_key, source_hash, split_problem_key)
 from ._device import current_device
 from .dispatch import _database_records, table_documents, table_records

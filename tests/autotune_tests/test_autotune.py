@@ -19,7 +19,7 @@ from db.recorded import recorded
 from kernels import AutotuneError, Config, Space
 
 from . import _kernels
-from ._kernels import CONFIGS, FakeTimer, call, inputs, scale
+from ._kernels import CONFIGS, FakeTimer, call, scale
 
 
 def _tuner(db_url: str, timer: FakeTimer, **options) -> kernels.Autotuner:
