@@ -26,7 +26,7 @@ from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with
 from ._record_mode import RECORDER as _REC, env_wants_recording
 from ._refresh import REFRESHER as _REFRESHER, env_ttl_s
-from . import _autotune_core
+from . import _autotune, _autotune_core
 from ._autotune import AUTOTUNE_MODES, AutotuneError, Autotuner, Key, Launch, Space, autotune
 
 __all__ = [
@@ -265,6 +265,7 @@ def clear_cache() -> None:
     """Forget loaded tables, e.g. after tuning in this process, and the ready launches; the next call
     reloads and rebuilds them."""
     DISPATCHER.clear()
+    _autotune.clear_all()
     _plans.clear()
     grouped.TABLES.clear()
     grouped.CALLS.clear()
@@ -292,6 +293,7 @@ def recording(url: str | None = None) -> Iterator[None]:
 def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     """Read tuned configs from ``url`` (None: ``TUNER_DB`` or the default file) from now on."""
     DISPATCHER.configure(url, use_shipped)
+    _autotune.clear_all()  # kernels.autotune kernels without db= read the same database
     _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables
 

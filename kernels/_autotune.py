@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import threading
+import weakref
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from triton.runtime.jit import KernelInterface
 from ._autotune_core import (DEFAULT_TOLERANCE, AutotuneError, Key, Launch, Space, as_config, candidates,
                              make_record, median_ms, problem_key, source_hash, split_problem_key)
 from ._device import current_device
-from .dispatch import _database_records, table_documents, table_records
+from .dispatch import DISPATCHER, _database_records, table_documents, table_records
 from ._spec import LAUNCH_OPTIONS, Config, DeviceInfo
 
 __all__ = ["AUTOTUNE_MODES", "AutotuneError", "Autotuner", "ENV_MODE", "Key", "Launch", "Space", "autotune"]
@@ -31,6 +32,7 @@ __all__ = ["AUTOTUNE_MODES", "AutotuneError", "Autotuner", "ENV_MODE", "Key", "L
 _logger = logging.getLogger(__name__)
 
 ENV_MODE = "TUNER_AUTOTUNE"
+_ALL: weakref.WeakSet[Autotuner] = weakref.WeakSet()  # every live decorator, for clear_all
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")  # as db/_plausible.py's _USER_KERNEL
 AUTOTUNE_MODES = ("off", "record", "on", "incremental")
 
@@ -99,6 +101,7 @@ class Autotuner(KernelInterface):
         self._known: dict[str, dict[str, Config]] = {}  # device name -> problem key -> config
         self._pending: dict[tuple, list[float]] = {}  # incremental: key -> times of the candidates tried so far
         self._lock = threading.RLock()  # one thread tunes a key; the others wait for its winner
+        _ALL.add(self)
 
     # The call ---------------------------------------------------------------------------------
 
@@ -293,7 +296,7 @@ class Autotuner(KernelInterface):
             documents = table_documents([Path(p) for p in self.tables], _warn_damaged_table)
             raw = table_records(documents, device.name, self.name)
             raw += [{"problem_key": r.problem_key, "config": r.config}
-                    for r in _database_records(self.db, device.name, self.name)]
+                    for r in _database_records(self.url, device.name, self.name)]
             fresh = {r["problem_key"]: r["config"] for r in raw
                      if isinstance(r.get("config"), dict) and _hash_of(r["problem_key"]) == self.src_hash}
             stale = {r["problem_key"] for r in raw} - set(fresh)
@@ -308,7 +311,7 @@ class Autotuner(KernelInterface):
         from db import Store, StoreError
 
         try:
-            with Store(self.db) as store:
+            with Store(self.url) as store:
                 store.put(record)
         except (StoreError, ValueError) as exc:  # ValueError: a record the plausibility rules refuse (a timer's 0 ms)
             _logger.warning("%s: the winner for %s could not be stored (%s)", self.name, record.problem_key, exc)
@@ -318,7 +321,7 @@ class Autotuner(KernelInterface):
         from db.recorded import ProblemKey, add_calls
 
         try:
-            with Store(self.db) as store:
+            with Store(self.url) as store:
                 add_calls(store, {ProblemKey(device.name, self.name, problem_key(key, self.src_hash)): (1, 0.0)})
         except StoreError as exc:
             _logger.warning("%s: key %s could not be recorded (%s)", self.name, key.text, exc)
@@ -353,11 +356,22 @@ class Autotuner(KernelInterface):
         if not self.configs and self.space is None:
             raise AutotuneError(f"{self.name} has no config to run: give configs= or space=")
 
+    @property
+    def url(self) -> str | None:
+        """``db=``, else the database dispatch reads (``kernels.use_database``; None: ``TUNER_DB`` or the default)."""
+        return self.db if self.db is not None else DISPATCHER.url
+
     def clear(self) -> None:
         """Forget cached and loaded configs (the database is read again at each key's next call)."""
         self.cache.clear()
         self._known.clear()
         self._pending.clear()
+
+
+def clear_all() -> None:
+    """Forget every decorator's cached configs (``kernels.clear_cache``, ``kernels.use_database``)."""
+    for tuner in list(_ALL):
+        tuner.clear()
 
 
 def _builtin_names() -> set[str]:

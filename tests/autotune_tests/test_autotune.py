@@ -6,7 +6,7 @@ SQLite file per test, and the kernels are real Triton kernels run by the interpr
 
 from __future__ import annotations
 
-import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -49,11 +49,18 @@ def test_off_and_record_modes_run_the_first_config_and_time_nothing(db_url, mode
 
 def test_on_mode_stores_the_fastest_and_a_fresh_decorator_reads_it_without_timing(db_url) -> None:
     timer = FakeTimer((3.0, 1.0, 2.0))  # the second config, BLOCK=32, is the fastest
-    x, y = call(_tuner(db_url, timer, mode="on"), 50)
+    tuner = _tuner(db_url, timer, mode="on")
+    x, y = call(tuner, 50)
     torch.testing.assert_close(y, 2 * x)
     assert timer.calls == 3
     (record,) = _records(db_url)
     assert record.config["BLOCK"] == 32 and record.time_ms == 1.0 and record.kernel == "tests.scale"
+    Path(db_url.removeprefix("sqlite:///")).unlink()  # from now on a dict lookup: no database, no timing
+    x, y = call(tuner, 50, seed=2)
+    torch.testing.assert_close(y, 2 * x)
+    assert timer.calls == 3
+    with Store(db_url) as store:
+        store.put(record)
     again = FakeTimer()
     fresh = _tuner(db_url, again, mode="on")  # what a new process builds
     x, y = call(fresh, 50, seed=1)
@@ -264,3 +271,21 @@ def test_default_name_is_module_and_qualname_and_a_bad_name_is_refused(db_url) -
         kernels.autotune(configs=CONFIGS, key=["n"], name="my kernel")(scale)
     with pytest.raises(AutotuneError, match="name='matmul' is one of the tuner's own kernels"):
         kernels.autotune(configs=CONFIGS, key=["n"], name="matmul")(scale)
+
+
+def test_use_database_and_clear_cache_reach_decorators_without_db(db_url, tmp_path) -> None:
+    timer = FakeTimer((3.0, 1.0, 2.0))
+    tuner = kernels.autotune(configs=CONFIGS, key=["n"], do_bench=timer, name="tests.scale", mode="on")(scale)
+    kernels.use_database(db_url)
+    try:
+        call(tuner, 50)
+        assert [r.config["BLOCK"] for r in _records(db_url)] == [32]
+        kernels.use_database(f"sqlite:///{tmp_path / 'other.db'}")
+        assert tuner.cache == {}
+        call(tuner, 50)
+        assert timer.calls == 6  # the other database had no record: tuned again
+        kernels.clear_cache()
+        call(tuner, 50)
+        assert timer.calls == 6  # read back from the other database
+    finally:
+        kernels.use_database(None)
