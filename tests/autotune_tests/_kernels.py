@@ -9,6 +9,9 @@ import triton.language as tl
 import kernels
 from kernels import Key, Launch, Space
 
+# Where the kernels run: the GPU where there is one, else the CPU under the interpreter (tests/conftest.py).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 class FakeTimer:
     """A test double for the GPU timer only: under the interpreter there are no CUDA events, and wall-clock times
@@ -37,7 +40,7 @@ CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((16, 1), (32, 2
 
 def inputs(key: Key) -> Launch:
     n = int(key["n"])
-    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(DEVICE)
     y = torch.empty_like(x)
     return Launch(lambda meta: (triton.cdiv(n, meta["BLOCK"]),), (x, y, n))
 
@@ -47,7 +50,7 @@ def reference(x, y, n) -> None:
 
 
 def call(kernel, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
     y = torch.full_like(x, float("nan"))  # poisoned: a call that writes nothing fails the check
     kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
     return x, y

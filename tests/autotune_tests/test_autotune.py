@@ -19,7 +19,7 @@ from db.recorded import recorded
 from kernels import AutotuneError, Config, Space
 
 from . import _kernels
-from ._kernels import CONFIGS, FakeTimer, call, scale
+from ._kernels import CONFIGS, DEVICE, FakeTimer, call, scale
 
 
 def _tuner(db_url: str, timer: FakeTimer, **options) -> kernels.Autotuner:
@@ -240,7 +240,7 @@ def test_in_place_outputs_are_restored_or_zeroed_between_timings_as_triton_does(
     tuner = kernels.autotune(configs=CONFIGS, key=["n"], do_bench=timer, db=db_url, mode="on",
                              **{hook: ["y_ptr"]})(_accumulate)
     gen = torch.Generator().manual_seed(3)
-    x, y0 = torch.randn(40, generator=gen), torch.randn(40, generator=gen)
+    x, y0 = torch.randn(40, generator=gen).to(DEVICE), torch.randn(40, generator=gen).to(DEVICE)
     y = y0.clone()
     tuner[lambda meta: (triton.cdiv(40, meta["BLOCK"]),)](x, y, 40)
     assert timer.calls == 3
