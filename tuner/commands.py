@@ -351,7 +351,8 @@ def _explain_user_kernel(args: argparse.Namespace) -> int:
     keys = keys_from_file(args.problems) if args.problems else [kernels.Key.parse(k) for k in args.keys]
     if not keys:
         raise UserError("name the keys: KEY arguments such as 'n_cols=781;float32,float32', or --problems FILE")
-    device = _explain_device(args)
+    # A user kernel runs where its caller runs: auto is this process's device, the interpreter's "cpu" included.
+    device = kernels.current_device() if args.device.strip().lower() == "auto" else _explain_device(args)
     print(f"# {tuner.name} on {device.name} ({device.alias}); source hash {tuner.src_hash}")
     rows = [("kernel", "key", "source", "config")]
     for key in keys:
