@@ -162,6 +162,11 @@ def _search_user_kernel(args: argparse.Namespace) -> int:
     """``search --kernel MODULE:NAME --recorded | --problems FILE``: the keys of a ``kernels.autotune`` kernel."""
     from .autotune_search import keys_from_file, load_kernel, recorded_keys, search_kernel
 
+    given = [flag for flag, value in (("--shape", args.shape), ("--dtype", args.dtype), ("--layout", args.layout),
+                                      ("--corpus", args.corpus), ("--gpus", args.gpus)) if value]
+    if given:
+        raise UserError(f"{' and '.join(given)} apply to the tuner's own kernels; a user kernel ({args.kernel}) takes "
+                        "its keys from --recorded or --problems FILE")
     if bool(args.recorded) == bool(args.problems):
         raise UserError(f"--kernel {args.kernel}: give --recorded or --problems FILE (a JSON list of key objects)")
     tuner = load_kernel(args.kernel)

@@ -76,6 +76,7 @@ def test_search_of_a_space_kernel_in_the_timing_worker_checks_against_the_first_
     (["--kernel", "tests.autotune_tests._kernels:nothing", "--problems", "x.json"], "is not a kernel decorated"),
     (["--kernel", "no_such_module_x:k", "--recorded"], "cannot import no_such_module_x"),
     (["--kernel", TARGET], "give --recorded or --problems FILE"),
+    (["--kernel", TARGET, "--shape", "16x16x16", "--recorded"], "--shape apply to the tuner's own kernels"),
 ])
 def test_bad_user_kernel_arguments_exit_2_with_the_fix(db_url, argv, message, capsys) -> None:
     assert main(["search", "--db", db_url, *argv]) == 2
