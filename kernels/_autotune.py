@@ -22,7 +22,8 @@ import torch
 from triton.runtime.jit import KernelInterface
 
 from ._autotune_core import (DEFAULT_TOLERANCE, AutotuneError, Key, Launch, Space, as_config, candidates,
-                             make_record, median_ms, problem_key, source_hash, split_problem_key)
+                             make_record, median_ms, problem_key, source_hash, split_problem_key,
+                             version_stamp)
 from ._device import current_device
 from .dispatch import DISPATCHER, _database_records, table_documents, table_records
 from ._spec import LAUNCH_OPTIONS, Config, DeviceInfo
@@ -96,6 +97,7 @@ class Autotuner(KernelInterface):
             raise AutotuneError(f"mode={mode!r} is not one of {', '.join(AUTOTUNE_MODES)}")
         self._check_declaration()
         self.src_hash = source_hash(fn)
+        self.stamp = version_stamp(fn)  # the source hash and the triton version: records of another are not read
         self.cache: dict[tuple, Config] = {}  # the hot path: key values -> config, filled at a key's first call
         self.best_config: Config | None = None
         self._known: dict[str, dict[str, Config]] = {}  # device name -> problem key -> config
@@ -130,7 +132,7 @@ class Autotuner(KernelInterface):
         key = self.key_of(key_values)
         device = _device_of(args, kwargs)
         known = self._known_on(device)
-        stored = known.get(problem_key(key, self.src_hash))
+        stored = known.get(problem_key(key, self.stamp))
         if stored is not None:
             self.cache[key_values] = stored
             return stored
@@ -159,7 +161,7 @@ class Autotuner(KernelInterface):
     def explain(self, key: Key, device: DeviceInfo) -> tuple[str, Config]:
         """Where a key's first call on ``device`` would take its config from, and that config (reads only)."""
         known = self._known_on(device)
-        stored = known.get(problem_key(key, self.src_hash))
+        stored = known.get(problem_key(key, self.stamp))
         if stored is not None:
             return "record", stored
         near = self._nearest(key, known)
@@ -282,8 +284,8 @@ class Autotuner(KernelInterface):
                                 "its configs (run one config alone with TRITON_INTERPRET=1 to see the fault)")
         best_ms, best = min(ok)
         winner = configs[best]
-        self._store(make_record(self.name, device, key, self.src_hash, winner, best_ms, len(ok)))
-        self._known_on(device)[problem_key(key, self.src_hash)] = winner
+        self._store(make_record(self.name, device, key, self.stamp, winner, best_ms, len(ok)))
+        self._known_on(device)[problem_key(key, self.stamp)] = winner
         return winner
 
     # The database -----------------------------------------------------------------------------
@@ -298,14 +300,21 @@ class Autotuner(KernelInterface):
             raw += [{"problem_key": r.problem_key, "config": r.config}
                     for r in _database_records(self.url, device.name, self.name)]
             fresh = {r["problem_key"]: r["config"] for r in raw
-                     if isinstance(r.get("config"), dict) and _hash_of(r["problem_key"]) == self.src_hash}
+                     if isinstance(r.get("config"), dict) and _stamp_of(r["problem_key"]) == self.stamp}
             stale = {r["problem_key"] for r in raw} - set(fresh)
             if stale:
-                warnings.warn(f"{self.name}: its source changed since {len(stale)} of its keys were tuned on "
-                              f"{device.alias}; those records are ignored and the keys are tuned again (export or "
-                              "delete them: `python -m tuner list --kernel NAME` shows them)", stacklevel=4)
+                warnings.warn(f"{self.name}: {len(stale)} of its keys on {device.alias} were tuned for another "
+                              f"{self._what_changed(stale)}; those records are ignored and the keys are tuned again "
+                              "(`python -m tuner list --kernel NAME` shows them)", stacklevel=4)
             known = self._known[device.name] = {k: Config.from_dict(v) for k, v in fresh.items()}
         return known
+
+    def _what_changed(self, stale: set[str]) -> str:
+        sources = {_stamp_of(text).partition("@")[0] for text in stale}
+        if sources == {self.src_hash}:
+            versions = sorted({_stamp_of(text).partition("@")[2] for text in stale})
+            return f"triton ({', '.join(versions)}; this is {self.stamp.partition('@')[2]})"
+        return "source of the kernel (its source changed)"
 
     def _store(self, record: Any) -> None:
         from db import Store, StoreError
@@ -322,7 +331,7 @@ class Autotuner(KernelInterface):
 
         try:
             with Store(self.url) as store:
-                add_calls(store, {ProblemKey(device.name, self.name, problem_key(key, self.src_hash)): (1, 0.0)})
+                add_calls(store, {ProblemKey(device.name, self.name, problem_key(key, self.stamp)): (1, 0.0)})
         except StoreError as exc:
             _logger.warning("%s: key %s could not be recorded (%s)", self.name, key.text, exc)
 
@@ -380,8 +389,8 @@ def _builtin_names() -> set[str]:
     return set(KERNELS)
 
 
-def _hash_of(text: object) -> str | None:
-    return split_problem_key(text)[1] if isinstance(text, str) and "@" in text else None
+def _stamp_of(text: object) -> str | None:
+    return split_problem_key(text)[1] if isinstance(text, str) else None
 
 
 def _warn_damaged_table(name: str, exc: Exception) -> None:

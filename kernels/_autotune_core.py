@@ -1,9 +1,9 @@
 """What ``kernels.autotune`` shares with the offline search: keys, spaces, measuring, and records.
 
 A user kernel's record lives in ``tuner_records`` beside the matmul family's, told apart by its dtype and
-layout ``"any"`` (it has neither) and a problem key of the form ``n_cols=781;float32,float32@<source hash>``:
-the key values, the argument dtypes (as Triton's autotuner keys them) and a hash of the kernel's source.
-A changed source therefore finds no record: its old ones stay, unread, until deleted. Nothing here imports
+layout ``"any"`` (it has neither) and a problem key of the form ``n_cols=781;float32,float32@<source hash>@3.6.0``:
+the key values, the argument dtypes (as Triton's autotuner keys them), a hash of the kernel's source and the triton
+version. A changed source or triton finds no record: its old ones stay, unread, until deleted. Nothing here imports
 Optuna.
 """
 
@@ -119,22 +119,33 @@ def source_hash(fn: Any) -> str:
     return hashlib.sha1(src.encode()).hexdigest()[:12]
 
 
-def problem_key(key: Key, src_hash: str) -> str:
-    return f"{key.text}@{src_hash}"
+def version_stamp(fn: Any) -> str:
+    """What a record is valid for besides its key: the kernel's source hash and the triton version, ``HASH@3.6.0``."""
+    import triton
+
+    return f"{source_hash(fn)}@{triton.__version__}"
+
+
+def problem_key(key: Key, stamp: str) -> str:
+    """``n_cols=781;float32,float32@3421b3aa3aa3@3.6.0``: the key, then the stamp it was tuned under."""
+    return f"{key.text}@{stamp}"
 
 
 def split_problem_key(text: str) -> tuple[Key, str]:
-    key_text, _, src_hash = text.rpartition("@")
-    return Key.parse(key_text), src_hash
+    """(key, stamp) of a stored problem key; a key without a whole stamp has the stamp ""."""
+    parts = text.rsplit("@", 2)
+    if len(parts) < 3:
+        return Key.parse(parts[0]), ""
+    return Key.parse(parts[0]), f"{parts[1]}@{parts[2]}"
 
 
-def make_record(name: str, device: DeviceInfo, key: Key, src_hash: str, config: Config, time_ms: float,
+def make_record(name: str, device: DeviceInfo, key: Key, stamp: str, config: Config, time_ms: float,
                 trials: int) -> Record:
     import triton
 
     return Record(device_name=device.name, device_alias=device.alias,
                   compute_capability=device.compute_capability, sm_count=device.sm_count, kernel=name,
-                  problem_key=problem_key(key, src_hash), dtype=ANY, layout=ANY, shapes=((0, 0, 0),),
+                  problem_key=problem_key(key, stamp), dtype=ANY, layout=ANY, shapes=((0, 0, 0),),
                   config=config.as_dict(), time_ms=float(time_ms), tflops=0.0, cublas_ms=None, triton_config=None,
                   triton_ms=None, torch_version=torch.__version__, triton_version=triton.__version__,
                   cuda_version=torch.version.cuda or "", trials=int(trials), mode="graph")

@@ -74,8 +74,8 @@ def recorded_keys(store: Store, tuner: kernels.Autotuner, device: kernels.Device
     keys = []
     for problem in recorded(store, device.name, untuned=True):
         if problem.key.kernel == tuner.name:
-            key, src_hash = split_problem_key(problem.key.problem_key)
-            if src_hash == tuner.src_hash:
+            key, stamp = split_problem_key(problem.key.problem_key)
+            if stamp == tuner.stamp:
                 keys.append(key)
     return keys
 
@@ -114,7 +114,7 @@ def search_kernel(tuner: kernels.Autotuner, target: str, keys: Sequence[Key], st
 def _search_one(tuner: kernels.Autotuner, target: str, key: Key, store: Store, storage: Any,
                 device: kernels.DeviceInfo, trials: int, seed: int | None, worker: TimingWorker | None) -> Record:
     configs = tuner.candidates(key) if tuner.space is None else _space_points(tuner, key)
-    study = optuna.create_study(study_name=f"autotune:{device.name}:{tuner.name}:{problem_key(key, tuner.src_hash)}",
+    study = optuna.create_study(study_name=f"autotune:{device.name}:{tuner.name}:{problem_key(key, tuner.stamp)}",
                                 storage=storage, load_if_exists=True, direction="minimize",
                                 sampler=optuna.samplers.TPESampler(seed=seed))
     done = {t.params.get("index") for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE}
@@ -140,7 +140,7 @@ def _search_one(tuner: kernels.Autotuner, target: str, key: Key, store: Store, s
         raise AutotuneError(f"{tuner.name} failed or gave wrong outputs for every config tried at key {key.text}, so "
                             "nothing was stored; run one config with TRITON_INTERPRET=1 to see why")
     best = min(finished, key=lambda t: t.value)
-    record = make_record(tuner.name, device, key, tuner.src_hash, configs[best.params["index"]], best.value,
+    record = make_record(tuner.name, device, key, tuner.stamp, configs[best.params["index"]], best.value,
                          len(finished))
     store.put(record)
     return record

@@ -358,7 +358,7 @@ def _explain_user_kernel(args: argparse.Namespace) -> int:
         raise UserError("name the keys: KEY arguments such as 'n_cols=781;float32,float32', or --problems FILE")
     # A user kernel runs where its caller runs: auto is this process's device, the interpreter's "cpu" included.
     device = kernels.current_device() if args.device.strip().lower() == "auto" else _explain_device(args)
-    print(f"# {tuner.name} on {device.name} ({device.alias}); source hash {tuner.src_hash}")
+    print(f"# {tuner.name} on {device.name} ({device.alias}); source hash and triton {tuner.stamp}")
     rows = [("kernel", "key", "source", "config")]
     for key in keys:
         source, config = tuner.explain(key, device)

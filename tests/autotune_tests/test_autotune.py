@@ -6,6 +6,7 @@ SQLite file per test, and the kernels are real Triton kernels run by the interpr
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,10 +114,24 @@ def test_a_changed_source_warns_once_and_tunes_again(db_url) -> None:
     timer = FakeTimer()
     changed = kernels.autotune(configs=CONFIGS, key=["n"], do_bench=timer, db=db_url, name="tests.scale",
                                mode="on")(scale)
-    with pytest.warns(UserWarning, match="source changed since 1 of its keys"):
+    with pytest.warns(UserWarning, match=r"1 of its keys on \S+ were tuned for another source"):
         call(changed, 50)
     assert timer.calls == 3
     assert len(_records(db_url)) == 2
+
+
+def test_a_record_of_another_triton_version_is_not_read_and_the_warning_names_both(db_url) -> None:
+    from kernels._autotune_core import make_record
+
+    timer = FakeTimer()
+    tuner = _tuner(db_url, timer, mode="on")
+    old = make_record(tuner.name, kernels.current_device(torch.device(DEVICE)), kernels.Key({"n": 50}, ("float32",) * 2),
+                      f"{tuner.src_hash}@3.5.0", Config.make(BLOCK=64, num_warps=4), 0.5, 3)
+    with Store(db_url) as store:
+        store.put(old)
+    with pytest.warns(UserWarning, match=r"another triton \(3\.5\.0; this is " + re.escape(triton.__version__)):
+        call(tuner, 50)
+    assert timer.calls == 3 and tuner.best_config["BLOCK"] == 16
 
 
 def test_lookup_order_database_then_table_then_nearest_key(db_url, tmp_path) -> None:
