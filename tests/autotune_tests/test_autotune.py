@@ -304,3 +304,13 @@ def test_use_database_and_clear_cache_reach_decorators_without_db(db_url, tmp_pa
         assert timer.calls == 6  # read back from the other database
     finally:
         kernels.use_database(None)
+
+
+def test_a_damaged_table_is_skipped_with_a_warning_and_the_call_goes_on(db_url, tmp_path, caplog) -> None:
+    (tmp_path / "tables").mkdir()
+    (tmp_path / "tables" / "broken.json").write_text("{not json")
+    timer = FakeTimer()
+    tuner = _tuner(db_url, timer, mode="off", tables=tmp_path / "tables")
+    x, y = call(tuner, 30)
+    torch.testing.assert_close(y, 2 * x)
+    assert "skipping the table broken.json" in caplog.text
