@@ -72,6 +72,9 @@ MAX_TRIALS = 10**7
 _NAME = re.compile(r"[\x20-\x7e]{1,255}")  # device_name: printable ASCII, as drivers report it
 _ALIAS = re.compile(r"[a-z0-9][a-z0-9_+-]{0,63}")  # "h100", "rtx4090": no dots, slashes or spaces
 _KERNEL = re.compile(r"[a-z][a-z0-9_]{0,63}")
+# A user kernel (kernels.autotune) is named by its module and qualified name: my_pkg.my_mod.softmax_kernel.
+_USER_KERNEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")
+USER = "any"  # the dtype and layout of a user kernel's record
 _CAPABILITY = re.compile(r"(\d{1,2}\.\d{1,2})?")  # "9.0"; "" for the CPU
 _VERSION = re.compile(r"[\x21-\x7e]{0,64}")  # "2.11.0+cu130"; "" for CUDA on the CPU
 _PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
@@ -92,6 +95,8 @@ def plausibility_problems(record: Record | Mapping[str, Any]) -> list[str]:
     fields = vars(record) if isinstance(record, Record) else record
     if not isinstance(fields, Mapping):
         return [f"a record must be an object, got {type(fields).__name__}"]
+    if fields.get("dtype") == USER:
+        return _user_problems(fields)
     problems = _format_problems(fields)
     shapes = _shapes(fields.get("shapes"))
     if shapes is None:
@@ -102,6 +107,27 @@ def plausibility_problems(record: Record | Mapping[str, Any]) -> list[str]:
     problems += _key_problems(fields, shapes)
     problems += _timing_problems(fields, shapes)
     return problems
+
+
+def _user_problems(fields: Mapping[str, Any]) -> list[str]:
+    """A user kernel's record: no FLOP count is known, so only the format and the time bounds apply."""
+    problems = [p for p in _format_problems(fields) if not p.startswith("kernel ")]
+    kernel = fields.get("kernel")
+    if not isinstance(kernel, str) or not _USER_KERNEL.fullmatch(kernel):
+        problems.append(f"kernel must be a dotted Python name of up to 128 characters; got {_show(kernel)}")
+    key = fields.get("problem_key")
+    if not isinstance(key, str) or len(key) > MAX_KEY_CHARS or "@" not in key:
+        problems.append(f"problem_key of a user kernel must read KEY@SOURCE_HASH; got {_show(key)}")
+    if fields.get("layout") != USER:
+        problems.append(f"layout of a user kernel's record must be {USER!r}; got {_show(fields.get('layout'))}")
+    time_ms = fields.get("time_ms")
+    if not _is_number(time_ms) or not 0 < time_ms <= _MAX_USER_MS:
+        problems.append(f"time_ms must be above 0 and at most {_MAX_USER_MS:g} ms; got {_show(time_ms)}")
+    return problems
+
+
+# A kernel call of over a minute is not one a tuner times: such a record is a unit slip (seconds as ms) or damage.
+_MAX_USER_MS = 60_000.0
 
 
 def check_plausible(records: Sequence[Record]) -> None:

@@ -14,8 +14,9 @@ from typing import Any
 
 from ._record import MODES, Record
 
-DTYPES = ("fp16", "bf16", "fp32")
-LAYOUTS = ("nn", "nt", "tn", "tt")
+# "any": a user kernel's record (kernels.autotune), which has neither a GEMM dtype nor a layout.
+DTYPES = ("fp16", "bf16", "fp32", "any")
+LAYOUTS = ("nn", "nt", "tn", "tt", "any")
 FIELDS = tuple(f.name for f in dataclasses.fields(Record))
 
 # A check returns why a value is wrong ("must be ..., got ..."), or None if it is fine.

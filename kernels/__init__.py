@@ -26,8 +26,11 @@ from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with
 from ._record_mode import RECORDER as _REC, env_wants_recording
 from ._refresh import REFRESHER as _REFRESHER, env_ttl_s
+from . import _autotune, _autotune_core
+from ._autotune import AUTOTUNE_MODES, AutotuneError, Autotuner, Key, Launch, Space, autotune
 
 __all__ = [
+    "AUTOTUNE_MODES", "AutotuneError", "Autotuner", "Key", "Launch", "Space", "autotune",
     "BASELINE", "Choice", "Config", "DeviceInfo", "KERNELS", "KernelSpec", "Param", "Problem", "SearchSpace",
     "CPU", "alias_of", "clear_cache", "current_device", "described_device", "interpreter_enabled", "explain",
     "get_kernel", "grouped_matmul",
@@ -145,6 +148,12 @@ def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None, mod
 
 def validate_record(record: Any) -> None:
     """Reject a stored record the runtime could not use: unknown kernel, bad key, config outside the space."""
+    if record.dtype == "any":  # a user kernel's (kernels.autotune): its decorator checks the config when it loads it
+        if record.kernel in KERNELS:
+            raise ValueError(f"{record.kernel} is one of the tuner's own kernels, whose records have a dtype and layout; "
+                             "a user kernel's record needs another name")
+        _autotune_core.split_problem_key(record.problem_key)
+        return
     spec = get_kernel(record.kernel)
     problem = Problem.from_key(spec.name, record.problem_key)
     if problem.dtype not in spec.dtypes:
@@ -162,6 +171,7 @@ def clear_cache() -> None:
     """Forget loaded tables, e.g. after tuning in this process, and the ready launches; the next call
     reloads and rebuilds them."""
     DISPATCHER.clear()
+    _autotune.clear_all()
     _plans.clear()
     grouped.TABLES.clear()
     grouped.CALLS.clear()
@@ -189,6 +199,7 @@ def recording(url: str | None = None) -> Iterator[None]:
 def use_database(url: str | None = None, use_shipped: bool = True) -> None:
     """Read tuned configs from ``url`` (None: ``TUNER_DB`` or the default file) from now on."""
     DISPATCHER.configure(url, use_shipped)
+    _autotune.clear_all()  # kernels.autotune kernels without db= read the same database
     _plans.clear()
     grouped.CALLS.clear()  # resolved under the old tables
 

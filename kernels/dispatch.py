@@ -27,10 +27,10 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Hashable
+from typing import Any, Hashable
 
 import triton
 
@@ -610,11 +610,7 @@ def shipped_devices() -> list[dict]:
 
 def _shipped_records(device_name: str, kernel: str) -> list[dict]:
     """Records of the JSON tables inside the package for this GPU (raw dicts: validated when shipped)."""
-    found: list[dict] = []
-    for document in _shipped_documents(on_damage=_warn_damaged_table):
-        found.extend(r for r in document.get("records", [])
-                     if isinstance(r, dict) and r.get("device_name") == device_name and r.get("kernel") == kernel)
-    return found
+    return table_records(_shipped_documents(on_damage=_warn_damaged_table), device_name, kernel)
 
 
 def _shipped_documents(on_damage: Callable[[str, Exception], None] | None = None) -> Iterator[dict]:
@@ -623,7 +619,17 @@ def _shipped_documents(on_damage: Callable[[str, Exception], None] | None = None
     folder = resources.files(__package__).joinpath(SHIPPED_TABLES)
     if not folder.is_dir():
         return
-    for entry in folder.iterdir():
+    yield from table_documents(folder.iterdir(), on_damage)
+
+
+def table_documents(entries: Iterable[Any], on_damage: Callable[[str, Exception], None] | None = None
+                    ) -> Iterator[dict]:
+    """The records exports among ``entries`` (paths or package resources; folders are listed), each read whole;
+    a damaged one goes to ``on_damage`` and is skipped. Also the reader of ``kernels.autotune(tables=...)``."""
+    for entry in entries:
+        if entry.is_dir():
+            yield from table_documents(sorted(entry.iterdir(), key=lambda e: e.name), on_damage)
+            continue
         if not entry.name.endswith(".json"):
             continue
         try:
@@ -635,6 +641,12 @@ def _shipped_documents(on_damage: Callable[[str, Exception], None] | None = None
                 on_damage(entry.name, exc)
             continue
         yield document
+
+
+def table_records(documents: Iterable[dict], device_name: str, kernel: str) -> list[dict]:
+    """The raw records of ``documents`` for this GPU and kernel (validated when shipped)."""
+    return [r for document in documents for r in document.get("records", [])
+            if isinstance(r, dict) and r.get("device_name") == device_name and r.get("kernel") == kernel]
 
 
 def _warn_damaged_table(name: str, exc: Exception) -> None:

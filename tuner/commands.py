@@ -113,6 +113,8 @@ def _check_search_args(args: argparse.Namespace) -> Budget:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    if args.kernel and ":" in args.kernel:  # a user kernel, MODULE:NAME (kernels.autotune)
+        return _search_user_kernel(args)
     budget = _check_search_args(args)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
@@ -154,6 +156,46 @@ def cmd_search(args: argparse.Namespace) -> int:
               "same command again to resume them (a 'no config ran correctly' says its own way out)")
         return 1
     return 0
+
+
+def _search_user_kernel(args: argparse.Namespace) -> int:
+    """``search --kernel MODULE:NAME --recorded | --problems FILE``: the keys of a ``kernels.autotune`` kernel."""
+    from .autotune_search import keys_from_file, load_kernel, recorded_keys, search_kernel
+
+    given = [flag for flag, value in (("--shape", args.shape), ("--dtype", args.dtype), ("--layout", args.layout),
+                                      ("--corpus", args.corpus), ("--gpus", args.gpus)) if value]
+    if given:
+        raise UserError(f"{' and '.join(given)} apply to the tuner's own kernels; a user kernel ({args.kernel}) takes "
+                        "its keys from --recorded or --problems FILE")
+    if bool(args.recorded) == bool(args.problems):
+        raise UserError(f"--kernel {args.kernel}: give --recorded or --problems FILE (a JSON list of key objects)")
+    tuner = load_kernel(args.kernel)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
+    if args.problems:
+        keys = keys_from_file(args.problems)
+    else:
+        try:
+            with Store(args.db, create=False) as reader:
+                keys = recorded_keys(reader, tuner, device)
+        except StoreError as exc:
+            raise UserError(str(exc)) from None
+    if not keys:
+        print(f"nothing recorded for {tuner.name} on {device.alias} is left untuned; record with TUNER_AUTOTUNE=record")
+        return 0
+    with _open_store(args.db) as store:
+        print(f"tuning {len(keys)} key(s) of {tuner.name} on {device.name} ({device.alias}) into {store.url}")
+
+        def done(outcome) -> None:
+            if outcome.record is not None:
+                print(f"  {outcome.key.text}: {outcome.record.time_ms:.4f} ms, "
+                      f"{kernels.Config.from_dict(outcome.record.config)} ({outcome.record.trials} trials)")
+            else:
+                print(f"  {outcome.key.text}: failed: {outcome.error}")
+
+        outcomes = search_kernel(tuner, args.kernel, keys, store, device, trials=args.trials, seed=args.seed,
+                                 isolated=args.workers != 0, on_done=done)
+    return 1 if any(o.record is None for o in outcomes) else 0
 
 
 def _recorded(url: str | None, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
@@ -282,6 +324,8 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     """What ``kernels.matmul`` (or the kernel named) would run for each problem on a GPU, and why: the record,
     a near one, the class's consensus or cuBLAS (docs/MODES.md, "How dispatch picks"). Reads only."""
+    if ":" in args.kernel:
+        return _explain_user_kernel(args)
     problems = _explain_problems(args)
     if args.db is not None:
         _open_reader(args.db).close()  # a mistyped --db is an error here, not a silent "no records"
@@ -297,6 +341,28 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for mode in modes:
             choice = dispatcher.choose(spec, problem, device, mode)
             rows.append((problem.kernel, problem.key, mode, choice.source, str(choice.config)))
+    _print_table(rows)
+    return 0
+
+
+def _explain_user_kernel(args: argparse.Namespace) -> int:
+    """``explain --kernel MODULE:NAME KEY...``: which config a ``kernels.autotune`` kernel runs for each key, and why."""
+    from .autotune_search import keys_from_file, load_kernel
+
+    tuner = load_kernel(args.kernel)
+    if args.db is not None:
+        _open_reader(args.db).close()
+        tuner.db = args.db
+    keys = keys_from_file(args.problems) if args.problems else [kernels.Key.parse(k) for k in args.keys]
+    if not keys:
+        raise UserError("name the keys: KEY arguments such as 'n_cols=781;float32,float32', or --problems FILE")
+    # A user kernel runs where its caller runs: auto is this process's device, the interpreter's "cpu" included.
+    device = kernels.current_device() if args.device.strip().lower() == "auto" else _explain_device(args)
+    print(f"# {tuner.name} on {device.name} ({device.alias}); source hash and triton {tuner.stamp}")
+    rows = [("kernel", "key", "source", "config")]
+    for key in keys:
+        source, config = tuner.explain(key, device)
+        rows.append((tuner.name, key.text, source, str(config)))
     _print_table(rows)
     return 0
 

@@ -107,7 +107,7 @@ def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
 
 def recorded_problems(store: Store, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
     """What record mode saw on this device kind and nobody tuned yet, the most work first."""
-    found = recorded(store, device.name, untuned=True)
+    found = [p for p in recorded(store, device.name, untuned=True) if p.key.kernel in kernels.KERNELS]  # not user kernels
     problems = [kernels.Problem.from_key(p.key.kernel, p.key.problem_key) for p in found]
     return problems, [p.work for p in found]
 
