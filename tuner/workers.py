@@ -38,24 +38,20 @@ class Precheck:
     """A worker's verdict on one candidate."""
 
     status: str  # "ok", "compile_error", "wrong_result", "error", "crashed", "timeout"
-    rel_error: float | None = None
+    rel_error: float | None = None  # the check's worst element in units of its bound (kernels/_check.py)
     reason: str = ""
     seconds: float = 0.0
 
 
-def _error_of(spec: object, problem: Problem, config: Config, seed: int) -> float:
-    """Relative error of one run on fresh inputs; its tensors die with this frame."""
+def _verdict_of(spec: object, problem: Problem, config: Config, seed: int):
+    """The check of one run on fresh inputs (kernels/_check.py); its tensors die with this frame."""
     import torch
 
     import kernels
-    from tuner.bench import relative_error
+    from kernels._check import check_config
 
     on_gpu = torch.cuda.is_available() and not kernels.interpreter_enabled()
-    inputs = spec.make_inputs(problem, torch.device("cuda" if on_gpu else "cpu"), seed)
-    out = spec.execute(config, inputs)
-    if on_gpu:
-        torch.cuda.synchronize()
-    return relative_error(out, spec.reference(inputs))
+    return check_config(spec, problem, config, torch.device("cuda" if on_gpu else "cpu"), seed)
 
 
 def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
@@ -63,12 +59,12 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     import torch
 
     import kernels
-    from tuner.bench import TOLERANCE, _classify, _first_line
+    from tuner.bench import _classify, _first_line, wrong_result_reason
 
     start = time.perf_counter()
     problem = Problem.from_key(kernel, problem_key)
     try:
-        error = _error_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
+        verdict = _verdict_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
     except Exception as exc:  # report, don't die: the parent decides what a failure means
         _exit_if_device_faulted(f"checking {config_text}", exc)
         return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
@@ -77,11 +73,9 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
         # Each worker would otherwise keep its peak allocation cached; fourteen of them fill the GPU.
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    tolerance = TOLERANCE[problem.dtype]
-    if not error <= tolerance:
-        return Precheck("wrong_result", error, f"relative error {error:.3g} over the {tolerance:g} allowed",
-                        time.perf_counter() - start)
-    return Precheck("ok", error, seconds=time.perf_counter() - start)
+    if not verdict.ok:
+        return Precheck("wrong_result", verdict.error, wrong_result_reason(verdict), time.perf_counter() - start)
+    return Precheck("ok", verdict.error, seconds=time.perf_counter() - start)
 
 
 # A worker's exit status where a candidate left its GPU context faulted (os._exit: no cleanup can run there).
