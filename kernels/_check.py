@@ -197,7 +197,7 @@ def hard_split(tokens: int, experts: int) -> list[int]:
         left -= 1
     fill = [e for e in range(experts) if e not in special] or [experts - 1]
     share, extra = divmod(left, len(fill))
-    for i, e in enumerate(fill):
+    for i, e in enumerate(reversed(fill)):  # what does not divide goes to the last experts first
         rows[e] += share + (i < extra)
     return rows
 
