@@ -151,7 +151,7 @@ class CheckPool:
         self._warming: list[Future] = []  # one per worker of a new pool, done once it has imported
         self._pending: dict[Future, _Pending] = {}
         self._suspects: list[_Pending] = []
-        self._done: list[tuple[Config, Precheck]] = []
+        self._done: list[tuple[Problem, Config, Precheck]] = []
         self.timing = TimingWorker(timeout_s)  # where the search times what these workers checked
 
     def _executor(self) -> ProcessPoolExecutor:
@@ -205,6 +205,10 @@ class CheckPool:
         When a worker dies or a candidate hangs, every candidate then in flight is re-run alone, so
         the verdict ``crashed`` or ``timeout`` lands on the culprit only.
         """
+        _, config, result = self._next_done()
+        return config, result
+
+    def _next_done(self) -> tuple[Problem, Config, Precheck]:
         while not self._done:
             if not self._pending and not self._suspects:
                 raise RuntimeError("no candidate in flight; submit one first")
@@ -221,7 +225,8 @@ class CheckPool:
                     break
                 except Exception as exc:  # the call itself failed (pickling, say), not the candidate
                     result = Precheck("error", reason=f"{type(exc).__name__}: {exc}"[:300])
-                self._done.append((self._pending.pop(future).config, result))
+                pending = self._pending.pop(future)
+                self._done.append((pending.problem, pending.config, result))
             else:
                 if not finished:  # a deadline passed: hung, or a bystander of a hung one
                     self._give_up_on_pool()
@@ -246,7 +251,7 @@ class CheckPool:
         except Exception as exc:  # the call itself failed, as in next_result: this candidate's verdict
             result = Precheck("error", reason=f"{type(exc).__name__}: {exc}"[:300])
         self._pending.clear()
-        self._done.append((suspect.config, result))
+        self._done.append((suspect.problem, suspect.config, result))
 
     def check(self, problem: Problem, configs: list[Config], seed: int = 0) -> dict[Config, Precheck]:
         """Precheck every config, ``workers`` at a time; crashes and hangs stay with their culprits."""
@@ -258,6 +263,20 @@ class CheckPool:
                 self.submit(problem, config, seed + index)
             config, result = self.next_result()
             results[config] = result
+        return results
+
+    def check_each(self, cases: list[tuple[Problem, Config]], seed: int = 0) -> list[Precheck]:
+        """Precheck every (problem, config), ``workers`` at a time across problems; verdicts in their order."""
+        queue = list(enumerate(cases))
+        index_of: dict[tuple[str, str, Config], list[int]] = {}
+        results: list[Precheck | None] = [None] * len(cases)
+        while queue or self.in_flight:
+            while queue and len(self._pending) < self.workers and not self._suspects:
+                index, (problem, config) = queue.pop(0)
+                index_of.setdefault((problem.kernel, problem.key, config), []).append(index)
+                self.submit(problem, config, seed + index)
+            problem, config, result = self._next_done()
+            results[index_of[(problem.kernel, problem.key, config)].pop(0)] = result
         return results
 
     def close(self) -> None:
