@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from tests.tuner_tests.mutants import MUTANTS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -29,7 +31,7 @@ def test_the_plan_has_one_case_per_distinct_sweep_config_and_every_mutant(tmp_pa
     for path in sweeps:
         rows = [r for r in json.loads(path.read_text())["rows"] if r["status"] == "ok"]
         assert 0 < planned[path.stem] <= len(rows)
-    assert lines[-1].split()[0] == str(sum(planned.values())) and lines[-1].endswith("15 mutants")
+    assert lines[-1].split()[0] == str(sum(planned.values())) and lines[-1].endswith(f"{len(MUTANTS)} mutants")
 
 
 def test_without_a_gpu_it_measures_nothing(tmp_path: Path) -> None:
