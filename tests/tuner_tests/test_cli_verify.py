@@ -74,3 +74,12 @@ def test_nothing_stored_is_said(tmp_path: Path, capsys) -> None:
     url = _database(tmp_path, make_record(16, 32, 64))  # an H100 record: not this machine's
     assert main(["verify", "--device", "cpu", "--db", url, "--no-shipped"]) == 0
     assert "no stored winner for cpu; nothing to verify" in capsys.readouterr().out
+
+
+def test_without_a_database_the_shipped_tables_alone_are_read_and_nothing_is_created(tmp_path: Path, capsys,
+                                                                                      monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("TUNER_DB", raising=False)
+    assert main(["verify", "--device", "cpu"]) == 0  # the shipped tables hold no record of the interpreter
+    assert "no stored winner for cpu" in capsys.readouterr().out
+    assert not (tmp_path / "cache").exists()

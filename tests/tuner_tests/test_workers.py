@@ -59,6 +59,14 @@ def test_config_that_writes_nothing_is_a_wrong_result(pool: CheckPool) -> None:
     assert "is nan" in result.reason and "its bound" in result.reason
 
 
+def test_check_each_returns_each_cases_verdict_in_order_across_problems(pool: CheckPool) -> None:
+    grouped = Problem("grouped_matmul", "fp16", "nn", ((16, 32, 32), (8, 32, 32)))
+    idle = Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=0, num_warps=4, num_stages=2)
+    other = Problem("matmul", "fp16", "nn", ((16, 32, 32),))
+    results = pool.check_each([(MATMUL_PROBLEM, GOOD), (grouped, idle), (other, GOOD), (MATMUL_PROBLEM, SPLITK)])
+    assert [r.status for r in results] == ["ok", "wrong_result", "ok", "ok"], [r.reason for r in results]
+
+
 def _exit_on_stage_5(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
     """Stands in for the worker function: dies like a kernel that takes its process down, for one config."""
     if "num_stages: 5" in config_text:
