@@ -92,30 +92,71 @@ def _dtype_name(dtype: Any, out: torch.Tensor) -> str:
     return name
 
 
-def _scale(ref: torch.Tensor) -> torch.Tensor:
-    """Each element's scale: rms(row) * rms(column) / rms(all) for a matrix, else the RMS of the whole."""
-    total = ref.square().mean().sqrt()
-    if ref.dim() != 2 or min(ref.shape) < 2 or float(total) == 0.0:
-        return total.expand_as(ref)
-    rows = ref.square().mean(dim=1, keepdim=True).sqrt()
-    cols = ref.square().mean(dim=0, keepdim=True).sqrt()
-    return rows * cols / total
+# Elements compared per pass: a 4096x28672 output checked whole would make ~8 float32 temporaries of 470 MB,
+# and fourteen compile workers checking at once would fill an 80 GB GPU. Per pass, each is at most 16 MB.
+_CHUNK = 1 << 22
 
 
-def element_bound(ref: torch.Tensor, dtype: str, k: int, rtol: float | None = None,
-                  margin: float = MARGIN) -> torch.Tensor:
-    """Each element's allowed distance from ``ref`` (float32), by the module's rule; with ``rtol``, a
-    caller's own tolerance instead: ``rtol * (|ref| + s)``."""
-    ref = ref.float()
-    magnitude, scale = ref.abs(), _scale(ref)
-    floor = torch.finfo({"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]).smallest_normal \
-        * OUTPUT_ROUNDOFF[dtype]
+@dataclass(frozen=True)
+class _Scale:
+    """What an element's scale is made of: rms(all), and for a matrix rms of each row and of each column."""
+
+    total: float
+    rows: torch.Tensor | None = None  # [M, 1]
+    cols: torch.Tensor | None = None  # [1, N]
+
+    def of(self, start: int, stop: int, like: torch.Tensor) -> torch.Tensor:
+        """The scale of rows [start, stop): rms(row) * rms(column) / rms(all), or the RMS of the whole."""
+        if self.rows is None or self.total == 0.0:
+            return torch.full_like(like, self.total)
+        return self.rows[start:stop] * self.cols / self.total
+
+
+def _scale_of(ref: torch.Tensor) -> _Scale:
+    """The RMS of the whole (in float64), and of each row and column of a matrix, a chunk of rows at a time."""
+    matrix = ref.dim() == 2 and min(ref.shape) >= 2
+    flat = ref.reshape(ref.shape[0], -1) if matrix else ref.reshape(1, -1)
+    step = max(1, _CHUNK // max(flat.shape[1], 1))
+    total, rows = 0.0, []
+    cols = torch.zeros(flat.shape[1], dtype=torch.float64, device=ref.device)
+    for start in range(0, flat.shape[0], step):
+        squares = flat[start:start + step].float().square()
+        total += float(squares.sum(dtype=torch.float64))
+        if matrix:
+            rows.append(squares.mean(dim=1, keepdim=True))
+            cols += squares.sum(dim=0, dtype=torch.float64)
+    rms = math.sqrt(total / max(ref.numel(), 1))
+    if not matrix:
+        return _Scale(rms)
+    return _Scale(rms, torch.cat(rows).sqrt(), (cols / flat.shape[0]).sqrt().float()[None, :])
+
+
+def _bound(ref: torch.Tensor, scale: torch.Tensor, dtype: str, k: int, rtol: float | None,
+           margin: float) -> torch.Tensor:
+    magnitude = ref.abs()
+    floor = _FLOOR[dtype]
     if rtol is not None:
         return rtol * (magnitude + scale) + floor
     u_prod = PRODUCT_ROUNDOFF[dtype]
     relative = OUTPUT_ROUNDOFF[dtype] + u_prod
     absolute = u_prod + ACCUMULATE_ROUNDOFF * math.sqrt(max(k, 1))
     return margin * (relative * magnitude + absolute * scale) + floor
+
+
+# Half the spacing of each dtype's subnormals: what rounding an exact zero's neighbour may cost.
+_FLOOR = {name: torch.finfo(dtype).smallest_normal * OUTPUT_ROUNDOFF[name]
+          for dtype, name in DTYPE_NAMES.items()}
+
+
+def element_bound(ref: torch.Tensor, dtype: str, k: int, rtol: float | None = None,
+                  margin: float = MARGIN) -> torch.Tensor:
+    """Each element's allowed distance from ``ref`` (float32), by the module's rule; with ``rtol``, a
+    caller's own tolerance instead: ``rtol * (|ref| + s)``. The whole at once: for tests and reports."""
+    ref = ref.float()
+    scale = _scale_of(ref)
+    if scale.rows is None:
+        return _bound(ref, torch.full_like(ref, scale.total), dtype, k, rtol, margin)
+    return _bound(ref, scale.of(0, ref.shape[0], ref), dtype, k, rtol, margin)
 
 
 def check_outputs(out: Any, ref: Any, dtype: Any = None, k: int = 1, rtol: float | None = None,
@@ -146,22 +187,34 @@ def check_outputs(out: Any, ref: Any, dtype: Any = None, k: int = 1, rtol: float
 
 def _check_one(out: torch.Tensor, ref: torch.Tensor, dtype: str, k: int, rtol: float | None,
                margin: float) -> CheckResult:
-    ref = ref.float()
-    if not bool(torch.isfinite(ref).all()):
+    scale = _scale_of(ref)
+    if not math.isfinite(scale.total):
         return CheckResult(math.nan, "the reference itself is not finite")
-    bound = element_bound(ref, dtype, k, rtol, margin)
-    error = (out.float() - ref).abs()
-    ratio = error / bound
-    ratio = torch.where(torch.isfinite(out.float()), ratio, torch.full_like(ratio, math.inf))
-    flat = int(torch.argmax(torch.nan_to_num(ratio, nan=math.inf)))
-    worst = float(ratio.reshape(-1)[flat])
+    matrix = scale.rows is not None
+    refs = ref.reshape(ref.shape[0], -1) if matrix else ref.reshape(1, -1)
+    outs = out.reshape(refs.shape)
+    step = max(1, _CHUNK // max(refs.shape[1], 1))
+    worst, at, over = -1.0, (0, 0, 0.0), 0
+    for start in range(0, refs.shape[0], step):
+        r = refs[start:start + step].float()
+        o = outs[start:start + step].float()
+        bound = _bound(r, scale.of(start, start + r.shape[0], r), dtype, k, rtol, margin)
+        ratio = (o - r).abs() / bound
+        ratio = torch.where(torch.isfinite(o), torch.nan_to_num(ratio, nan=math.inf), math.inf)
+        over += int((ratio > 1.0).sum())
+        flat = int(torch.argmax(ratio))
+        value = float(ratio.reshape(-1)[flat])
+        if value > worst:
+            row, col = divmod(flat, r.shape[1])
+            worst, at = value, (start + row, col, float(bound[row, col]))
     if worst <= 1.0:
         return CheckResult(worst)
-    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(out.shape)))
-    got, want = float(out.reshape(-1)[flat].float()), float(ref.reshape(-1)[flat])
-    bad = int((~(ratio <= 1.0)).sum())
-    return CheckResult(worst, f"element {list(where)} is {got:.6g}, the reference {want:.6g}: {worst:.3g}x its "
-                              f"bound of {float(bound.reshape(-1)[flat]):.3g} ({bad} of {ratio.numel()} elements over)")
+    row, col, bound_there = at
+    index = row * refs.shape[1] + col
+    where = [int(i) for i in torch.unravel_index(torch.tensor(index), tuple(out.shape))] if out.dim() else []
+    got, want = float(out.reshape(-1)[index].float()), float(ref.reshape(-1)[index].float())
+    return CheckResult(worst, f"element {where} is {got:.6g}, the reference {want:.6g}: {worst:.3g}x its bound "
+                              f"of {bound_there:.3g} ({over} of {out.numel()} elements over)")
 
 
 # ----------------------------------------------------------------------------------------- check inputs

@@ -181,3 +181,19 @@ def test_check_inputs_are_make_inputs_with_loud_edges(kernel: str, key: str, tor
     assert torch.equal(a_plain[0, :-1], a_loud[0, :-1])
     assert torch.allclose(a_loud[-1, :-1].float(), LOUD * a_plain[-1, :-1].float())
     assert torch.allclose(a_loud[:-1, -1].float(), LOUD * a_plain[:-1, -1].float())
+
+
+def test_a_large_output_is_checked_a_few_rows_at_a_time_with_the_same_verdict(monkeypatch) -> None:
+    from kernels import _check
+
+    a, b = _product(40, 24, 128)
+    ref = _reference(a, b)
+    out = ref.half()
+    out[33, 5] += 0.5
+    out[2, 7] = math.nan
+    whole = check_outputs(out, ref, "fp16", k=128)
+    monkeypatch.setattr(_check, "_CHUNK", 48)  # two rows a pass
+    chunked = check_outputs(out, ref, "fp16", k=128)
+    assert chunked == whole and chunked.reason.startswith("element [2, 7] is nan") and "(2 of 960" in chunked.reason
+    out[2, 7] = ref[2, 7]
+    assert check_outputs(out, ref, "fp16", k=128).reason.startswith("element [33, 5]")
