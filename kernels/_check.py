@@ -10,7 +10,8 @@ Each element must lie within its own bound of a float32 (float64 on the CPU) ref
 - ``u_prod``: the relative error of one product as the tensor cores form it. fp16 and bf16 products are
   exact in fp32 (0); fp32 inputs run as TF32 (10 stored bits), which may truncate each operand: up to
   2 * 2^-10 per product, half of it a bias that scales with the value itself (hence ``|ref|``), half a
-  random part that sums over K like the value does (hence the scale ``s``).
+  random part that sums over K like the value does (hence the scale ``s``). 0 where fp32 products are
+  fp32 FMAs: the one-row loop (matmul's gemv, the epilogues' GEMV_BLOCK_N > 0) and cuBLAS.
 - ``u_acc * sqrt(K)``: fp32 accumulation (2^-24) in another order than the reference's, a random walk
   over K steps whose size is the element's scale.
 - ``s``: the element's scale, the size a correct result has there: for a 2-D output the rank-one estimate
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ._spec import Config, KernelSpec, Problem
+from ._spec import Config, KernelSpec, Problem, is_baseline, is_row_loop
 
 __all__ = ["CheckResult", "LOUD", "MARGIN", "check_config", "check_outputs", "element_bound", "loud_edges", "margin_for",
            "poisoned", "hard_split"]
@@ -132,12 +133,12 @@ def _scale_of(ref: torch.Tensor) -> _Scale:
 
 
 def _bound(ref: torch.Tensor, scale: torch.Tensor, dtype: str, k: int, rtol: float | None,
-           margin: float) -> torch.Tensor:
+           margin: float, tf32: bool) -> torch.Tensor:
     magnitude = ref.abs()
     floor = _FLOOR[dtype]
     if rtol is not None:
         return rtol * (magnitude + scale) + floor
-    u_prod = PRODUCT_ROUNDOFF[dtype]
+    u_prod = PRODUCT_ROUNDOFF[dtype] if tf32 else 0.0
     relative = OUTPUT_ROUNDOFF[dtype] + u_prod
     absolute = u_prod + ACCUMULATE_ROUNDOFF * math.sqrt(max(k, 1))
     return margin * (relative * magnitude + absolute * scale) + floor
@@ -149,23 +150,24 @@ _FLOOR = {name: torch.finfo(dtype).smallest_normal * OUTPUT_ROUNDOFF[name]
 
 
 def element_bound(ref: torch.Tensor, dtype: str, k: int, rtol: float | None = None,
-                  margin: float = MARGIN) -> torch.Tensor:
+                  margin: float = MARGIN, tf32: bool = True) -> torch.Tensor:
     """Each element's allowed distance from ``ref`` (float32), by the module's rule; with ``rtol``, a
     caller's own tolerance instead: ``rtol * (|ref| + s)``. The whole at once: for tests and reports."""
     ref = ref.float()
     scale = _scale_of(ref)
     if scale.rows is None:
-        return _bound(ref, torch.full_like(ref, scale.total), dtype, k, rtol, margin)
-    return _bound(ref, scale.of(0, ref.shape[0], ref), dtype, k, rtol, margin)
+        return _bound(ref, torch.full_like(ref, scale.total), dtype, k, rtol, margin, tf32)
+    return _bound(ref, scale.of(0, ref.shape[0], ref), dtype, k, rtol, margin, tf32)
 
 
 def check_outputs(out: Any, ref: Any, dtype: Any = None, k: int = 1, rtol: float | None = None,
-                  margin: float = MARGIN) -> CheckResult:
+                  margin: float = MARGIN, tf32: bool = True) -> CheckResult:
     """Compare ``out`` (a tensor or a list of them) with ``ref`` element by element.
 
     ``dtype``: the output's ("fp16", "bf16", "fp32" or a torch dtype; default: ``out``'s own); ``k``: the
     length of the reductions behind each element (a GEMM's K; the largest, for a group); ``rtol``: a
-    tolerance of the caller's own, relative to each element and its scale, in place of the derived one.
+    tolerance of the caller's own, relative to each element and its scale, in place of the derived one;
+    ``tf32``: whether fp32 products may have run on TF32 tensor cores (False: fp32 FMAs, a tighter bound).
     """
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
     refs = list(ref) if isinstance(ref, (list, tuple)) else [ref]
@@ -177,7 +179,7 @@ def check_outputs(out: Any, ref: Any, dtype: Any = None, k: int = 1, rtol: float
             return CheckResult(math.inf, f"output {index} has shape {tuple(o.shape)}, the reference {tuple(r.shape)}")
         if o.numel() == 0:
             continue
-        result = _check_one(o, r, _dtype_name(dtype, o), k, rtol, margin)
+        result = _check_one(o, r, _dtype_name(dtype, o), k, rtol, margin, tf32)
         if not result.error <= worst.error:  # NaN wins, and stays
             worst = CheckResult(result.error, f"output {index}: {result.reason}" if len(outs) > 1 else result.reason)
         if math.isnan(worst.error):
@@ -186,7 +188,7 @@ def check_outputs(out: Any, ref: Any, dtype: Any = None, k: int = 1, rtol: float
 
 
 def _check_one(out: torch.Tensor, ref: torch.Tensor, dtype: str, k: int, rtol: float | None,
-               margin: float) -> CheckResult:
+               margin: float, tf32: bool) -> CheckResult:
     scale = _scale_of(ref)
     if not math.isfinite(scale.total):
         return CheckResult(math.nan, "the reference itself is not finite")
@@ -198,7 +200,7 @@ def _check_one(out: torch.Tensor, ref: torch.Tensor, dtype: str, k: int, rtol: f
     for start in range(0, refs.shape[0], step):
         r = refs[start:start + step].float()
         o = outs[start:start + step].float()
-        bound = _bound(r, scale.of(start, start + r.shape[0], r), dtype, k, rtol, margin)
+        bound = _bound(r, scale.of(start, start + r.shape[0], r), dtype, k, rtol, margin, tf32)
         ratio = (o - r).abs() / bound
         ratio = torch.where(torch.isfinite(o), torch.nan_to_num(ratio, nan=math.inf), math.inf)
         over += int((ratio > 1.0).sum())
@@ -293,9 +295,15 @@ def check_config(spec: KernelSpec, problem: Problem, config: Config, device: Any
         torch.cuda.synchronize()
     try:
         return check_outputs(out, spec.reference(inputs), problem.dtype, largest_k(problem.shapes),
-                             margin=margin_for(spec.name, problem.dtype, config))
+                             margin=margin_for(spec.name, problem.dtype, config), tf32=runs_on_tf32(config))
     finally:
         _release(out)
+
+
+def runs_on_tf32(config: Config) -> bool:
+    """Whether ``config``'s fp32 products may run on TF32 tensor cores: not the one-row loop (fp32 FMAs), nor
+    cuBLAS (torch.matmul keeps full fp32 unless the user allows TF32)."""
+    return not (is_row_loop(config) or is_baseline(config))
 
 
 def _release(out: Any) -> None:

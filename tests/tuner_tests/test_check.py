@@ -117,6 +117,21 @@ def test_a_callers_rtol_replaces_the_derived_bound() -> None:
     assert not check_outputs(out, ref, "fp32", rtol=0.02).ok
 
 
+def test_fp32_products_off_tensor_cores_get_no_tf32_allowance() -> None:
+    from kernels._check import runs_on_tf32
+    from kernels.gemm import seed_configs
+    from kernels import BASELINE, described_device
+
+    ref = torch.randn(8, 8, generator=torch.Generator().manual_seed(2))
+    assert bool((element_bound(ref, "fp32", 64, tf32=False) < 0.01 * element_bound(ref, "fp32", 64)).all())
+    h100 = described_device("NVIDIA H100 80GB HBM3", "9.0", 132)
+    configs = seed_configs(Problem.from_key("matmul", "fp32:nt:1x4096x4096"), h100)
+    kinds = {(c["VARIANT"], runs_on_tf32(c)) for c in configs}
+    assert ("gemv", False) in kinds and ("splitk", True) in kinds
+    assert all(tf32 == (variant != "gemv") for variant, tf32 in kinds)
+    assert not runs_on_tf32(BASELINE)
+
+
 def test_margin_per_family() -> None:
     assert margin_for("matmul", "bf16") == MARGIN
     assert margin_for("gated_matmul", "fp32") > MARGIN

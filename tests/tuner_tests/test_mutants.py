@@ -66,6 +66,7 @@ def test_every_family_has_each_kind_of_mutant() -> None:
 _SAME_NUMBERS = {"num_warps", "num_stages", "GROUP_SIZE_M", "FLATTEN", "EPILOGUE_SUBTILE"}
 
 VALID = [("matmul", "fp16:nn:33x40x80"), ("matmul", "fp32:nn:33x40x80"), ("matmul", "fp16:nt:1x40x300"),
+         ("matmul", "fp32:nt:1x40x300"),
          ("matmul", "fp16:nn:20x24x37"), ("grouped_matmul", "fp16:nn:16x32x48+20x40x64+9x24x40"),
          ("moe_matmul", "fp16:nt:" + "+".join(["5x32x64"] * 5)), ("matmul_bias", "fp16:nn:33x40x80"),
          ("matmul_bias", "fp32:nt:1x40x300"), ("gated_matmul", "fp16:nn:17x24x48"),
