@@ -532,7 +532,7 @@ def cmd_stamp(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Check this GPU's stored winners again; name each that fails (docs/RELIABILITY.md, "The check")."""
-    from .verify import verify
+    from .verify import tally, verify
     from .workers import default_workers
 
     device = _verify_device(args.device)
@@ -548,15 +548,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"no stored winner for {device.name}; nothing to verify")
         return 0
     failed = [v for v in verdicts if v.failed]
-    counts: dict[tuple[str, str], list[int]] = {}
-    for v in verdicts:
-        row = counts.setdefault((v.winner.source, v.winner.kernel), [0, 0, 0])
-        row[0 if v.status == "ok" else 1 if v.status == "cublas" else 2] += 1
     rows = [("source", "kernel", "ok", "cuBLAS", "failed", "worst (1 = the bound)")]
-    for (source, kernel), (ok, cublas, bad) in sorted(counts.items()):
-        errors = [v.error for v in verdicts if v.winner.source == source and v.winner.kernel == kernel
-                  and v.status == "ok" and v.error is not None]
-        rows.append((source, kernel, str(ok), str(cublas), str(bad), f"{max(errors):.3f}" if errors else "-"))
+    rows += [(t.source, t.kernel, str(t.ok), str(t.cublas), str(t.failed), "-" if t.worst is None else f"{t.worst:.3f}")
+             for t in tally(verdicts)]
     _print_table(rows)
     for v in failed:
         w = v.winner

@@ -47,6 +47,31 @@ class Verdict:
         return self.status not in ("ok", "cublas")
 
 
+@dataclass(frozen=True)
+class Tally:
+    """Verdicts of one source's records of one kernel."""
+
+    source: str
+    kernel: str
+    ok: int
+    cublas: int
+    failed: int
+    worst: float | None  # the worst passing element over these records, in units of its bound
+
+
+def tally(verdicts: list[Verdict]) -> list[Tally]:
+    """One row per (source, kernel), in that order."""
+    groups: dict[tuple[str, str], list[Verdict]] = {}
+    for v in verdicts:
+        groups.setdefault((v.winner.source, v.winner.kernel), []).append(v)
+    rows = []
+    for (source, kernel), group in sorted(groups.items()):
+        errors = [v.error for v in group if v.status == "ok" and v.error is not None]
+        rows.append(Tally(source, kernel, sum(v.status == "ok" for v in group), sum(v.status == "cublas" for v in group),
+                          sum(v.failed for v in group), max(errors) if errors else None))
+    return rows
+
+
 def stored_winners(device: DeviceInfo, url: str | None, shipped: bool = True,
                    kernel: str | None = None) -> list[StoredWinner]:
     """The winners stored for ``device``: the database's (``url``; none if there is no database there) and,
