@@ -39,8 +39,8 @@ import torch
 
 from ._spec import Config, KernelSpec, Problem, is_baseline, is_row_loop
 
-__all__ = ["CheckResult", "LOUD", "MARGIN", "check_config", "check_outputs", "element_bound", "loud_edges", "margin_for",
-           "poisoned", "hard_split"]
+__all__ = ["CheckResult", "LOUD", "MARGIN", "check_config", "check_outputs", "element_bound", "hard_split",
+           "loud_edges", "margin_for", "poisoned", "runs_on_tf32"]
 
 # Unit roundoff of each output dtype, round to nearest: |fl(x) - x| <= u |x|.
 OUTPUT_ROUNDOFF = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -24}

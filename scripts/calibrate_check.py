@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in false[:20]:
         print(f"REJECTED VALID {r['kernel']} {r['problem']} {r['config']}: {r['reason']}")
     document = dict(device=device.name, torch=torch.__version__, triton=triton.__version__,
-                    date=datetime.date.today().isoformat(), command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+                    date=datetime.date.today().isoformat(),
+                    command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
                     margin=MARGIN, planned=len(cases), checked=len(valid), seconds=round(time.monotonic() - begin, 1),
                     mutants=mutants, summary=summary, valid=valid)
     (out / "calibrate_check.json").write_text(json.dumps(document, indent=1, default=str))

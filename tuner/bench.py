@@ -115,7 +115,8 @@ def torch_device_of(device: DeviceInfo) -> torch.device:
 
 
 def relative_error(out: Any, ref: Any) -> float:
-    """||out - ref|| / ||ref|| over all outputs, for reports (the check is kernels/_check.py's, element-wise) (NaN anywhere gives NaN); 0/0 counts as exact.
+    """||out - ref|| / ||ref|| over all outputs (NaN anywhere gives NaN); 0/0 counts as exact. For reports: the
+    check is kernels/_check.py's, element by element.
 
     Computed in float32 on the outputs' device, one output at a time: a float64 copy of a
     4096x28672 result is 0.9 GB, and fourteen workers doing that at once ran the H100 out of memory.

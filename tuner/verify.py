@@ -9,7 +9,6 @@ several records (both modes, the database and a table) is checked once per probl
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -67,8 +66,9 @@ def tally(verdicts: list[Verdict]) -> list[Tally]:
     rows = []
     for (source, kernel), group in sorted(groups.items()):
         errors = [v.error for v in group if v.status == "ok" and v.error is not None]
-        rows.append(Tally(source, kernel, sum(v.status == "ok" for v in group), sum(v.status == "cublas" for v in group),
-                          sum(v.failed for v in group), max(errors) if errors else None))
+        rows.append(Tally(source, kernel, sum(v.status == "ok" for v in group),
+                          sum(v.status == "cublas" for v in group), sum(v.failed for v in group),
+                          max(errors) if errors else None))
     return rows
 
 
