@@ -138,6 +138,17 @@ def _tma_k_short(config: Config, inputs: tuple) -> torch.Tensor:
     return c
 
 
+def _repack_k_short(config: Config, inputs: tuple) -> torch.Tensor:
+    """repack whose padding copy takes one K column fewer (zeros where the last one belongs)."""
+    a, b = inputs
+    c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    launch = gemm.RepackLaunch(config, a, b, c)
+    m, n, k, *rest = launch.pad_args
+    launch.pad_args = (m, n, k - 1, *rest)
+    launch(a, b, c)
+    return c
+
+
 _TILED = Config.make(VARIANT="tiled", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, SPLIT_K=1, NUM_SM=132,
                      FLATTEN=False, EPILOGUE_SUBTILE=False, num_warps=4, num_stages=2)
 _TILED_GPU = _TILED.replace(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=4)
@@ -145,6 +156,8 @@ _SPLITK = _TILED.replace(VARIANT="splitk", SPLIT_K=3)
 _SPLITK_GPU = _TILED.replace(VARIANT="splitk", BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_stages=4)
 _TMA = gemm.SPACE.canonical(_TILED.replace(VARIANT="tma", NUM_SM=32))
 _TMA_GPU = _TILED_GPU.replace(VARIANT="tma", NUM_SM=132)
+_REPACK = _TILED.replace(VARIANT="repack")
+_REPACK_GPU = _TILED_GPU.replace(VARIANT="repack")
 _GEMV = gemm.SPACE.canonical(Config.make(VARIANT="gemv", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, SPLIT_K=1,
                                          NUM_SM=132, FLATTEN=False, EPILOGUE_SUBTILE=False, GEMV_BLOCK_N=2,
                                          GEMV_BLOCK_K=256, num_warps=4, num_stages=2))
@@ -165,6 +178,8 @@ MATMUL_MUTANTS = [
            _TILED_GPU),
     Mutant("matmul", "TMA: A's descriptor one K column short", _tma_k_short, _TMA, "nn:33x40x80", "nt:4096x4096x4096",
            _TMA_GPU),
+    Mutant("matmul", "repack: padding copy one K column short", _repack_k_short, _REPACK, "nn:20x24x37",
+           "nn:3333x257x4099", _REPACK_GPU),
     Mutant("matmul", "split-K sum misses a slice", _splitk_missing_slice_run, _SPLITK, "nn:16x40x80",
            "nt:16x4096x8192", _SPLITK_GPU),
     Mutant("matmul", "one-row (gemv) K one short", _gemv_k_short, _GEMV, "nt:1x40x300", "nt:1x4096x8192", _GEMV_GPU),
