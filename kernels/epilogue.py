@@ -250,8 +250,8 @@ def _make_check_inputs(kernel: str):
     make_inputs = _make_inputs(kernel)
 
     def check_inputs(problem: Problem, device: Any, seed: int) -> tuple:
-        """``make_inputs`` with loud edges (kernels/_check.py): in B, the last column of the gate and of the up
-        half; the bias's last element."""
+        """``make_inputs`` with loud edges (kernels/_check.py): in B, the gate half's last column; the bias's
+        last element."""
         inputs = make_inputs(problem, device, seed)
         loud_edges(inputs[0], inputs[1], inputs[2] if len(inputs) == 3 else None,
                    halves=2 if kernel == "gated_matmul" else 1)

@@ -160,7 +160,7 @@ def test_loud_edges_scale_the_last_k_row_and_column_of_each_operand() -> None:
     assert bias[-1] == LOUD and bias[0] == 1
     gated = torch.ones(5, 6)
     loud_edges(torch.ones(3, 5), gated, halves=2)
-    assert gated[0, 2] == LOUD and gated[0, 5] == LOUD and gated[0, 1] == 1
+    assert gated[0, 2] == LOUD and gated[0, 5] == 1 and gated[0, 1] == 1 and gated[-1, 5] == 1
 
 
 @pytest.mark.parametrize("tokens, experts", [(25, 5), (24, 4), (10, 3), (7, 2), (5, 1), (0, 4), (3, 8)])
