@@ -403,6 +403,13 @@ class KernelSpec:
     # under this, it is host-bound on every host, and a fast host does not see its GPU time alone
     # (tuner/search.py ``holds_on_a_fast_host``). 0 for a baseline of one torch call, as the rule was made.
     baseline_host_floor_ms: float = 0.0
+    # The inputs of the correctness check (kernels/_check.py): make_inputs' with the edges a missed element
+    # hides in made loud (and for MoE, a split of the tokens with empty and one-row experts); None: make_inputs.
+    check_inputs: Callable[[Problem, Any, int], tuple] | None = None
+
+    def inputs_for_check(self, problem: Problem, device: Any, seed: int) -> tuple:
+        """Fresh inputs for checking a config on ``problem`` (``check_inputs``, or ``make_inputs``)."""
+        return (self.check_inputs or self.make_inputs)(problem, device, seed)
 
     def execute(self, config: Config, inputs: tuple) -> Any:
         """Run ``config``, or the baseline when the stored winner is cuBLAS itself."""

@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._check import loud_edges
 from ._gemm_triton import _gemv_row, _grouped_tile, _tile_dot, _tile_offsets
 from ._launch import SLOT_A, SLOT_B, SLOT_BIAS, SLOT_C, DirectLaunch
 from . import _modes, _native
@@ -246,6 +247,19 @@ def _make_inputs(kernel: str):
     return make_inputs
 
 
+def _make_check_inputs(kernel: str):
+    make_inputs = _make_inputs(kernel)
+
+    def check_inputs(problem: Problem, device: Any, seed: int) -> tuple:
+        """``make_inputs`` with loud edges (kernels/_check.py): in B, the gate half's last column; the bias's
+        last element."""
+        inputs = make_inputs(problem, device, seed)
+        loud_edges(inputs[0], inputs[1], inputs[2] if len(inputs) == 3 else None,
+                   halves=2 if kernel == "gated_matmul" else 1)
+        return inputs
+    return check_inputs
+
+
 def _reference(inputs: tuple) -> torch.Tensor:
     a, b = inputs[0].double() if inputs[0].device.type == "cpu" else inputs[0].float(), inputs[1]
     c = a @ b.to(a.dtype)
@@ -361,7 +375,8 @@ def _spec(kernel: str, run: Any, baseline_host_floor_ms: float = 0.0) -> KernelS
     return KernelSpec(name=kernel, space=SPACE, dtypes=("fp16", "bf16", "fp32"), problem_of=_problem_of(kernel),
                       make_inputs=_make_inputs(kernel), reference=_reference, run=run, baseline=_baseline,
                       default_config=default_config, distance=_distance, seeds=seed_configs,
-                      baseline_when_untuned=True, baseline_host_floor_ms=baseline_host_floor_ms)
+                      baseline_when_untuned=True, baseline_host_floor_ms=baseline_host_floor_ms,
+                      check_inputs=_make_check_inputs(kernel))
 
 
 # The gated baseline is two launches from Python (torch.mm, then the gating pass): its cached call cost

@@ -39,6 +39,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._check import loud_edges
 from ._gemm_triton import _gemv_kernel, _pad_pair_kernel, _splitk_kernel, _tiled_kernel, _tma_kernel
 from ._launch import SLOT_A, SLOT_B, SLOT_C, DirectLaunch, LruCache, NativeLaunch, _raw_stream
 from ._memory import kept_empty
@@ -805,6 +806,13 @@ def make_inputs(problem: Problem, device: Any, seed: int) -> tuple[torch.Tensor,
     return operand(m, k, problem.layout[0]), operand(k, n, problem.layout[1])
 
 
+def check_inputs(problem: Problem, device: Any, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``make_inputs`` with loud edges (kernels/_check.py): the last K column, last row and last column."""
+    a, b = make_inputs(problem, device, seed)
+    loud_edges(a, b)
+    return a, b
+
+
 def reference(inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     a, b = inputs
     return torch.matmul(a.double(), b.double()).float() if a.device.type == "cpu" else \
@@ -902,6 +910,7 @@ MATMUL = KernelSpec(
     distance=distance,
     seeds=seed_configs,
     check_problem=_one_gemm,
+    check_inputs=check_inputs,
     # Where the problem folds them (kernels/_spec.py SearchSpace.portable): the usual group, one
     # program per SM.
     portable_values=lambda device: {"GROUP_SIZE_M": 8, "NUM_SM": device.sm_count},

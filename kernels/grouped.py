@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from . import _modes
+from ._check import LOUD, loud_edges
 from ._device import interpreter_enabled
 from ._launch import DirectLaunch, LruCache, _raw_stream
 from ._spec import (Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, fold_to_least_covering, is_baseline,
@@ -697,6 +698,17 @@ def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple[list
     return As, Bs
 
 
+def check_inputs(problem: Problem, torch_device: object, seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``make_inputs`` with loud edges in every GEMM (kernels/_check.py), and the whole last GEMM's A loud."""
+    As, Bs = make_inputs(problem, torch_device, seed)
+    for a, b in zip(As, Bs):
+        loud_edges(a, b)
+    if As:
+        with torch.no_grad():
+            As[-1].mul_(LOUD)
+    return As, Bs
+
+
 def reference(inputs: tuple) -> list[torch.Tensor]:
     As, Bs = inputs
     return [a.float() @ b.float() for a, b in zip(As, Bs)]
@@ -738,6 +750,7 @@ GROUPED_MATMUL = KernelSpec(
     distance=distance,
     seeds=seed_configs,
     portable_values=lambda device: {"NUM_SM": device.sm_count},  # where folded: one program per SM
+    check_inputs=check_inputs,
 )
 
 __all__ = ["GROUPED_MATMUL", "SPACE", "NUM_SM_VALUES", "grouped_matmul_with", "problem_of", "default_config"]

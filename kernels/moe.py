@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._check import LOUD, hard_split
 from ._device import interpreter_enabled
 from ._launch import DirectLaunch, LruCache
 from ._modes import MODES
@@ -288,6 +289,25 @@ def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple:
     return x, w, ends.to(dtype=torch.int32, device=torch_device), tuple(ends.tolist())
 
 
+def check_inputs(problem: Problem, torch_device: object, seed: int) -> tuple:
+    """Inputs that expose an MoE kernel's misses (kernels/_check.py): the problem's tokens split with an empty
+    first expert, a one-row expert and an empty one before the last (``hard_split``); x's last K column, last
+    row and the last expert's rows loud, and each expert's last K row and last column; the offsets the last
+    elements of their buffer, after a value no expert ends at (a read one before them takes it)."""
+    _, n, k = problem.shapes[0]
+    tokens, experts = sum(m for m, _, _ in problem.shapes), len(problem.shapes)
+    rows = hard_split(tokens, experts)
+    x, w, _, _ = make_inputs(problem, torch_device, seed)
+    ends = torch.tensor(rows).cumsum(0)
+    last = int(ends[-2]) if experts > 1 else 0
+    with torch.no_grad():
+        for t in (x[:, -1:], x[-1:], x[last:], w[:, -1:, :], w[:, :, -1:]):
+            t.mul_(LOUD)
+    buffer = torch.full((experts + 1,), tokens + 7, dtype=torch.int32, device=torch_device)
+    buffer[1:] = ends.to(dtype=torch.int32, device=torch_device)
+    return x, w, buffer[1:], tuple(ends.tolist())
+
+
 def _routed_rows(problem: Problem, seed: int) -> torch.Tensor:
     """Rows per expert for the timed inputs: the problem's own split, except where it is the balanced split
     that dispatch keys every call by (``balanced_problem``). A router never splits that evenly: each
@@ -384,6 +404,7 @@ MOE_MATMUL = KernelSpec(
     check_problem=_check_problem,
     baseline_dispatchable=lambda problem: _grouped_mm_serves(problem.dtype, problem.layout),
     baseline_when_far=_grouped_mm_is_one_launch,
+    check_inputs=check_inputs,
 )
 
 __all__ = ["MOE_MATMUL", "balanced_problem", "moe_matmul_with", "problem_of", "weight_layout"]

@@ -44,7 +44,8 @@ import kernels
 from db import Store
 from kernels import Problem
 from tuner import timing
-from tuner.bench import Bench, relative_error, TOLERANCE
+from kernels._check import check_outputs, largest_k
+from tuner.bench import Bench
 from tuner.stamp import STAMP_PAUSE_S
 
 
@@ -104,9 +105,9 @@ def measure(problem: Problem, device: kernels.DeviceInfo, modes: list[str], roun
     for mode in modes:
         with kernels.dispatch_mode(mode):
             out = public(*inputs)
-        error = relative_error(out, ref)
-        if not error <= TOLERANCE[problem.dtype]:
-            raise AssertionError(f"{problem.key} {mode}: relative error {error:.3g}")
+        verdict = check_outputs(out, ref, problem.dtype, largest_k(problem.shapes))
+        if not verdict.ok:
+            raise AssertionError(f"{problem.key} {mode}: {verdict.reason}")
         choice = kernels.explain(problem.kernel, problem, device, mode)
         ours_call = torch_call if control else public
         extra: dict = {}

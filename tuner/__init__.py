@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 _PUBLIC = {
-    "Bench": "bench", "Measurement": "bench", "TOLERANCE": "bench", "gpu_timer": "bench", "wall_timer": "bench",
+    "Bench": "bench", "Measurement": "bench", "gpu_timer": "bench", "wall_timer": "bench",
     "Budget": "search", "Progress": "search", "SAMPLERS": "search", "study_name": "search", "tune": "search",
     "tune_problem": "search", "SearchStats": "search", "quick_gpu_timer": "bench", "CheckPool": "workers",
     "Stamp": "stamp", "stamp_eager": "stamp",

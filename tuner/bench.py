@@ -1,8 +1,9 @@
 """Check and time one config of one kernel on one problem, in both dispatch modes.
 
-Every candidate runs on fresh random inputs and is compared with a float32 reference before it is
-timed; outputs are poisoned with NaN when released, so a kernel that writes nothing cannot pass on a
-previous candidate's result left in recycled memory. Each candidate gets two times (tuner/timing.py):
+Every candidate is checked before it is timed (kernels/_check.py ``check_config``): fresh inputs with loud
+edges, outputs NaN from their allocation on, every element within its own bound of a float32 (float64 on
+the CPU) reference; and its outputs are poisoned with NaN when released, so a kernel that writes nothing
+cannot pass on a previous candidate's result left in recycled memory. Each candidate gets two times (tuner/timing.py):
 ``graph`` (a CUDA-graph replay, L2 flushed: the search's objective) and ``eager`` (the public call
 back to back, host time included). Under the interpreter on CPU, a wall clock stands in for both.
 """
@@ -21,15 +22,12 @@ import torch
 
 import kernels
 from kernels import EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem, is_baseline
+from kernels._check import CheckResult, check_config
 
 from . import timing
 
 log = logging.getLogger(__name__)
 
-# Relative L2 error ||out - ref|| / ||ref|| a correct kernel stays under, per input dtype. fp16 output
-# rounding alone gives ~3e-4 and bf16 ~3e-3 (measured on random normal inputs, K up to 8192);
-# fp32 runs on TF32 tensor cores, ~3e-4.
-TOLERANCE = {"fp16": 5e-3, "bf16": 3e-2, "fp32": 5e-3}
 
 Timer = Callable[[Callable[[], Any]], float]
 # Times a call over rotating inputs: (call(inputs), [inputs, ...]) -> ms per call.
@@ -64,6 +62,7 @@ class Measurement:
     status: str  # "ok", "invalid", "compile_error", "wrong_result", "error"
     time_ms: float | None = None  # the graph-mode time: the search's objective
     eager_ms: float | None = None  # the eager-mode time; None when timed only briefly
+    # The check's verdict (kernels/_check.py): the worst element's error in units of its bound, right <= 1.
     rel_error: float | None = None
     reason: str = ""
     early_stopped: bool = False  # timed only briefly: clearly slower than the best so far
@@ -116,7 +115,8 @@ def torch_device_of(device: DeviceInfo) -> torch.device:
 
 
 def relative_error(out: Any, ref: Any) -> float:
-    """||out - ref|| / ||ref|| over all outputs (NaN anywhere gives NaN); 0/0 counts as exact.
+    """||out - ref|| / ||ref|| over all outputs (NaN anywhere gives NaN); 0/0 counts as exact. For reports: the
+    check is kernels/_check.py's, element by element.
 
     Computed in float32 on the outputs' device, one output at a time: a float64 copy of a
     4096x28672 result is 0.9 GB, and fourteen workers doing that at once ran the H100 out of memory.
@@ -139,15 +139,9 @@ def relative_error(out: Any, ref: Any) -> float:
     return 0.0 if num == 0.0 else math.sqrt(num / den) if den > 0 else math.inf
 
 
-def _poison(out: Any) -> None:
-    for t in out if isinstance(out, (list, tuple)) else [out]:
-        if t.is_floating_point() and t.numel():
-            t.fill_(math.nan)
-
-
-def _synchronize(device: DeviceInfo) -> None:
-    if not device.is_cpu:
-        torch.cuda.synchronize()
+def wrong_result_reason(verdict: CheckResult) -> str:
+    """A failed check in one line: the worst element, its value, the reference's, and how far over."""
+    return f"wrong result: {verdict.reason or f'error {verdict.error:.3g}x the bound'}"
 
 
 class Bench:
@@ -167,7 +161,6 @@ class Bench:
         # A test's own timers keep their turn-by-turn contest; on a GPU the sides are timed together.
         self.side_by_side = side_by_side or (None if timer or eager_timer or device.is_cpu else SideBySide())
         self._rotation: list[tuple] | None = None
-        self.tolerance = TOLERANCE[problem.dtype]
         self._torch_device = torch_device_of(device)
         self._seed = seed
         if not device.is_cpu and spec.name in ("matmul", "matmul_bias"):
@@ -207,14 +200,10 @@ class Bench:
             return self.timer(lambda: self.spec.baseline(inputs))
         return self.eager_timer(self.spec.baseline, self.rotation())
 
-    def check(self, config: Config, inputs: tuple | None = None) -> float:
-        """Relative error of ``config`` against the reference on fresh inputs."""
-        inputs = inputs if inputs is not None else self._fresh_inputs()
-        out = self.spec.execute(config, inputs)
-        _synchronize(self.device)
-        error = relative_error(out, self.spec.reference(inputs))
-        _poison(out)
-        return error
+    def check(self, config: Config) -> CheckResult:
+        """``config``'s verdict on fresh check inputs (kernels/_check.py ``check_config``)."""
+        self._seed += 1
+        return check_config(self.spec, self.problem, config, self._torch_device, self._seed)
 
     def measure(self, config: Config, incumbent_ms: float | None = None,
                 checked_error: float | None = None) -> Measurement:
@@ -228,10 +217,10 @@ class Bench:
         if reason:
             return Measurement("invalid", reason=reason)
         try:
-            error = self.check(config) if checked_error is None else checked_error
-            if not error <= self.tolerance:  # NaN fails too
-                return Measurement("wrong_result", rel_error=error,
-                                   reason=f"relative error {error:.3g} over the {self.tolerance:g} allowed")
+            verdict = self.check(config) if checked_error is None else CheckResult(checked_error)
+            error = verdict.error
+            if not verdict.ok:  # NaN fails too
+                return Measurement("wrong_result", rel_error=error, reason=wrong_result_reason(verdict))
             inputs = self._fresh_inputs()
             run = lambda: self.spec.execute(config, inputs)  # noqa: E731
             if incumbent_ms is not None and self.quick_timer is not None:

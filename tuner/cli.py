@@ -158,6 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how the call runs: eager, under a CUDA graph, or both (default)")
     xp.add_argument("--no-shipped", action="store_true", help="leave the shipped tables out")
 
+    vf = with_db(sub.add_parser("verify", help="check this GPU's stored winners (database and shipped tables) again "
+                                               "with the search's check; exit 1 if any fails"))
+    vf.add_argument("--device", default="auto",
+                    help="auto (this GPU, or cpu without one) or this GPU's alias or name; cpu: the records tuned "
+                         "under the interpreter")
+    vf.add_argument("--kernel", default=None, help="only this kernel's records")
+    vf.add_argument("--no-shipped", action="store_true", help="leave the shipped tables out")
+    vf.add_argument("--workers", type=int, default=None,
+                    help="processes that compile and check in parallel on a GPU (default: as the search; 0: in-process)")
+
     im = with_db(sub.add_parser("import", help="read tuned records from a JSON file"))
     im.add_argument("file")
     im.add_argument("--on-conflict", default="faster",
@@ -170,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.command in ("search", "worker"):
+        if args.command in ("search", "worker", "verify"):
             _prepare_device(args.device)
         from . import commands  # imports kernels (and so triton) only now
 

@@ -594,3 +594,46 @@ def cmd_stamp(args: argparse.Namespace) -> int:
         print(f"{len(stamps) - len(unchanged)} record(s) changed in the database while they were timed (a search or "
               "a worker stored them): left as they are now; stamp them again to time those")
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check this GPU's stored winners again; name each that fails (docs/RELIABILITY.md, "The check")."""
+    from .verify import tally, verify
+    from .workers import default_workers
+
+    device = _verify_device(args.device)
+    if args.kernel is not None and args.kernel not in kernels.KERNELS:
+        raise UserError(f"--kernel {args.kernel}: no such kernel; the kernels: {', '.join(sorted(kernels.KERNELS))}")
+    if args.db is not None:
+        _open_reader(args.db).close()  # a mistyped --db is an error, not "nothing stored"
+    workers = default_workers() if args.workers is None else args.workers
+    print(f"verifying the stored winners of {device.name} ({'--db' if args.db else 'the default database'}"
+          f"{'' if args.no_shipped else ' and the shipped tables'})", flush=True)
+    verdicts = verify(device, args.db, shipped=not args.no_shipped, kernel=args.kernel, workers=workers)
+    if not verdicts:
+        print(f"no stored winner for {device.name}; nothing to verify")
+        return 0
+    failed = [v for v in verdicts if v.failed]
+    rows = [("source", "kernel", "ok", "cuBLAS", "failed", "worst (1 = the bound)")]
+    rows += [(t.source, t.kernel, str(t.ok), str(t.cublas), str(t.failed), "-" if t.worst is None else f"{t.worst:.3f}")
+             for t in tally(verdicts)]
+    _print_table(rows)
+    for v in failed:
+        w = v.winner
+        print(f"FAILED {w.source} {w.kernel} {w.problem_key} {w.mode}: {w.config}\n  {v.status}: {v.reason}")
+    print(f"{len(verdicts) - len(failed)} of {len(verdicts)} stored winner(s) pass; {len(failed)} fail")
+    return 1 if failed else 0
+
+
+def _verify_device(wanted: str) -> kernels.DeviceInfo:
+    """This machine's GPU, or the interpreter for cpu; a GPU it does not have is a user error."""
+    import torch
+
+    on_gpu = torch.cuda.is_available() and not kernels.interpreter_enabled()
+    here = kernels.current_device() if on_gpu else kernels.CPU
+    name = wanted.strip().lower()
+    if name in ("auto", here.alias, here.name.lower()):
+        return here
+    raise UserError(f"--device {wanted}: verify runs the stored winners on the GPU they are for, and this machine "
+                    f"{'has ' + here.name if on_gpu else 'has no GPU'}; run it on that GPU"
+                    + ("" if on_gpu else ", or pass --device cpu for the records tuned under the interpreter"))

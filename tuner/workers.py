@@ -38,24 +38,20 @@ class Precheck:
     """A worker's verdict on one candidate."""
 
     status: str  # "ok", "compile_error", "wrong_result", "error", "crashed", "timeout"
-    rel_error: float | None = None
+    rel_error: float | None = None  # the check's worst element in units of its bound (kernels/_check.py)
     reason: str = ""
     seconds: float = 0.0
 
 
-def _error_of(spec: object, problem: Problem, config: Config, seed: int) -> float:
-    """Relative error of one run on fresh inputs; its tensors die with this frame."""
+def _verdict_of(spec: object, problem: Problem, config: Config, seed: int):
+    """The check of one run on fresh inputs (kernels/_check.py); its tensors die with this frame."""
     import torch
 
     import kernels
-    from tuner.bench import relative_error
+    from kernels._check import check_config
 
     on_gpu = torch.cuda.is_available() and not kernels.interpreter_enabled()
-    inputs = spec.make_inputs(problem, torch.device("cuda" if on_gpu else "cpu"), seed)
-    out = spec.execute(config, inputs)
-    if on_gpu:
-        torch.cuda.synchronize()
-    return relative_error(out, spec.reference(inputs))
+    return check_config(spec, problem, config, torch.device("cuda" if on_gpu else "cpu"), seed)
 
 
 def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
@@ -63,12 +59,12 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     import torch
 
     import kernels
-    from tuner.bench import TOLERANCE, _classify, _first_line
+    from tuner.bench import _classify, _first_line, wrong_result_reason
 
     start = time.perf_counter()
     problem = Problem.from_key(kernel, problem_key)
     try:
-        error = _error_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
+        verdict = _verdict_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
     except Exception as exc:  # report, don't die: the parent decides what a failure means
         _exit_if_device_faulted(f"checking {config_text}", exc)
         return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
@@ -77,11 +73,9 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
         # Each worker would otherwise keep its peak allocation cached; fourteen of them fill the GPU.
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    tolerance = TOLERANCE[problem.dtype]
-    if not error <= tolerance:
-        return Precheck("wrong_result", error, f"relative error {error:.3g} over the {tolerance:g} allowed",
-                        time.perf_counter() - start)
-    return Precheck("ok", error, seconds=time.perf_counter() - start)
+    if not verdict.ok:
+        return Precheck("wrong_result", verdict.error, wrong_result_reason(verdict), time.perf_counter() - start)
+    return Precheck("ok", verdict.error, seconds=time.perf_counter() - start)
 
 
 # A worker's exit status where a candidate left its GPU context faulted (os._exit: no cleanup can run there).
@@ -157,7 +151,7 @@ class CheckPool:
         self._warming: list[Future] = []  # one per worker of a new pool, done once it has imported
         self._pending: dict[Future, _Pending] = {}
         self._suspects: list[_Pending] = []
-        self._done: list[tuple[Config, Precheck]] = []
+        self._done: list[tuple[Problem, Config, Precheck]] = []
         self.timing = TimingWorker(timeout_s)  # where the search times what these workers checked
 
     def _executor(self) -> ProcessPoolExecutor:
@@ -211,6 +205,10 @@ class CheckPool:
         When a worker dies or a candidate hangs, every candidate then in flight is re-run alone, so
         the verdict ``crashed`` or ``timeout`` lands on the culprit only.
         """
+        _, config, result = self._next_done()
+        return config, result
+
+    def _next_done(self) -> tuple[Problem, Config, Precheck]:
         while not self._done:
             if not self._pending and not self._suspects:
                 raise RuntimeError("no candidate in flight; submit one first")
@@ -227,7 +225,8 @@ class CheckPool:
                     break
                 except Exception as exc:  # the call itself failed (pickling, say), not the candidate
                     result = Precheck("error", reason=f"{type(exc).__name__}: {exc}"[:300])
-                self._done.append((self._pending.pop(future).config, result))
+                pending = self._pending.pop(future)
+                self._done.append((pending.problem, pending.config, result))
             else:
                 if not finished:  # a deadline passed: hung, or a bystander of a hung one
                     self._give_up_on_pool()
@@ -252,7 +251,7 @@ class CheckPool:
         except Exception as exc:  # the call itself failed, as in next_result: this candidate's verdict
             result = Precheck("error", reason=f"{type(exc).__name__}: {exc}"[:300])
         self._pending.clear()
-        self._done.append((suspect.config, result))
+        self._done.append((suspect.problem, suspect.config, result))
 
     def check(self, problem: Problem, configs: list[Config], seed: int = 0) -> dict[Config, Precheck]:
         """Precheck every config, ``workers`` at a time; crashes and hangs stay with their culprits."""
@@ -264,6 +263,20 @@ class CheckPool:
                 self.submit(problem, config, seed + index)
             config, result = self.next_result()
             results[config] = result
+        return results
+
+    def check_each(self, cases: list[tuple[Problem, Config]], seed: int = 0) -> list[Precheck]:
+        """Precheck every (problem, config), ``workers`` at a time across problems; verdicts in their order."""
+        queue = list(enumerate(cases))
+        index_of: dict[tuple[str, str, Config], list[int]] = {}
+        results: list[Precheck | None] = [None] * len(cases)
+        while queue or self.in_flight:
+            while queue and len(self._pending) < self.workers and not self._suspects:
+                index, (problem, config) = queue.pop(0)
+                index_of.setdefault((problem.kernel, problem.key, config), []).append(index)
+                self.submit(problem, config, seed + index)
+            problem, config, result = self._next_done()
+            results[index_of[(problem.kernel, problem.key, config)].pop(0)] = result
         return results
 
     def close(self) -> None:

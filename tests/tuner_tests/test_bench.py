@@ -1,4 +1,4 @@
-"""Bench: the correctness gate before timing, its verdicts, and relative_error's edge cases."""
+"""Bench: the correctness gate before timing (kernels/_check.py), its verdicts, and relative_error's edge cases."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import kernels
 from kernels import BASELINE, CPU, Config, Problem
 from kernels.gemm import MATMUL
-from tuner.bench import TOLERANCE, Bench, relative_error
+from tuner.bench import Bench, relative_error
 
 PROBLEM = Problem("matmul", "fp16", "nn", ((16, 32, 64),))
 GOOD = Config.from_dict(dict(VARIANT="tiled", BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, GROUP_SIZE_M=1, SPLIT_K=1,
@@ -61,7 +61,6 @@ def test_relative_error_with_nan_is_nan_and_fails_any_tolerance() -> None:
     out[1, 2] = math.nan
     error = relative_error(out, torch.ones(3, 3))
     assert math.isnan(error)
-    assert not error <= TOLERANCE["fp16"]
 
 
 def test_relative_error_of_mismatched_shapes_or_counts_is_infinite() -> None:
@@ -93,7 +92,7 @@ def test_correct_config_is_checked_then_timed() -> None:
     timer = FakeTimer(ms=2.25)
     measurement = _bench(_torch_spec(lambda config, inputs: MATMUL.baseline(inputs)), timer).measure(GOOD)
     assert measurement.ok and measurement.time_ms == 2.25 and measurement.eager_ms == 2.25
-    assert measurement.rel_error is not None and measurement.rel_error <= TOLERANCE["fp16"]
+    assert measurement.rel_error is not None and measurement.rel_error <= 1.0
     assert timer.calls == 2  # graph, then eager: with no eager timer given, the test's timer stands in
 
 
@@ -101,24 +100,24 @@ def test_real_kernel_passes_the_gate(torch_device) -> None:
     device = kernels.current_device(torch_device)
     measurement = Bench(MATMUL, PROBLEM, device, timer=FakeTimer()).measure(GOOD)
     assert measurement.status == "ok", measurement.reason
-    assert measurement.rel_error <= TOLERANCE["fp16"]
+    assert measurement.rel_error <= 1.0
 
 
 @pytest.mark.parametrize("run, expected_error", [
-    (lambda config, inputs: torch.zeros(16, 32, dtype=torch.float16), 1.0),
-    (lambda config, inputs: MATMUL.baseline(inputs) * 1.1, 0.1),
-    (lambda config, inputs: torch.full((16, 32), math.nan, dtype=torch.float16), math.nan),
-    (lambda config, inputs: torch.zeros(32, 16, dtype=torch.float16), math.inf),
-], ids=["zeros", "off-by-10%", "nan", "transposed-shape"])
-def test_wrong_result_is_caught_before_timing(run, expected_error) -> None:
+    (lambda config, inputs: torch.zeros(16, 32, dtype=torch.float16), None),
+    (lambda config, inputs: MATMUL.baseline(inputs) * 1.01, None),
+    (lambda config, inputs: torch.full((16, 32), math.nan, dtype=torch.float16), "is nan"),
+    (lambda config, inputs: torch.zeros(32, 16, dtype=torch.float16), "has shape (32, 16)"),
+], ids=["zeros", "off-by-1%", "nan", "transposed-shape"])
+def test_wrong_result_is_caught_before_timing(run, expected_error: str | None) -> None:
     timer = FakeTimer()
     measurement = _bench(_torch_spec(run), timer).measure(GOOD)
     assert measurement.status == "wrong_result"
-    assert "over the 0.005 allowed" in measurement.reason
-    if math.isnan(expected_error):
-        assert math.isnan(measurement.rel_error)
+    assert measurement.reason.startswith("wrong result: ")
+    if expected_error is None:
+        assert measurement.rel_error > 1.0 and "its bound" in measurement.reason
     else:
-        assert measurement.rel_error == pytest.approx(expected_error, rel=0.05)
+        assert measurement.rel_error == math.inf and expected_error in measurement.reason
     assert timer.calls == 0
 
 
@@ -180,7 +179,7 @@ def test_check_poisons_the_output_it_returned() -> None:
         outputs.append(MATMUL.baseline(inputs))
         return outputs[-1]
 
-    assert _bench(_torch_spec(run)).check(GOOD) <= TOLERANCE["fp16"]
+    assert _bench(_torch_spec(run)).check(GOOD).ok
     assert torch.isnan(outputs[0]).all(), "a later candidate must not pass on this one's result"
 
 

@@ -17,7 +17,6 @@ import pytest
 
 from kernels import Config, Problem
 from tuner import workers
-from tuner.bench import TOLERANCE
 from tuner.workers import CheckPool, Precheck
 
 MATMUL_PROBLEM = Problem("matmul", "fp16", "nn", ((32, 32, 64),))
@@ -37,7 +36,7 @@ def test_good_configs_check_ok(pool: CheckPool) -> None:
     assert set(results) == {GOOD, SPLITK}
     for config, result in results.items():
         assert result.status == "ok", (str(config), result.reason)
-        assert result.rel_error <= TOLERANCE["fp16"] and result.seconds > 0
+        assert result.rel_error <= 1.0 and result.seconds > 0
 
 
 def test_failures_are_reported_per_candidate(pool: CheckPool) -> None:
@@ -52,12 +51,20 @@ def test_failures_are_reported_per_candidate(pool: CheckPool) -> None:
 
 
 def test_config_that_writes_nothing_is_a_wrong_result(pool: CheckPool) -> None:
-    # NUM_SM=0 launches no program: the outputs keep whatever the fresh buffer held.
+    # NUM_SM=0 launches no program: the outputs keep what the fresh buffer held, NaN under the check's poison.
     problem = Problem("grouped_matmul", "fp16", "nn", ((16, 32, 32), (8, 32, 32)))
     idle = Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=0, num_warps=4, num_stages=2)
     result = pool.check(problem, [idle])[idle]
     assert result.status == "wrong_result", result.reason
-    assert "over the" in result.reason
+    assert "is nan" in result.reason and "its bound" in result.reason
+
+
+def test_check_each_returns_each_cases_verdict_in_order_across_problems(pool: CheckPool) -> None:
+    grouped = Problem("grouped_matmul", "fp16", "nn", ((16, 32, 32), (8, 32, 32)))
+    idle = Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=0, num_warps=4, num_stages=2)
+    other = Problem("matmul", "fp16", "nn", ((16, 32, 32),))
+    results = pool.check_each([(MATMUL_PROBLEM, GOOD), (grouped, idle), (other, GOOD), (MATMUL_PROBLEM, SPLITK)])
+    assert [r.status for r in results] == ["ok", "wrong_result", "ok", "ok"], [r.reason for r in results]
 
 
 def _exit_on_stage_5(kernel: str, problem_key: str, config_text: str, seed: int) -> Precheck:
@@ -160,7 +167,7 @@ def timing() -> Iterator[workers.TimingWorker]:
 def test_isolated_bench_checks_and_times_in_its_worker(timing) -> None:
     bench = workers.IsolatedBench(timing, "matmul", MATMUL_PROBLEM, None)
     result = bench.measure(GOOD)
-    assert result.status == "ok" and result.time_ms > 0 and result.rel_error <= TOLERANCE["fp16"]
+    assert result.status == "ok" and result.time_ms > 0 and result.rel_error <= 1.0
     wrong = bench.measure(GOOD.replace(VARIANT="warp-specialized"))
     assert wrong.status == "invalid" and "warp-specialized" in wrong.reason
     assert bench.baseline_ms() > 0
