@@ -111,10 +111,10 @@ def test_bound_grows_with_k_and_with_the_dtype_roundoff() -> None:
 
 def test_a_callers_rtol_replaces_the_derived_bound() -> None:
     ref = torch.ones(3, 3)
-    out = ref * 1.05
-    assert not check_outputs(out, ref, "fp32").ok
-    assert check_outputs(out, ref, "fp32", rtol=0.03).ok  # 0.05 <= 0.03 * (|ref| + scale) = 0.06
-    assert not check_outputs(out, ref, "fp32", rtol=0.02).ok
+    out = ref * 1.10
+    assert not check_outputs(out, ref, "fp32").ok  # the derived bound, TF32 included: about 0.06
+    assert check_outputs(out, ref, "fp32", rtol=0.06).ok  # 0.10 <= 0.06 * (|ref| + scale) = 0.12
+    assert not check_outputs(out, ref, "fp32", rtol=0.04).ok
 
 
 def test_fp32_products_off_tensor_cores_get_no_tf32_allowance() -> None:
@@ -134,7 +134,7 @@ def test_fp32_products_off_tensor_cores_get_no_tf32_allowance() -> None:
 
 def test_margin_per_family() -> None:
     assert margin_for("matmul", "bf16") == MARGIN
-    assert margin_for("gated_matmul", "fp32") > MARGIN
+    assert margin_for("gated_matmul", "bf16") > MARGIN  # set by the GPU calibration (kernels/_check.py)
 
 
 def test_unknown_dtype_is_refused_with_the_known_ones() -> None:
