@@ -128,7 +128,7 @@ def time_ms(fn: Callable[[], object], smoke: bool) -> float:
         return timer_for(True)(fn)
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, quantiles=[0.5])[0])
+    return float(triton.testing.do_bench(fn, return_mode="median"))
 
 
 # Fresh processes ------------------------------------------------------------------------------------------
@@ -160,7 +160,7 @@ def first_calls(family: str, shape: tuple, smoke: bool, scratch: Path) -> dict:
     for impl in ("kernels", "triton", "triton-cache"):
         folder = scratch / f"{family}-{impl}"
         folder.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "triton-cache"), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "triton-cache"), "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
         job = json.dumps({"family": family, "impl": impl, "shape": list(shape), "smoke": smoke,
                           "db": f"sqlite:///{folder / 'tuner.db'}"})
         times = []
