@@ -22,7 +22,9 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.integrations import moe as _hf_moe
 
-from . import ops
+from . import _modes, moe, ops
+from ._record_mode import RECORDER as _REC
+from ._spec import is_baseline
 from .epilogue import silu_mul
 from .nn import sort_by_expert
 
@@ -76,12 +78,15 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     if not _takes(self, hidden_states):
         return _stock(self, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
-    experts = self.gate_up_proj.shape[0]
-    perm, position, offsets, _ = sort_by_expert(top_k_index.reshape(-1), experts)
-    rows = hidden_states[perm // top_k]
     # moe_matmul takes w as [E, K, N] of any strides: transformers stores [E, N, K] unless is_transposed.
     gate_up_w = self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2)
     down_w = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)
+    if not torch.compiler.is_compiling() and not _REC.on and \
+            not _runs_ours(hidden_states, tokens * top_k, gate_up_w, down_w):
+        return _stock(self, hidden_states, top_k_index, top_k_weights)
+    experts = self.gate_up_proj.shape[0]
+    perm, position, offsets, _ = sort_by_expert(top_k_index.reshape(-1), experts)
+    rows = hidden_states[perm // top_k]
     # all_rows: the offsets end at T * k (every row is routed), so no output fill is needed.
     gate_up = ops.moe_matmul_call(rows, gate_up_w, offsets, True)
     if torch.compiler.is_compiling() or (gate_up.requires_grad and torch.is_grad_enabled()):
@@ -95,6 +100,20 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     # weights' dtype as transformers' own implementations sum (float32 where the router gives float32).
     slots = down[position].view(tokens, top_k, down.shape[-1])
     return (slots * top_k_weights.unsqueeze(-1)).sum(1).to(hidden_states.dtype)
+
+
+def _runs_ours(x: torch.Tensor, rows: int, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> bool:
+    """Whether dispatch runs a Triton config for either expert GEMM of a call routing ``rows`` rows (tokens
+    times k). Where both are its baseline, ``torch._grouped_mm``, transformers' own "grouped_mm" implementation
+    runs the same GEMMs with less host work, so it runs instead: the never-slower rule, per problem. On the
+    shipped H100 and H200 tables every expert GEMM of Qwen3-30B-A3B and DeepSeek-V2-Lite is the baseline, and
+    our path around it ran those models at 0.82-0.93x of vanilla in several eager settings and 0.87-0.90x on the
+    H200 (scripts/bench_models.py, 2026-11-28, docs/PYTORCH.md). The record mode and a traced call always take
+    our path (the first notes the problems, the second must not read host-side tables). Two lookups of
+    dispatch's cache a call, cleared with it (``kernels.clear_cache``)."""
+    mode = _modes.current(x.is_cuda)
+    return not (is_baseline(moe.resolve(moe.key_of(rows, gate_up_w, mode)))
+                and is_baseline(moe.resolve(moe.key_of(rows, down_w, mode))))
 
 
 def _has_experts(model: nn.Module) -> bool:

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._check import LOUD, hard_split
-from ._device import interpreter_enabled
+from ._device import current_device, interpreter_enabled
 from ._launch import DirectLaunch, LruCache
 from ._modes import MODES
 from .dispatch import DISPATCHER
@@ -223,6 +223,21 @@ LAUNCHES = LruCache()
 def dispatch_key(x: torch.Tensor, w: torch.Tensor, mode: str) -> tuple:
     """What ``kernels.moe_matmul`` resolves a call by: (T, E, N, K), dtype, weight layout, device and mode."""
     return (x.device, x.dtype, x.shape[0], w.shape[0], w.shape[2], x.shape[1], weight_layout(w), mode)
+
+
+def key_of(rows: int, w: torch.Tensor, mode: str) -> tuple:
+    """``dispatch_key`` of a call of ``rows`` sorted rows on ``w``, for a caller deciding before it has them."""
+    return (w.device, w.dtype, rows, w.shape[0], w.shape[2], w.shape[1], weight_layout(w), mode)
+
+
+def resolve(key: tuple) -> Config:
+    """The config dispatch runs for ``key`` (``dispatch_key``): the cached answer, else the tables' rule."""
+    config = DISPATCHER.cached(key)
+    if config is None:
+        device = key[0]
+        problem = balanced_problem(_DTYPE_NAMES[key[1]], "n" + key[6], *key[2:6])
+        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(device), key[-1])
+    return config
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from _helpers import DEVICE, relative_error
 
 import kernels
 from kernels._record_mode import RECORDER
-from kernels.nn import FusedMLP, Linear, SharedInputLinear
+from kernels.nn import FusedMLP, Linear, SharedInputLinear, sort_by_expert
 
 if os.environ.get("CI"):
     import transformers  # CI installs the [hf] extra (scripts/setup.sh): a missing one fails, not skips
@@ -206,6 +206,37 @@ def test_experts_decline_what_they_cannot_compute_and_run_transformers_grouped_m
     with torch.no_grad():
         assert torch.equal(hf.experts_forward(experts, x, index, weights),
                            grouped_mm_experts_forward(experts, x, index, weights))
+
+
+def test_experts_whose_gemms_both_dispatch_to_the_baseline_run_transformers_grouped_mm(monkeypatch) -> None:
+    """The never-slower rule: where dispatch runs torch._grouped_mm for both expert GEMMs (no record says our
+    kernel wins), transformers' own implementation runs them with less host work around them. Pinning one GEMM
+    to a Triton config brings our path back."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    model = build(MOE["qwen3_moe"], torch.float16)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 5, 2, seed=5)
+    ours = []
+    monkeypatch.setattr(hf, "sort_by_expert", lambda *a: ours.append(1) or sort_by_expert(*a))
+    rows = x.new_empty((10, x.shape[1]))
+    gate_up_w, down_w = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
+    middle = x.new_empty((10, down_w.shape[1]))
+    triton_config = kernels.get_kernel("moe_matmul").default_config(
+        kernels.moe.problem_of(rows, gate_up_w, torch.tensor([10] * experts.num_experts, dtype=torch.int32)),
+        kernels.current_device(x.device))
+    with kernels.moe.pinning([kernels.BASELINE], rows, gate_up_w) as (gate_up_baseline,), \
+            kernels.moe.pinning([kernels.BASELINE, triton_config], middle, down_w) as (down_baseline, down_triton):
+        gate_up_baseline()
+        down_baseline()
+        with torch.no_grad():
+            got = hf.experts_forward(experts, x, index, weights)
+            assert not ours
+            assert torch.equal(got, grouped_mm_experts_forward(experts, x, index, weights))
+            down_triton()
+            got = hf.experts_forward(experts, x, index, weights)
+        assert ours == [1]
+        assert relative_error(got, grouped_mm_experts_forward(experts, x, index, weights)) < TOLERANCE[torch.float16]
 
 
 def test_importing_kernels_and_patching_a_torch_model_never_import_transformers() -> None:
