@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,10 +88,34 @@ def _fitted(spec, config: Config, problem: Problem, device) -> tuple[Config | No
 
 # ------------------------------------------------------------------------------------------------ mutants
 
-def run_mutants(device, torch_device: torch.device, on_cpu: bool = False) -> list[dict]:
-    """Each mutant and its unbroken config through the search's check (``on_cpu``: the tests' small shapes)."""
+def run_mutants_apart(out: Path) -> list[dict]:
+    """``run_mutants``, each mutant in a fresh process: a mutant that faults the GPU (a misaligned address stays
+    with its CUDA context) then costs its own rows only. Run in one process on the H100 (2026-11-28), the first
+    grouped mutant's fault was read by every case after it, so those said nothing of the check."""
     rows = []
     for index, mutant in enumerate(MUTANTS):
+        part = out / f"mutant-{index}.json"
+        done = subprocess.run([sys.executable, __file__, "--one-mutant", str(index), "--out", str(part)],
+                              capture_output=True, text=True)
+        if done.returncode == 0 and part.exists():
+            rows += json.loads(part.read_text())
+            part.unlink()
+            continue
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        rows.append(dict(kernel=mutant.kernel, bug=mutant.bug, dtype="-", problem="-", sound=None, mutant=None,
+                         mutant_reason=f"its process failed ({done.returncode}): {last}", rejected=True,
+                         sound_passes=False, status="process failed"))
+        print(f"  mutant {mutant.kernel:<14} {mutant.bug:<46} its process failed: {last}", flush=True)
+    return rows
+
+
+def run_mutants(device, torch_device: torch.device, on_cpu: bool = False, only: int | None = None) -> list[dict]:
+    """Each mutant and its unbroken config through the search's check (``on_cpu``: the tests' small shapes;
+    ``only``: that mutant alone)."""
+    rows = []
+    for index, mutant in enumerate(MUTANTS):
+        if only is not None and index != only:
+            continue
         spec = kernels.get_kernel(mutant.kernel)
         for dtype in ("fp16", "bf16", "fp32"):
             if dtype not in spec.dtypes:
@@ -227,7 +252,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-more", action="store_true", help="the sweeps' configs only")
     parser.add_argument("--plan", action="store_true",
                         help="list how many cases each group has, for an H100, and stop (no GPU needed)")
+    parser.add_argument("--one-mutant", type=int, default=None, help=argparse.SUPPRESS)  # a child's one mutant
     args = parser.parse_args(argv)
+    if args.one_mutant is not None:
+        rows = run_mutants(kernels.current_device(), torch.device("cuda", torch.cuda.current_device()),
+                           only=args.one_mutant)
+        Path(args.out).write_text(json.dumps(rows, default=str))
+        return 0
     if args.plan:
         h100 = kernels.described_device("NVIDIA H100 80GB HBM3", "9.0", 132)
         cases = sweep_cases() + ([] if args.no_more else more_cases(h100))
@@ -244,9 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"{device.name}, torch {torch.__version__}, triton {triton.__version__}, margin {MARGIN} "
-          f"(gated fp32 {margin_for('gated_matmul', 'fp32')})", flush=True)
+          f"(gated bf16 {margin_for('gated_matmul', 'bf16')})", flush=True)
 
-    mutants = [] if args.no_mutants else run_mutants(device, torch.device("cuda", torch.cuda.current_device()))
+    mutants = [] if args.no_mutants else run_mutants_apart(out)
     cases = sweep_cases() + ([] if args.no_more else more_cases(device))
     cases = _round_robin(cases)
     print(f"{len(cases)} valid configs to check ({time.monotonic() - begin:.0f} s so far)", flush=True)
