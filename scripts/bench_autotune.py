@@ -342,7 +342,7 @@ def _print(result: dict) -> None:
               f"{b['triton_tune_s']:.1f} s ({b['time_ratio']:.2f}x), quality {b['quality']:.2f}x")
     i = result.get("incremental")
     if i:
-        print(f"incremental {i['family']}: converged after {i['calls_to_converge']} calls; worst call "
+        print(f"incremental {i['family']}: converged after {i['calls_to_converge']} calls; slowest call: "
               f"{i['worst_call_ms']:.1f} ms = {i['worst_slowdown']:.0f}x the converged call")
     if result["skipped"]:
         print(f"skipped (over --budget-s): {', '.join(result['skipped'])}")
