@@ -130,7 +130,8 @@ def test_worker_interrupted_by_sigint_gives_its_job_back_at_once(tmp_path: Path)
             assert worker.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         worker.send_signal(signal.SIGINT)
-        assert worker.wait(timeout=60) == 130, log.read_text()
+        # 60 s ran out once on a 2-core machine shared with another test run
+        assert worker.wait(timeout=180) == 130, log.read_text()
     finally:
         if worker.poll() is None:
             worker.kill()
