@@ -22,9 +22,9 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.integrations import moe as _hf_moe
 
-from . import ops
+from . import _device, ops
 from .epilogue import silu_mul
-from .nn import sort_by_expert
+from ._routing import sort_by_expert
 
 __all__ = ["IMPLEMENTATION", "experts_forward", "patch_experts", "register", "unpatch_experts"]
 
@@ -62,8 +62,7 @@ def _takes(module: nn.Module, x: torch.Tensor) -> bool:
         return False
     if x.is_cuda:
         return True
-    from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
-    return x.is_cpu and _INTERPRETED
+    return x.is_cpu and _device.INTERPRETED
 
 
 def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
