@@ -7,16 +7,13 @@ database (``TUNER_DB`` or the default SQLite file, read only) and the tables shi
 from __future__ import annotations
 
 import contextlib
-import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
-
-import torch
 
 from ._device import CPU, alias_of, current_device, described_device, interpreter_enabled, resolve_device
 from ._spec import BASELINE, Config, is_baseline, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, parse_shape
 from .dispatch import DISPATCHER, Choice
-from . import _modes, _native, _plans
+from . import _device, _modes, _native, _plans
 from ._modes import EAGER, GRAPH, dispatch_mode
 from . import grouped
 from .grouped import GROUPED_MATMUL, grouped_matmul_with
@@ -40,10 +37,9 @@ __all__ = [
 
 MODES = _modes.MODES
 
-KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in (MATMUL, GROUPED_MATMUL, MOE_MATMUL)}
+from ._families import KERNELS  # noqa: E402
 
-# Read once: triton decides interpreter or compiler when it is imported, so this cannot change later.
-_INTERPRETED = interpreter_enabled()
+_INTERPRETED = _device.INTERPRETED  # an alias kept for callers; the package's modules read _device.INTERPRETED
 
 
 def get_kernel(name: str) -> KernelSpec:
@@ -56,89 +52,13 @@ def get_kernel(name: str) -> KernelSpec:
 
 # kernels.matmul's whole path, first call and repeated, is one module: kernels/_plans.py (its docstring).
 from ._plans import matmul  # noqa: E402
-_OUT_WITH_GRAD = _plans.OUT_WITH_GRAD
-_GRAD_ENABLED = torch.is_grad_enabled
+# kernels.grouped_matmul's and kernels.moe_matmul's: kernels/_grouped_dispatch.py.
+from ._grouped_dispatch import grouped_matmul, moe_matmul  # noqa: E402
 _COMPILING = _plans._COMPILING  # Dynamo folds it to True while it traces (kernels/_plans.py)
 # What scripts/host_cost.py and tests read (the plan dict, the nothing-tuned shortcut, the C++ path).
 _PLANS = _plans._PLANS
 _FAST = _plans.FAST
 _NATIVE = _native.NATIVE
-
-
-def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """[A_i @ B_i for each i] in one persistent launch, with the config tuned for this group.
-
-    A repeated call with the same operands (same addresses, shapes and strides) finds its config,
-    pointer table and output layout in one lookup; new operands pay one checked pass to build them.
-    It has no backward: an operand that requires grad, in grad mode, raises (use torch.no_grad()).
-    Under torch.compile the call is its operator, ``torch.ops.triton_tuner.grouped_matmul``.
-    """
-    if _COMPILING():  # traced: the operator, not this body
-        return ops.traced_grouped_matmul(As, Bs)
-    pairs = grouped.signature(As, Bs)
-    if pairs is not None and _GRAD_ENABLED() and (any(map(_WANTS_GRAD, As)) or any(map(_WANTS_GRAD, Bs))):
-        raise RuntimeError("kernels.grouped_matmul has no backward, but an operand requires grad; call it under "
-                           "torch.no_grad() or on detached tensors (A.detach()), or use kernels.matmul per pair")
-    mode = _modes.current(pairs is not None and As[0].is_cuda)
-    launch = grouped.CALLS.get((pairs, mode), _MISSING) if pairs is not None else _MISSING
-    if launch is _MISSING:
-        problem = GROUPED_MATMUL.problem_of(As, Bs)  # the precise check, with messages
-        device = As[0].device
-        if device.type == "cpu" and not _INTERPRETED:
-            return [torch.matmul(a, b) for a, b in zip(As, Bs)]
-        key = (device, problem, mode)
-        config = DISPATCHER.cached(key) or DISPATCHER.resolve(key, GROUPED_MATMUL, problem, current_device(device), mode)
-        launch = None if is_baseline(config) else grouped.prepare(config, pairs, device)
-        if launch is None or not launch.built_in_capture:  # a table filled only by its graph's replay
-            grouped.CALLS.put((pairs, mode), launch)
-        if _REC.on:
-            _REC.seen((pairs, mode) if pairs is not None else (problem, mode), GROUPED_MATMUL.name, problem,
-                      current_device(device))
-            if pairs is None:  # never cached: every call comes here
-                _REC.counts[(problem, mode)] += 1
-    if _REC.on and pairs is not None:
-        _REC.counts[(pairs, mode)] += 1
-    if launch is None:  # cuBLAS won this group
-        return GROUPED_MATMUL.baseline((As, Bs))
-    return launch(As[0])
-
-
-_MISSING = object()
-_WANTS_GRAD = operator.attrgetter("requires_grad")
-
-
-def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """Mixture-of-experts GEMM in one launch: rows ``offsets[e-1]:offsets[e]`` of ``x`` times ``w[e]``.
-
-    ``x`` [T, K] holds the tokens sorted by expert, ``w`` [E, K, N] the experts (``w_nk.transpose(1, 2)``
-    for weights stored [E, N, K]), ``offsets`` [E] int32 the running end rows, on the device (as for
-    ``torch._grouped_mm``). Rows at or past ``offsets[-1]`` are not written. The host never reads
-    ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU. Operands that require grad, in
-    grad mode, take ``kernels.ops.moe_matmul`` (a tuned backward; it zeroes the rows past ``offsets[-1]``).
-    Under torch.compile the call is that operator (``moe_matmul_out`` with ``out=``).
-    """
-    if _COMPILING():  # traced: the operator, not this body
-        return ops.traced_moe_matmul(x, w, offsets, out)
-    if not moe.operands_ok(x, w, offsets):
-        moe.check_operands(x, w, offsets)
-    if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph
-        if out is not None:
-            raise RuntimeError(_OUT_WITH_GRAD.format(name="moe_matmul"))
-        # The operator with a backward; it zeroes the rows at or past offsets[-1], which this leaves unwritten.
-        return ops.moe_matmul(x, w, offsets)
-    if x.device.type == "cpu" and not _INTERPRETED:
-        return moe.launch(BASELINE, x, w, offsets, out)
-    key = moe.dispatch_key(x, w, _modes.current(x.is_cuda))
-    config = DISPATCHER.cached(key)
-    if config is None:
-        problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[6], *key[2:6])
-        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(x.device), key[-1])
-        if _REC.on:
-            _REC.seen(key, MOE_MATMUL.name, problem, current_device(x.device))
-    if _REC.on:
-        _REC.counts[key] += 1
-    return moe.launch(config, x, w, offsets, out)
 
 
 def explain(kernel: str, problem: Problem, device: DeviceInfo | None = None, mode: str = EAGER) -> Choice:
@@ -227,5 +147,4 @@ from . import ops  # noqa: E402
 from . import nn  # noqa: E402
 from .nn import patch, unpatch  # noqa: E402
 
-KERNELS.update({spec.name: spec for spec in (MATMUL_BIAS, GATED_MATMUL)})
 __all__ += ["GATED_MATMUL", "MATMUL_BIAS", "epilogue", "gated_matmul", "matmul_bias", "nn", "ops", "patch", "unpatch"]

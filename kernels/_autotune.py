@@ -384,7 +384,7 @@ def clear_all() -> None:
 
 
 def _builtin_names() -> set[str]:
-    from . import KERNELS  # the package's own families; imported late: this module is imported by kernels/__init__
+    from ._families import KERNELS  # imported late: the families' modules are not this decorator's to load
 
     return set(KERNELS)
 

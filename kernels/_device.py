@@ -62,6 +62,11 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# The package's one reading, at import: triton decides interpreter or compiler when it is imported, so this
+# cannot change later. Modules read ``_device.INTERPRETED`` per call (a test may set it).
+INTERPRETED = interpreter_enabled()
+
+
 @functools.lru_cache(maxsize=None)
 def _gpu_info(index: int) -> DeviceInfo:
     import torch

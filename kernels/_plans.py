@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from . import _launch, _modes, _native, gemm
+from . import _device, _launch, _modes, _native, gemm
 from ._device import current_device
 from ._modes import EAGER, GRAPH, MODES
 from ._record_mode import RECORDER as _REC
@@ -157,10 +157,9 @@ OUT_WITH_GRAD = ("kernels.{name}(..., out=...) does not support automatic differ
 
 def _first_call(key: tuple, a: torch.Tensor, b: torch.Tensor) -> ModePlans:
     """A signature's first call: check, resolve each mode's config, build and keep the plans."""
-    from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
     gemm.check_operands(a, b)
     resolved_in = _GENERATION  # before resolving: a clear meanwhile makes these plans stale
-    if a.device.type == "cpu" and not _INTERPRETED:
+    if a.device.type == "cpu" and not _device.INTERPRETED:
         configs = {mode: BASELINE for mode in MODES}  # no Triton on the CPU unless the interpreter is on
     else:
         problem, device = gemm.MATMUL.problem_of(a, b), current_device(a.device)
@@ -172,9 +171,8 @@ def _first_call(key: tuple, a: torch.Tensor, b: torch.Tensor) -> ModePlans:
 
 def _learn_cublas_everywhere() -> bool:
     """Whether every matmul of this process goes to cuBLAS (``_Fast``); remembered until the next ``clear``."""
-    from . import _INTERPRETED
     resolved_in = _GENERATION  # a clear while the tables are read makes this answer stale
-    fast = not (_INTERPRETED or _REC.on or FAST.pins) and not any(
+    fast = not (_device.INTERPRETED or _REC.on or FAST.pins) and not any(
         DISPATCHER.has_records(current_device(torch.device("cuda", index)), gemm.MATMUL)
         for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0))
     with _LOCK:

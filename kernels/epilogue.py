@@ -27,7 +27,7 @@ import triton.language as tl
 from ._check import loud_edges
 from ._gemm_triton import _gemv_row, _grouped_tile, _tile_dot, _tile_offsets
 from ._launch import SLOT_A, SLOT_B, SLOT_BIAS, SLOT_C, DirectLaunch
-from . import _modes, _native
+from . import _device, _modes, _native
 from ._device import current_device
 from ._record_mode import RECORDER as _REC
 from ._spec import BASELINE, Config, DeviceInfo, KernelSpec, Param, Problem, SearchSpace, is_baseline, log_distance
@@ -292,8 +292,7 @@ def silu_mul(c: torch.Tensor) -> torch.Tensor:
     (docs/BENCHMARKS.md, 2026-11-24). This reads each half once and writes the product once."""
     m, n = c.shape[0], c.shape[1] // 2
     if not c.is_cuda:
-        from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET (not paid on a GPU)
-        if not _INTERPRETED:
+        if not _device.INTERPRETED:
             return torch.nn.functional.silu(c[:, :n]) * c[:, n:]
     if c.stride(1) != 1 or m == 0 or n == 0:
         return torch.nn.functional.silu(c[:, :n]) * c[:, n:]
@@ -408,8 +407,7 @@ def _resolve(spec: KernelSpec, a: torch.Tensor, b: torch.Tensor, mode: str | Non
     config = DISPATCHER.cached(key) if key is not None else None
     if config is not None:
         return config
-    from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
-    if a.device.type == "cpu" and not _INTERPRETED:
+    if a.device.type == "cpu" and not _device.INTERPRETED:
         return BASELINE  # no Triton on the CPU unless the interpreter is on
     problem = spec.problem_of(a, b)
     device = current_device(a.device)
@@ -499,8 +497,7 @@ def _make_ready(key: tuple | None, spec: KernelSpec, changes: int, a: torch.Tens
     if key is None or DISPATCHER.changes != changes:
         return
     if a.device.type == "cpu":
-        from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET (not paid on a GPU)
-        if not _INTERPRETED:
+        if not _device.INTERPRETED:
             return  # torch on the CPU: nothing to make ready
     ready = _READY.get(key)
     if ready is not None and ready.changes == changes:
@@ -627,8 +624,7 @@ def matmul_bias(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.T
         _check_bias(a, b, bias)
     if a.requires_grad or b.requires_grad or bias.requires_grad:
         if torch.is_grad_enabled():
-            from . import ops  # imported here: ops imports the package, which imports this module first
-            return ops.linear(a, b.t(), bias)
+            return torch.ops.triton_tuner.linear(a, b.t(), bias)  # registered by kernels/ops.py
     if _REC.on:  # after the redirect above, whose operator calls back here: one count per call
         _count(MATMUL_BIAS, a, b)
     try:
@@ -683,8 +679,7 @@ def gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return c
     if getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False):
         if torch.is_grad_enabled():
-            from . import ops  # imported here, as in matmul_bias
-            return ops.gated_matmul(a, b)
+            return torch.ops.triton_tuner.gated_matmul(a, b)  # registered by kernels/ops.py
     if _REC.on:
         _count(GATED_MATMUL, a, b)
     key = _ready_key("gated_matmul", a, b)

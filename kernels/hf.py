@@ -5,7 +5,7 @@ transformers 5 keeps a MoE model's routed experts as 3-D ``gate_up_proj`` [E, 2I
 ``transformers.integrations.moe.ExpertsInterface`` (``model.set_experts_implementation(name)``). We
 register ``experts_forward`` there as ``"triton_tuner"``: both expert GEMMs run as one ``moe_matmul``
 launch each, the SiLU gating as one pass over their output (``kernels.epilogue.silu_mul``), and the rows
-are sorted by expert on the device (``kernels.nn.sort_by_expert``: no host sync, CUDA-graph safe).
+are sorted by expert on the device (``kernels._routing.sort_by_expert``: no host sync, CUDA-graph safe).
 
 ``kernels.patch(model)`` calls ``patch_experts`` when transformers is imported; everything else of a
 transformers model (its ``nn.Linear`` layers, SiLU-gated MLPs, query/key/value projections, DeepSeek's
@@ -22,11 +22,11 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.integrations import moe as _hf_moe
 
-from . import _modes, moe, ops
+from . import _device, _modes, moe, ops
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
 from .epilogue import silu_mul
-from .nn import sort_by_expert
+from ._routing import sort_by_expert
 
 __all__ = ["IMPLEMENTATION", "experts_forward", "patch_experts", "register", "unpatch_experts"]
 
@@ -64,8 +64,7 @@ def _takes(module: nn.Module, x: torch.Tensor) -> bool:
         return False
     if x.is_cuda:
         return True
-    from . import _INTERPRETED  # the package's one reading of TRITON_INTERPRET
-    return x.is_cpu and _INTERPRETED
+    return x.is_cpu and _device.INTERPRETED
 
 
 def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

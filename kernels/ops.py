@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-import kernels as _kernels  # the package's public functions, looked up per call (the lead may rebind them)
-from kernels import _modes
-from kernels.dispatch import DISPATCHER as _DISPATCHER
+from . import _eager  # the public functions' eager bodies, looked up per call (a test may spy on one)
+from . import _modes
+from .dispatch import DISPATCHER as _DISPATCHER
+from ._grouped_dispatch import traced_grouped_matmul, traced_moe_matmul
 
 NAMESPACE = "triton_tuner"
 
@@ -43,7 +44,7 @@ __all__ = ["NAMESPACE", "gated_matmul", "gated_matmul_call", "grouped_matmul", "
 @torch.library.custom_op(f"{NAMESPACE}::matmul", mutates_args=())
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """C = A @ B through the tuned dispatch."""
-    return _call(_kernels.matmul, a, b)
+    return _call(_eager.matmul, a, b)
 
 
 @matmul.register_fake
@@ -55,7 +56,7 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op(f"{NAMESPACE}::matmul_out", mutates_args=("out",))
 def matmul_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """C = A @ B written into ``out``."""
-    _call(_kernels.matmul, a, b, out=out)
+    _call(_eager.matmul, a, b, out=out)
 
 
 @matmul_out.register_fake
@@ -84,7 +85,7 @@ def _register_autograd(op: Any, backward: Callable[..., Any], setup: Callable[..
     def run_backward(ctx: Any, *grads: torch.Tensor) -> Any:
         if ctx.forced_mode is None:
             return backward(ctx, *grads)
-        with _kernels.dispatch_mode(ctx.forced_mode):
+        with _modes.dispatch_mode(ctx.forced_mode):
             return backward(ctx, *grads)
 
     op.register_autograd(run_backward, setup_context=setup_context)
@@ -130,7 +131,7 @@ def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> li
     The launch writes every C_i into one buffer; an operator's outputs may not alias each other, so all but
     the first are copied out (one extra read and write of the C_i, i > 0: the price of the operator form).
     """
-    outputs = _kernels.grouped_matmul(list(As), list(Bs))
+    outputs = _eager.grouped_matmul(list(As), list(Bs))
     return [c if i == 0 else c.clone() for i, c in enumerate(outputs)]
 
 
@@ -157,7 +158,7 @@ def _moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_row
     if w.dim() != 3 or x.dim() != 2:
         _check_moe_shapes(x, w, offsets)  # the error that names the shapes, before w.shape[2] is read
     out = None if all_rows or x.shape[0] == 0 else x.new_zeros((x.shape[0], w.shape[2]))
-    return _call(_kernels.moe_matmul, x, w, offsets, out=out)
+    return _call(_eager.moe_matmul, x, w, offsets, out=out)
 
 
 @moe_matmul.register_fake
@@ -169,7 +170,7 @@ def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = 
 @torch.library.custom_op(f"{NAMESPACE}::moe_matmul_out", mutates_args=("out",))
 def moe_matmul_out(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor) -> None:
     """``moe_matmul`` written into ``out``; rows at or past ``offsets[-1]`` keep what ``out`` held."""
-    _call(_kernels.moe_matmul, x, w, offsets, out=out)
+    _call(_eager.moe_matmul, x, w, offsets, out=out)
 
 
 @moe_matmul_out.register_fake
@@ -197,7 +198,7 @@ def moe_weight_grad(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) 
     if busy and x.shape[1] > 0 and grad.shape[1] > 0:
         As = [x[starts[e]:ends[e]].t() for e in busy]
         Bs = [grad[starts[e]:ends[e]] for e in busy]
-        for e, c in zip(busy, _kernels.grouped_matmul(As, Bs)):
+        for e, c in zip(busy, _eager.grouped_matmul(As, Bs)):
             dw[e].copy_(c)
     return dw
 
@@ -232,8 +233,8 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
 
 def _linear_t(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if bias is None:
-        return _call(_kernels.matmul, x, weight_t)
-    return _call(_kernels.matmul_bias, x, weight_t, bias)
+        return _call(_eager.matmul, x, weight_t)
+    return _call(_eager.matmul_bias, x, weight_t, bias)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::linear", mutates_args=())
@@ -270,7 +271,7 @@ _register_autograd(linear, _linear_backward, _linear_setup)
 
 
 def _gated_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return _call(_kernels.gated_matmul, a, b)
+    return _call(_eager.gated_matmul, a, b)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_matmul", mutates_args=())
@@ -349,20 +350,8 @@ def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
 # the operators, whose fakes give the graph its shapes, so no Python body with locks, caches or a C++ call is
 # traced. The compiled graph then runs each operator, which calls the public function eagerly.
 # (``kernels.matmul``'s is kernels/_plans.py ``_traced``; ``kernels.matmul_bias`` and ``kernels.gated_matmul``
-# are ``linear`` and ``gated_matmul`` themselves.)
-
-def traced_grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return torch.ops.triton_tuner.grouped_matmul(list(As), list(Bs))
-
-
-def traced_moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
-    """The operator zeroes the rows at or past ``offsets[-1]``, which the eager call leaves unwritten."""
-    if out is None:
-        return torch.ops.triton_tuner.moe_matmul(x, w, offsets)
-    torch.ops.triton_tuner.moe_matmul_out(x, w, offsets, out)
-    return out
-
+# are ``linear`` and ``gated_matmul`` themselves; ``traced_grouped_matmul`` and ``traced_moe_matmul``, imported
+# above, live beside their eager bodies in kernels/_grouped_dispatch.py.)
 
 # ------------------------------------------------------------------------------------------ direct calls
 
@@ -497,7 +486,7 @@ def _warm(fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, res
             _UNWARMED.add(key)  # forced for this block only: a later auto call may be captured
         return  # forced for the process (KERNELS_MODE): captures run the configs eager calls ran
     if resolved or key in _UNWARMED:
-        with _kernels.dispatch_mode(_kernels.GRAPH):
+        with _modes.dispatch_mode(_modes.GRAPH):
             fn(a, b, *rest, **kwargs)
         _UNWARMED.discard(key)
 
@@ -507,5 +496,5 @@ def warm_for_capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     (the graph winners) is then resolved and compiled, so nothing is looked up, compiled or loaded while
     the stream captures. Returns the last result."""
     fn(*args, **kwargs)
-    with _kernels.dispatch_mode(_kernels.GRAPH):
+    with _modes.dispatch_mode(_modes.GRAPH):
         return fn(*args, **kwargs)

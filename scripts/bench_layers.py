@@ -127,16 +127,23 @@ def recording(problems: set) -> Iterator[None]:
             return saved[name](*args, **kwargs)
         return call
 
-    kernels.matmul = wrap("matmul", lambda a, b, *_: kernels.MATMUL.problem_of(a, b))
-    kernels.matmul_bias = wrap("matmul_bias", lambda a, b, *_: kernels.MATMUL_BIAS.problem_of(a, b))
-    kernels.gated_matmul = wrap("gated_matmul", lambda a, b: kernels.GATED_MATMUL.problem_of(a, b))
-    kernels.moe_matmul = wrap("moe_matmul", lambda x, w, offsets, *_: moe.balanced_problem(
-        moe._DTYPE_NAMES[x.dtype], "n" + moe.weight_layout(w), x.shape[0], w.shape[0], w.shape[2], x.shape[1]))
+    wrapped = {
+        "matmul": wrap("matmul", lambda a, b, *_: kernels.MATMUL.problem_of(a, b)),
+        "matmul_bias": wrap("matmul_bias", lambda a, b, *_: kernels.MATMUL_BIAS.problem_of(a, b)),
+        "gated_matmul": wrap("gated_matmul", lambda a, b: kernels.GATED_MATMUL.problem_of(a, b)),
+        "moe_matmul": wrap("moe_matmul", lambda x, w, offsets, *_: moe.balanced_problem(
+            moe._DTYPE_NAMES[x.dtype], "n" + moe.weight_layout(w), x.shape[0], w.shape[0], w.shape[2], x.shape[1])),
+    }
+    # Direct calls find the package's names; a patched model's, through kernels.ops, the operators' (kernels/_eager.py).
+    for name, fn in wrapped.items():
+        setattr(kernels, name, fn)
+        setattr(kernels._eager, name, fn)
     try:
         yield
     finally:
         for name, fn in saved.items():
             setattr(kernels, name, fn)
+            setattr(kernels._eager, name, fn)
 
 
 def untuned(problems: set) -> list:

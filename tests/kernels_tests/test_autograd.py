@@ -126,7 +126,7 @@ def test_gated_matmul_backward_is_three_tuned_matmul_problems(monkeypatch: pytes
     # On a GPU, a signature's first call also runs its graph winner once (ops._call, for a later capture):
     # a first step warms every signature, the spy watches the second.
     _gated_grads(x, w_gate, w_up, dy, stacked_as_linear=True)
-    monkeypatch.setattr(kernels, "matmul", spy)  # the operators look kernels.matmul up per call
+    monkeypatch.setattr(kernels._eager, "matmul", spy)  # the operators look the eager body up there, per call
     _gated_grads(x, w_gate, w_up, dy, stacked_as_linear=True)
     assert shapes == [((5, 12), (12, 16)),  # [G U] = x @ [Wg Wu], recomputed
                       ((5, 16), (16, 12)),  # dx = [dG dU] @ [Wg Wu]^T
@@ -139,7 +139,7 @@ def test_gated_matmul_gradient_for_x_alone_skips_the_weights_gemm(monkeypatch: p
     x, w_gate, w_up, dy = _gated_leaves(5, 8, 16, DEVICE, torch.float32, seed=8)
     x.requires_grad_()
     torch.autograd.grad(ops.gated_matmul(x, torch.cat([w_gate, w_up]).t()), (x,), dy)  # warms (see above)
-    monkeypatch.setattr(kernels, "matmul", lambda a, b, out=None: calls.append(1) or real(a, b, out=out))
+    monkeypatch.setattr(kernels._eager, "matmul", lambda a, b, out=None: calls.append(1) or real(a, b, out=out))
     (grad,) = torch.autograd.grad(ops.gated_matmul(x, torch.cat([w_gate, w_up]).t()), (x,), dy)
     assert len(calls) == 2
     assert _error(grad, _torch_gated_grads(x, w_gate, w_up, dy)[0]) < FP32_TOLERANCE
@@ -184,7 +184,7 @@ def test_a_backward_on_another_thread_keeps_the_mode_its_forward_was_forced_to(m
 
     a = torch.randn(6, 8, device=DEVICE, requires_grad=True)
     b = torch.randn(8, 4, device=DEVICE, requires_grad=True)
-    monkeypatch.setattr(kernels, "matmul", spy)
+    monkeypatch.setattr(kernels._eager, "matmul", spy)  # where the operators look it up, per call
     with kernels.dispatch_mode(kernels.GRAPH):
         out = ops.matmul(a, b)
     backward = threading.Thread(target=lambda: out.sum().backward())

@@ -75,7 +75,7 @@ class _Call:
 
 
 def _spy(monkeypatch: pytest.MonkeyPatch, capturing: Callable[[], bool]) -> list[_Call]:
-    """Note each dispatch the operators make (they look kernels.<name> up per call) with its mode."""
+    """Note each dispatch the operators make (they look kernels._eager.<name> up per call) with its mode."""
     calls: list[_Call] = []
     for name in SPIED:
         real = getattr(kernels, name)
@@ -86,6 +86,7 @@ def _spy(monkeypatch: pytest.MonkeyPatch, capturing: Callable[[], bool]) -> list
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(kernels, name, spy)
+        monkeypatch.setattr(kernels._eager, name, spy)  # where the operators look it up, per call
     return calls
 
 
@@ -255,6 +256,7 @@ def _gated_modes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(a, b)
 
     monkeypatch.setattr(kernels, "gated_matmul", spy)
+    monkeypatch.setattr(kernels._eager, "gated_matmul", spy)  # where the operators look it up, per call
     return modes
 
 

@@ -431,7 +431,7 @@ def test_a_corrupt_shipped_table_is_skipped_with_a_warning(tmp_path, device, mon
 def compiled_process(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """A process without the interpreter (as on a GPU box, where Triton compiles), no tuned tables: every
     matmul goes to cuBLAS. Triton still interprets here, which only matters to the pinned plans below."""
-    monkeypatch.setattr(kernels, "_INTERPRETED", False)
+    monkeypatch.setattr(kernels._device, "INTERPRETED", False)
     kernels.use_database(f"sqlite:///{tmp_path / 'none.db'}", use_shipped=False)
     yield
     kernels.use_database(None)

@@ -293,10 +293,10 @@ def test_a_parametrized_weight_is_computed_on_every_call() -> None:
 def test_route_counting_sort_gives_the_stable_sort_of_torch(monkeypatch, experts, tokens, top_k) -> None:
     torch.manual_seed(experts + tokens)
     logits = torch.randn(tokens, experts)
-    monkeypatch.setattr(kernels.nn, "_COUNTING_ROWS", 0)  # count eagerly, whatever the row count
+    monkeypatch.setattr(kernels._routing, "_COUNTING_ROWS", 0)  # count eagerly, whatever the row count
     counted = kernels.nn._route(logits, top_k)
-    monkeypatch.setattr(kernels.nn, "_COUNTING_CELLS", 0)  # the torch.sort path, for many experts and tokens
-    assert not kernels.nn._counting(tokens * top_k, experts)
+    monkeypatch.setattr(kernels._routing, "_COUNTING_CELLS", 0)  # the torch.sort path, for many experts and tokens
+    assert not kernels._routing._counting(tokens * top_k, experts)
     sorted_ = kernels.nn._route(logits, top_k)
     for name in ("perm", "position", "gate", "offsets", "counts"):
         assert torch.equal(getattr(counted, name), getattr(sorted_, name)), name
@@ -319,7 +319,7 @@ def test_route_under_torch_compile_counts_and_takes_masked_maxima_as_eager_routi
     take torch.topk and torch.sort); both give what the eager path gives."""
     torch.manual_seed(9)
     logits = torch.randn(5, 8)
-    assert not kernels.nn._counting(10, 8), "5 tokens x top-2 run eagerly: torch.sort"
+    assert not kernels._routing._counting(10, 8), "5 tokens x top-2 run eagerly: torch.sort"
     eager = kernels.nn._route(logits, 2)
     traced = torch.compile(lambda x: tuple(kernels.nn._route(x, 2)), backend="aot_eager", fullgraph=True)(logits)
     for name, got in zip(kernels.nn._Routed._fields, traced):
@@ -367,6 +367,7 @@ def _gated_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
         return real(a, b)
 
     monkeypatch.setattr(kernels, "gated_matmul", spy)
+    monkeypatch.setattr(kernels._eager, "gated_matmul", spy)  # where the operators look it up, per call
     return calls
 
 

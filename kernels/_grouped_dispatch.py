@@ -1,0 +1,119 @@
+"""The eager bodies of ``kernels.grouped_matmul`` and ``kernels.moe_matmul``: config lookup, then one launch.
+
+Their operators (kernels/ops.py) call these; these reach the operators through ``torch.ops.triton_tuner``
+(registered when the package loads), so neither module imports the other's caller.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+
+from . import _device, _modes, grouped, moe
+from ._device import current_device
+from ._plans import OUT_WITH_GRAD
+from ._record_mode import RECORDER as _REC
+from ._spec import BASELINE, is_baseline
+from .dispatch import DISPATCHER
+from .grouped import GROUPED_MATMUL
+from .moe import MOE_MATMUL
+
+__all__ = ["grouped_matmul", "moe_matmul", "traced_grouped_matmul", "traced_moe_matmul"]
+
+_COMPILING = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
+_GRAD_ENABLED = torch.is_grad_enabled
+
+
+def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """[A_i @ B_i for each i] in one persistent launch, with the config tuned for this group.
+
+    A repeated call with the same operands (same addresses, shapes and strides) finds its config,
+    pointer table and output layout in one lookup; new operands pay one checked pass to build them.
+    It has no backward: an operand that requires grad, in grad mode, raises (use torch.no_grad()).
+    Under torch.compile the call is its operator, ``torch.ops.triton_tuner.grouped_matmul``.
+    """
+    if _COMPILING():  # traced: the operator, not this body
+        return traced_grouped_matmul(As, Bs)
+    pairs = grouped.signature(As, Bs)
+    if pairs is not None and _GRAD_ENABLED() and (any(map(_WANTS_GRAD, As)) or any(map(_WANTS_GRAD, Bs))):
+        raise RuntimeError("kernels.grouped_matmul has no backward, but an operand requires grad; call it under "
+                           "torch.no_grad() or on detached tensors (A.detach()), or use kernels.matmul per pair")
+    mode = _modes.current(pairs is not None and As[0].is_cuda)
+    launch = grouped.CALLS.get((pairs, mode), _MISSING) if pairs is not None else _MISSING
+    if launch is _MISSING:
+        problem = GROUPED_MATMUL.problem_of(As, Bs)  # the precise check, with messages
+        device = As[0].device
+        if device.type == "cpu" and not _device.INTERPRETED:
+            return [torch.matmul(a, b) for a, b in zip(As, Bs)]
+        key = (device, problem, mode)
+        config = DISPATCHER.cached(key) or DISPATCHER.resolve(key, GROUPED_MATMUL, problem, current_device(device), mode)
+        launch = None if is_baseline(config) else grouped.prepare(config, pairs, device)
+        if launch is None or not launch.built_in_capture:  # a table filled only by its graph's replay
+            grouped.CALLS.put((pairs, mode), launch)
+        if _REC.on:
+            _REC.seen((pairs, mode) if pairs is not None else (problem, mode), GROUPED_MATMUL.name, problem,
+                      current_device(device))
+            if pairs is None:  # never cached: every call comes here
+                _REC.counts[(problem, mode)] += 1
+    if _REC.on and pairs is not None:
+        _REC.counts[(pairs, mode)] += 1
+    if launch is None:  # cuBLAS won this group
+        return GROUPED_MATMUL.baseline((As, Bs))
+    return launch(As[0])
+
+
+_MISSING = object()
+_WANTS_GRAD = operator.attrgetter("requires_grad")
+
+
+def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Mixture-of-experts GEMM in one launch: rows ``offsets[e-1]:offsets[e]`` of ``x`` times ``w[e]``.
+
+    ``x`` [T, K] holds the tokens sorted by expert, ``w`` [E, K, N] the experts (``w_nk.transpose(1, 2)``
+    for weights stored [E, N, K]), ``offsets`` [E] int32 the running end rows, on the device (as for
+    ``torch._grouped_mm``). Rows at or past ``offsets[-1]`` are not written. The host never reads
+    ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU. Operands that require grad, in
+    grad mode, take ``kernels.ops.moe_matmul`` (a tuned backward; it zeroes the rows past ``offsets[-1]``).
+    Under torch.compile the call is that operator (``moe_matmul_out`` with ``out=``).
+    """
+    if _COMPILING():  # traced: the operator, not this body
+        return traced_moe_matmul(x, w, offsets, out)
+    if not moe.operands_ok(x, w, offsets):
+        moe.check_operands(x, w, offsets)
+    if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph
+        if out is not None:
+            raise RuntimeError(OUT_WITH_GRAD.format(name="moe_matmul"))
+        # The operator with a backward; it zeroes the rows at or past offsets[-1], which this leaves unwritten.
+        return torch.ops.triton_tuner.moe_matmul(x, w, offsets)  # registered by kernels/ops.py
+    if x.device.type == "cpu" and not _device.INTERPRETED:
+        return moe.launch(BASELINE, x, w, offsets, out)
+    key = moe.dispatch_key(x, w, _modes.current(x.is_cuda))
+    config = DISPATCHER.cached(key)
+    if config is None:
+        problem = moe.balanced_problem(moe._DTYPE_NAMES[x.dtype], "n" + key[6], *key[2:6])
+        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(x.device), key[-1])
+        if _REC.on:
+            _REC.seen(key, MOE_MATMUL.name, problem, current_device(x.device))
+    if _REC.on:
+        _REC.counts[key] += 1
+    return moe.launch(config, x, w, offsets, out)
+
+
+# What the two functions are when Dynamo traces them: the operators, whose fakes give the graph its shapes, so
+# no Python body with locks or caches is traced. The compiled graph then runs each operator, which calls the
+# function eagerly.
+
+def traced_grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return torch.ops.triton_tuner.grouped_matmul(list(As), list(Bs))
+
+
+def traced_moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """The operator zeroes the rows at or past ``offsets[-1]``, which the eager call leaves unwritten."""
+    if out is None:
+        return torch.ops.triton_tuner.moe_matmul(x, w, offsets)
+    torch.ops.triton_tuner.moe_matmul_out(x, w, offsets, out)
+    return out
