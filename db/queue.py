@@ -204,7 +204,8 @@ class JobQueue:
                                     model.problem_key, model.worker, worker)
                     if model.attempts >= MAX_ATTEMPTS:
                         model.state, model.finished_at, model.lease_until = FAILED, now, None
-                        model.error = f"its worker was lost {model.attempts} times (last: {model.worker})"
+                        noted = f"; {model.error}" if model.error else ""
+                        model.error = f"its worker was lost {model.attempts} times (last: {model.worker}){noted}"
                         session.flush()
                         continue
                 model.state, model.worker, model.attempts = RUNNING, worker, model.attempts + 1
@@ -223,6 +224,28 @@ class JobQueue:
         """Mark ``worker``'s job done (or failed with ``error``); False if the job is no longer its."""
         return self._owned_update(job_id, worker, state=FAILED if error else DONE, error=error,
                                   lease_until=None, finished_at=utc_now())
+
+    def fault(self, job_id: int, worker: str, reason: str) -> str | None:
+        """A worker whose GPU faulted on this job gives it back at once (not after its lease), noting
+        ``reason``; the claim counts against ``MAX_ATTEMPTS``, and the job fails with the reason once it
+        has used them all. Returns the job's new state, or None if the job is no longer ``worker``'s."""
+
+        def work(session: Session) -> str | None:
+            model = session.scalars(select(JobModel).where(JobModel.id == job_id, JobModel.worker == worker,
+                                                           JobModel.state == RUNNING).with_for_update()).one_or_none()
+            if model is None:
+                return None
+            if model.attempts >= MAX_ATTEMPTS:
+                model.state, model.finished_at = FAILED, utc_now()
+                model.error = f"faulted the GPU on {model.attempts} attempts; last: {reason}"
+            else:
+                model.state, model.worker = QUEUED, None
+                model.error = f"attempt {model.attempts} faulted the GPU: {reason}"
+            model.lease_until = None
+            session.flush()
+            return model.state
+
+        return self._run(work)
 
     def release(self, job_id: int, worker: str) -> bool:
         """Give a job back to the queue unfinished (a worker stopping cleanly, or interrupted); its study

@@ -297,6 +297,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              f"{STATIC_SETTING_S:g} s of it left (default 400)")
     parser.add_argument("--quick", action="store_true", help=f"{', '.join(QUICK_MODELS)}; prefill 512, "
                         "generate batch 1 and 16, no static cache, 2 rounds")
+    parser.add_argument("--no-shipped", action="store_true",
+                        help="dispatch without the tables shipped in the package: a GPU nobody tuned")
     parser.add_argument("--cpu-smoke", action="store_true", help="tiny dims on the CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_models_out"))
     args = parser.parse_args(argv)
@@ -365,8 +367,10 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.no_shipped:
+        kernels.use_database(use_shipped=False)  # the user's database (TUNER_DB) only
     device = kernels.current_device()
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
+    meta = {"shipped_tables": not args.no_shipped, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "triton": __import__("triton").__version__, "layers": args.layers, "rounds": args.rounds,
             "new_tokens": args.new_tokens, "argv": sys.argv[1:],

@@ -1,18 +1,27 @@
-"""Scaling of the fleet on one host: tune the same problems with 1 and with N GPU workers, each from an
-empty database with the same budget per problem, and report the wall-time ratio; then a run where one
-worker is killed with SIGKILL mid-run, checked for lost or duplicated jobs and trials counted twice.
+"""The fleet on one multi-GPU host: how `search --problems FILE --gpus ...` scales with 1, 2 and 4 GPUs, where
+the time goes, and what a worker killed mid-job costs.
 
 Phases (each fits one 10-minute GPU command; results accumulate as JSON under --out):
-    one     `python -m tuner search --problems FILE --gpus 0` on a fresh database
-    many    the same with `--gpus 0,1,...` (--gpus, default all visible)
-    kill    as `many`, and SIGKILL to one busy worker once --kill-after jobs are done (lease --lease s)
-    report  print the table: wall times, ratio, and the kill check
-The problems are the first --count fp16 problems of the model corpus (benchmarks/corpus/models.json),
-spread over its models and token counts; the file used is written to --out/problems.txt.
+    scale   one `search` run per GPU count of --counts, in the order given (pass 1,2,4 once and 4,2,1 once:
+            alternating the order shows what the order costs). Each run starts from an empty database and an
+            empty Triton compile cache (one cache shared by that run's workers), so no run profits from another.
+    kill    `search` on --gpus (default 0,1), and SIGKILL to one busy worker once --kill-after jobs are done:
+            the other finishes everything, the killed job resumes its study, nothing is stored twice.
+    report  the table: wall time and speed-up per GPU count (each run and the median), where the time went
+            (start-up to the first claim, jobs, idle workers, the last job running alone, exit), the order of
+            the jobs replayed from their measured durations (file order against largest first), and the kill
+            check. Writes --out/report.json.
 
-GPU command (2 GPUs):
-    OUT=/tmp/fleet python scripts/fleet_bench.py --phase one && python scripts/fleet_bench.py --phase many \
-        && python scripts/fleet_bench.py --phase kill && python scripts/fleet_bench.py --phase report
+The problems are the GEMMs a patched --model runs per decoder layer (query/key/value, output, gated MLP, down
+projection; benchmarks/corpus/models.json), at each --tokens row count: what record mode sees when the model
+serves decode batches and prompts. Qwen2.5-7B at the 8 default row counts gives 32 problems.
+
+--pg starts a PostgreSQL server on loopback (tests/pg_server.py; PG_BIN names its binaries' folder) and gives
+each run a fresh database on it; without it each run has a fresh SQLite file.
+
+GPU command (4 GPUs, PostgreSQL):
+    python scripts/fleet_bench.py --phase scale --counts 1,2,4 --pg --out $OUT/fleet
+    python scripts/fleet_bench.py --phase report --out $OUT/fleet
 CPU dry run (tiny shapes under the interpreter, to check the script): add --cpu-dry-run.
 """
 
@@ -21,55 +30,113 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CPU_SHAPES = ("16x32x32", "32x16x32", "16x16x32", "32x32x16", "16x32x16", "32x16x16")
+DEFAULT_TOKENS = "1,4,8,16,32,64,128,512"
+STATS = re.compile(r"sampler ([\d.]+) s, waiting for compiles ([\d.]+) s, timing ([\d.]+) s, head-to-head ([\d.]+) s")
 
 
-def write_problems(out: Path, count: int, cpu: bool) -> Path:
-    if cpu:
-        lines = [f"matmul fp16:nn:{shape}" for shape in CPU_SHAPES[:count]]
+# ---------------------------------------------------------------------------------------------- problems
+
+def model_problems(model: str, tokens: list[int]) -> list[str]:
+    """'kernel key' lines: the GEMMs a patched ``model`` runs per decoder layer, at each row count."""
+    from tuner import corpus
+
+    def of(entries, layers: set[str] | None = None) -> list[tuple[str, int, int]]:
+        found = {}
+        for entry in entries:
+            if entry.model == model and (layers is None or layers & set(entry.layers)):
+                (_, n, k), = entry.problem.shapes
+                found[(entry.problem.kernel, n, k)] = None
+        return list(found)
+
+    biased = of(corpus.bias_entries("all"))
+    shapes = (biased or of(corpus.qkv_entries("all"))) + of(corpus.entries("all"), {"o_proj", "down_proj"}) \
+        + of(corpus.gated_entries("all"))
+    if not shapes:
+        raise SystemExit(f"--model {model}: not in benchmarks/corpus/models.json")
+    return [f"{kernel} bf16:nt:{m}x{n}x{k}" for m in tokens for kernel, n, k in shapes]
+
+
+def write_problems(out: Path, args: argparse.Namespace) -> Path:
+    if args.cpu_dry_run:
+        lines = [f"matmul fp16:nn:{shape}" for shape in CPU_SHAPES]
     else:
-        from tuner.corpus import corpus_problems
-
-        fp16 = [p for p in corpus_problems("all") if p.dtype == "fp16"]
-        step = max(1, len(fp16) // count)
-        lines = [f"matmul {p.key}" for p in fp16[::step][:count]]
+        lines = model_problems(args.model, [int(t) for t in args.tokens.split(",")])
     path = out / "problems.txt"
-    path.write_text("# fleet_bench problems: kernel problem-key\n" + "\n".join(lines) + "\n")
+    path.write_text(f"# fleet_bench problems: {args.model} per decoder layer at {args.tokens} rows\n"
+                    + "\n".join(lines) + "\n")
     return path
 
 
-def search(out: Path, name: str, problems: Path, gpus: str, args: argparse.Namespace,
+# ---------------------------------------------------------------------------------------------- databases
+
+class Databases:
+    """A fresh database URL per run: SQLite files under --out, or databases on one PostgreSQL server."""
+
+    def __init__(self, out: Path, pg: bool) -> None:
+        self.out, self.server = out, None
+        if pg:
+            from tests.pg_server import PgServer, find_bin
+
+            folder = find_bin()
+            if folder is None:
+                raise SystemExit("--pg: no initdb/pg_ctl found; set PG_BIN to their folder (docs/FLEET.md)")
+            self.server = PgServer(folder).start()
+
+    def fresh(self, name: str) -> str:
+        if self.server is not None:
+            return self.server.fresh_url()
+        db = self.out / f"{name}.db"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{db}{suffix}").unlink(missing_ok=True)
+        return f"sqlite:///{db}"
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- runs
+
+def search(out: Path, name: str, problems: Path, gpus: str, url: str, args: argparse.Namespace,
            kill_after: int | None = None) -> dict:
-    """One `search` run on a fresh SQLite database; returns its wall time and the queue at the end."""
-    db = out / f"{name}.db"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
-    url = args.db_prefix + str(db) if not args.pg_url else args.pg_url
+    """One `search` run with an empty compile cache; its wall time, the queue's account and the checks."""
+    cache = out / f"triton-cache-{name}"
+    shutil.rmtree(cache, ignore_errors=True)
     argv = [sys.executable, "-m", "tuner", "search", "--problems", str(problems), "--budget", str(args.trials),
             "--gpus", gpus, "--lease", str(args.lease), "--seed", "0", "--db", url]
     if args.cpu_dry_run:
         argv += ["--device", "cpu"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **({"TRITON_INTERPRET": "1"} if args.cpu_dry_run else {}))
-    log = open(out / f"{name}.log", "w")
-    began = time.perf_counter()
-    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, TRITON_CACHE_DIR=str(cache),
+               **({"TRITON_INTERPRET": "1"} if args.cpu_dry_run else {}))
+    log_path = out / f"{name}.log"
     killed: dict = {}
-    if kill_after is not None:
-        threading.Thread(target=_kill_one, args=(url, kill_after, killed), daemon=True).start()
-    code = process.wait()
-    wall = time.perf_counter() - began
-    return {"name": name, "gpus": gpus, "returncode": code, "wall_s": wall, "url": url, "killed": killed,
-            **check(url, args)}
+    with log_path.open("w") as log:
+        launched = time.time()
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if kill_after is not None:
+            threading.Thread(target=_kill_one, args=(url, kill_after, killed), daemon=True).start()
+        code = process.wait()
+        ended = time.time()
+    shutil.rmtree(cache, ignore_errors=True)
+    return {"name": name, "gpus": gpus, "workers": len(gpus.split(",")), "returncode": code,
+            "wall_s": ended - launched, "killed": killed,
+            "timeline": timeline(url, launched, ended, log_path.read_text()), **check(url, args)}
 
 
 def _kill_one(url: str, after: int, killed: dict) -> None:
@@ -85,13 +152,56 @@ def _kill_one(url: str, after: int, killed: dict) -> None:
                 if queue.counts()["done"] < after:
                     continue
                 busy = [w for w in queue.workers() if w.state == "busy" and w.job_id is not None]
-        except Exception:  # noqa: BLE001 - the database may not exist yet
+        except Exception:  # noqa: BLE001 - the database may not be set up yet
             continue
         if busy:
             victim = busy[0]
             os.kill(victim.pid, signal.SIGKILL)
             killed.update(worker=victim.name, pid=victim.pid, job_id=victim.job_id, at=time.time())
             return
+
+
+def _seconds(when: datetime | None, since: float) -> float | None:
+    if when is None:
+        return None
+    if when.tzinfo is None:  # SQLite gives the stored UTC time back naive
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp() - since
+
+
+def timeline(url: str, launched: float, ended: float, log_text: str) -> dict:
+    """Where the run's wall time went, from the queue's timestamps (seconds after launch) and the workers' log."""
+    from db import Store
+    from db.queue import JobQueue
+
+    with Store(url) as store:
+        jobs = JobQueue(store).jobs()
+    spans = [(job.worker or "?", _seconds(job.started_at, launched), _seconds(job.finished_at, launched),
+              job.spec.kernel + " " + job.spec.problem_key) for job in jobs]
+    spans = [s for s in spans if s[1] is not None and s[2] is not None]
+    if not spans:
+        return {}
+    workers = sorted({s[0] for s in spans})
+    last_finish = {w: max(s[2] for s in spans if s[0] == w) for w in workers}
+    end_of_jobs = max(last_finish.values())
+    first_claim = min(s[1] for s in spans)
+    # With one worker nothing runs beside the last job: "alone" is the time the others sat idle waiting for it.
+    others_done = max([t for w, t in last_finish.items() if t < end_of_jobs] or [end_of_jobs])
+    busy = sum(s[2] - s[1] for s in spans)
+    stats = [tuple(map(float, m)) for m in STATS.findall(log_text)]
+    return {
+        "first_claim_s": first_claim,  # process start, imports, CUDA, the database: before any job runs
+        "end_of_jobs_s": end_of_jobs,
+        "exit_s": (ended - launched) - end_of_jobs,
+        "job_seconds": busy,  # summed over workers
+        "idle_worker_s": len(workers) * (end_of_jobs - first_claim) - busy,
+        "last_job_alone_s": end_of_jobs - others_done,
+        "per_worker_first_claim_s": {w: min(s[1] for s in spans if s[0] == w) for w in workers},
+        "jobs": [{"problem": s[3], "worker": s[0], "start_s": round(s[1], 2), "end_s": round(s[2], 2)}
+                 for s in sorted(spans, key=lambda s: s[1])],
+        "log_sums_s": {"sampler": sum(s[0] for s in stats), "compile_wait": sum(s[1] for s in stats),
+                       "timing": sum(s[2] for s in stats), "head_to_head": sum(s[3] for s in stats)},
+    }
 
 
 def check(url: str, args: argparse.Namespace) -> dict:
@@ -110,51 +220,104 @@ def check(url: str, args: argparse.Namespace) -> dict:
         records = store.records()
     per_problem: dict[str, int] = {}
     for record in records:
-        per_problem[record.problem_key] = per_problem.get(record.problem_key, 0) + 1
+        name = f"{record.kernel} {record.problem_key}"
+        per_problem[name] = per_problem.get(name, 0) + 1
     trials = {}
     for job in jobs:
         problem = kernels.Problem.from_key(job.spec.kernel, job.spec.problem_key)
         study = optuna.load_study(study_name=study_name(device, problem), storage=storage)
-        trials[job.spec.problem_key] = len(measured_trials(study))
+        trials[f"{job.spec.kernel} {job.spec.problem_key}"] = len(measured_trials(study))
+    names = [f"{j.spec.kernel} {j.spec.problem_key}" for j in jobs]
     return {"states": {s: sum(j.state == s for j in jobs) for s in ("queued", "running", "done", "failed")},
-            "attempts": {j.spec.problem_key: j.attempts for j in jobs if j.attempts != 1},
+            "errors": {n: j.error for n, j in zip(names, jobs) if j.state == "failed"},
+            "attempts": {n: j.attempts for n, j in zip(names, jobs) if j.attempts != 1},
             "records_per_problem_not_2": {k: v for k, v in per_problem.items() if v != len(kernels.MODES)},
-            "problems_without_records": sorted(j.spec.problem_key for j in jobs if j.spec.problem_key not in per_problem),
+            "problems_without_records": sorted(n for n in names if n not in per_problem),
             "studies_not_at_budget": {k: v for k, v in trials.items() if v != args.trials}}
 
 
-def report(out: Path) -> None:
-    runs = {name: json.loads((out / f"{name}.json").read_text()) for name in ("one", "many", "kill")
-            if (out / f"{name}.json").exists()}
-    print(f"{'run':<6} {'gpus':<10} {'wall s':>8}  states")
-    for name, run in runs.items():
-        print(f"{name:<6} {run['gpus']:<10} {run['wall_s']:8.1f}  {run['states']}")
-    if "one" in runs and "many" in runs:
-        print(f"speed-up {runs['one']['wall_s'] / runs['many']['wall_s']:.2f}x with "
-              f"{len(runs['many']['gpus'].split(','))} GPUs")
-    if "kill" in runs:
-        k = runs["kill"]
+# ---------------------------------------------------------------------------------------------- report
+
+def replay(durations: list[float], workers: int) -> float:
+    """The makespan of jobs taken in this order by ``workers`` workers, each taking the next when free."""
+    free = [0.0] * workers
+    for duration in durations:
+        free.sort()
+        free[0] += duration
+    return max(free)
+
+
+def report(out: Path) -> dict:
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("scale-*.json"))]
+    runs.sort(key=lambda r: r["started"])
+    print(f"{'run':<22} {'GPUs':>4} {'wall s':>7} {'to 1st claim':>12} {'jobs s':>7} {'idle s':>7} "
+          f"{'alone s':>7} {'exit s':>6}  states")
+    for run in runs:
+        t = run["timeline"]
+        print(f"{run['name']:<22} {run['workers']:>4} {run['wall_s']:7.1f} {t.get('first_claim_s', 0):12.1f} "
+              f"{t.get('job_seconds', 0):7.1f} {t.get('idle_worker_s', 0):7.1f} {t.get('last_job_alone_s', 0):7.1f} "
+              f"{t.get('exit_s', 0):6.1f}  {run['states']}")
+    by_count: dict[int, list[float]] = {}
+    for run in runs:
+        by_count.setdefault(run["workers"], []).append(run["wall_s"])
+    result: dict = {"runs": [{k: v for k, v in r.items() if k != "timeline"} | {"timeline": {
+        k: v for k, v in r["timeline"].items() if k != "jobs"}} for r in runs]}
+    if 1 in by_count:
+        one = statistics.median(by_count[1])
+        result["speedup"] = {}
+        for count, walls in sorted(by_count.items()):
+            ratios = [round(one / w, 2) for w in walls]
+            result["speedup"][count] = {"median_wall_s": statistics.median(walls), "speedup": round(one / statistics.median(walls), 2),
+                                        "each": ratios}
+            print(f"{count} GPU(s): median wall {statistics.median(walls):.1f} s, speed-up {one / statistics.median(walls):.2f}x "
+                  f"(each run against the median 1-GPU wall: {ratios})")
+        single = [r for r in runs if r["workers"] == 1 and r["timeline"].get("jobs")]
+        if single:
+            jobs = single[0]["timeline"]["jobs"]
+            file_order = [j["end_s"] - j["start_s"] for j in jobs]
+            largest = sorted(file_order, reverse=True)
+            result["replay"] = {}
+            for count in sorted(by_count):
+                if count > 1:
+                    result["replay"][count] = {"claim_order": round(replay(file_order, count), 1),
+                                               "longest_first": round(replay(largest, count), 1),
+                                               "perfect": round(sum(file_order) / count, 1)}
+                    print(f"replayed on {count} workers from the 1-GPU run's job times: claim order "
+                          f"{result['replay'][count]['claim_order']} s, longest first "
+                          f"{result['replay'][count]['longest_first']} s, perfectly even {result['replay'][count]['perfect']} s")
+    kill_path = out / "kill.json"
+    if kill_path.exists():
+        k = json.loads(kill_path.read_text())
         clean = (not k["attempts"] or set(k["attempts"].values()) == {2}) and not k["records_per_problem_not_2"] \
             and not k["problems_without_records"] and not k["studies_not_at_budget"] and k["states"]["queued"] == 0 \
-            and k["states"]["running"] == 0
+            and k["states"]["running"] == 0 and k["states"]["failed"] == 0 and bool(k["killed"])
+        result["kill"] = {**{key: k[key] for key in ("killed", "states", "attempts", "records_per_problem_not_2",
+                                                   "problems_without_records", "studies_not_at_budget", "wall_s")},
+                          "passed": clean}
         print(f"kill: {k['killed']}; jobs run twice {k['attempts']}; records not 2 per problem "
               f"{k['records_per_problem_not_2']}; missing {k['problems_without_records']}; studies not at budget "
-              f"{k['studies_not_at_budget']} -> {'PASS' if clean else 'FAIL'}")
+              f"{k['studies_not_at_budget']}; states {k['states']} -> {'PASS' if clean else 'FAIL'}")
+    (out / "report.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
 
+
+# ---------------------------------------------------------------------------------------------- main
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--phase", required=True, choices=("one", "many", "kill", "report"))
-    parser.add_argument("--count", type=int, default=40, help="problems (default 40)")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--phase", required=True, choices=("scale", "kill", "report"))
+    parser.add_argument("--counts", default="1,2,4", help="GPU counts of the scale phase, in order (default 1,2,4)")
+    parser.add_argument("--model", default="Qwen2.5-7B", help="the model whose layers are the problems")
+    parser.add_argument("--tokens", default=DEFAULT_TOKENS, help=f"row counts (default {DEFAULT_TOKENS})")
     parser.add_argument("--trials", type=int, default=8, help="measured trials per problem (default 8)")
-    parser.add_argument("--gpus", default="all", help="GPUs of the many/kill runs (default all)")
+    parser.add_argument("--gpus", default="0,1", help="GPUs of the kill phase (default 0,1)")
     parser.add_argument("--lease", type=float, default=30.0, help="job lease in seconds (default 30)")
-    parser.add_argument("--kill-after", type=int, default=5, help="kill a worker once this many jobs are done")
-    parser.add_argument("--pg-url", default=None, help="run against this (empty) PostgreSQL database instead")
+    parser.add_argument("--kill-after", type=int, default=4, help="kill a worker once this many jobs are done")
+    parser.add_argument("--pg", action="store_true", help="a PostgreSQL server on loopback (PG_BIN), not SQLite")
     parser.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes under the interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT", "fleet_bench_out"))
     args = parser.parse_args()
-    args.db_prefix = "sqlite:///"
     if args.cpu_dry_run:
         os.environ["TRITON_INTERPRET"] = "1"  # before this process imports triton (check() reads the studies)
     out = Path(args.out)
@@ -162,20 +325,26 @@ def main() -> int:
     if args.phase == "report":
         report(out)
         return 0
-    if args.cpu_dry_run:
-        args.count = min(args.count, len(CPU_SHAPES))
-    problems = write_problems(out, args.count, args.cpu_dry_run)
-    if args.gpus == "all" and not args.cpu_dry_run:
-        import torch
-
-        args.gpus = ",".join(str(i) for i in range(torch.cuda.device_count()))
-    elif args.gpus == "all":
-        args.gpus = "0,1"
-    gpus = "0" if args.phase == "one" else args.gpus
-    result = search(out, args.phase, problems, gpus, args, args.kill_after if args.phase == "kill" else None)
-    (out / f"{args.phase}.json").write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({k: v for k, v in result.items() if k != "url"}, default=str))
-    return 0 if result["returncode"] in (0, 1) else 1
+    problems = write_problems(out, args)
+    databases = Databases(out, args.pg)
+    try:
+        if args.phase == "kill":
+            result = search(out, "kill", problems, args.gpus, databases.fresh("kill"), args, args.kill_after)
+            (out / "kill.json").write_text(json.dumps(result, indent=1, default=str))
+            print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, default=str), flush=True)
+            return 0
+        for count in (int(c) for c in args.counts.split(",")):
+            name = f"scale-{time.strftime('%H%M%S')}-{count}gpu"
+            started = time.time()
+            result = search(out, name, problems, ",".join(str(i) for i in range(count)), databases.fresh(name), args)
+            result["started"] = started
+            (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+            t = result["timeline"]
+            print(f"{name}: {result['wall_s']:.1f} s, first claim {t.get('first_claim_s', 0):.1f} s, last job alone "
+                  f"{t.get('last_job_alone_s', 0):.1f} s, {result['states']}", flush=True)
+    finally:
+        databases.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@
 #              no table either): the held-out part (Linears, stacked q/k/v), then the unseen models (stacked
 #              q/k/v, Linears per dtype, gated MLPs, biased q/k/v), each against torch in both modes, until
 #              OOB_BUDGET seconds (default 540) are spent; every run's files in $OUT/out-of-box.tgz as well
+#   fleet-scale  scripts/fleet_bench.py's scale phase on PostgreSQL: one `search --gpus` run per GPU count of COUNTS
+#              (default 1,2,4, in that order; run 4,2,1 in another call), then its report
+#   fleet-kill  scripts/fleet_bench.py's kill phase on GPUs 0,1 (PostgreSQL)
+#   fleet-tests  the fleet's GPU tests (2 GPUs or more): a faulting job, the pool's device-fault tests
 #   one-row-layer  the epilogues' one-row loop on the GPU (its tests), then the decoder layer at one decode token
 #              with the layer's untuned problems quick-tuned (the gated gate/up product among them), against
 #              torch in a CUDA graph and max-autotune (docs/BENCHMARKS.md, 2026-11-26, "Still open")
@@ -51,7 +55,31 @@ sweep() {
         --out "$out/$3" 2>&1 | tee -a "$log"
 }
 
+# PostgreSQL for the fleet stages: PG_BIN, Debian's package, or the server binaries of a pgserver wheel carried in
+# .whl-pg/ (docs/FLEET.md); as root the server runs as user postgres, made here if the image lacks it.
+pg_setup() {
+    if [ -z "${PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+        wheel=$(ls .whl-pg/pgserver-*.whl 2>/dev/null | head -1)
+        [ -n "$wheel" ] || { echo "no PostgreSQL: set PG_BIN or carry a pgserver wheel in .whl-pg/" >&2; exit 2; }
+        mkdir -p /tmp/pg && $py -m zipfile -e "$wheel" /tmp/pg && chmod -R a+rX /tmp/pg
+        export PG_BIN=/tmp/pg/pgserver/pginstall/bin
+        chmod a+x "$PG_BIN"/*
+    fi
+    if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then useradd --system postgres; fi
+}
+
 case "$stage" in
+fleet-scale)
+    pg_setup
+    $py scripts/fleet_bench.py --phase scale --counts "${COUNTS:-1,2,4}" --pg --out "$out/fleet" 2>&1 | tee -a "$log"
+    $py scripts/fleet_bench.py --phase report --out "$out/fleet" 2>&1 | tee -a "$log" ;;
+fleet-kill)
+    pg_setup
+    $py scripts/fleet_bench.py --phase kill --gpus 0,1 --pg --out "$out/fleet" 2>&1 | tail -3 | cut -c1-3000 | tee -a "$log" ;;
+fleet-tests)
+    pg_setup
+    $py -m pytest -q tests/tuner_tests/test_fleet_faults.py tests/tuner_tests/test_workers.py \
+        tests/kernels_tests/test_hotpath_multigpu.py -m gpu -p no:cacheprovider -rfs 2>&1 | tail -30 | tee -a "$log" ;;
 out-of-box)
     # One tarball beside the files: the device tool brings back a limited number of files from $OUT.
     mkdir -p "$out/out-of-box"

@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from db import StoreError  # torch- and triton-free: safe before the interpreter switch
 
-from .errors import UserError  # re-exported: tests and callers import it from here
+from .errors import DEVICE_FAULT_EXIT, DeviceFault, UserError  # UserError re-exported: tests import it from here
 
 # tuner.corpus.PARTS, spelled here: importing tuner.corpus imports kernels (torch, triton) before main() can
 # switch the interpreter on (a test keeps the two equal).
@@ -184,10 +184,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             _prepare_device(args.device)
         from . import commands  # imports kernels (and so triton) only now
 
+        from .workers import import_user_modules
+
+        import_user_modules()
+
         return getattr(commands, f"cmd_{args.command}")(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except DeviceFault as exc:
+        print(f"error: a candidate faulted the GPU ({exc}); this process cannot use the GPU any more. Its job is "
+              "queued again (it fails after 3 faults); run the same command again to go on", file=sys.stderr)
+        return DEVICE_FAULT_EXIT
     except (ValueError, TypeError, OSError, StoreError) as exc:  # each names the bad value and the way out
         print(f"error: {exc}", file=sys.stderr)
         return 2

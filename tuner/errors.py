@@ -1,7 +1,40 @@
-"""The tuner's user-facing error, shared by the command line and the library functions it calls."""
+"""The tuner's errors that callers act on: the user's mistakes, and a GPU that faulted under a candidate."""
 
 from __future__ import annotations
+
+# A worker process whose GPU context faulted exits with this status (EX_TEMPFAIL): the GPU itself is fine
+# once the process is gone, so `search --gpus` starts a fresh worker on it.
+DEVICE_FAULT_EXIT = 75
 
 
 class UserError(Exception):
     """A mistake the user can fix; the CLI prints it without a traceback and exits 2."""
+
+
+class DeviceFault(RuntimeError):
+    """A candidate faulted the GPU (an illegal address, a device-side assert) in this process. Its CUDA context
+    is broken for good: every later call here would fail too, so the process must stop, and the job go on in
+    another one."""
+
+
+def device_faulted() -> bool:
+    """Whether this process's CUDA context took a sticky fault. PyTorch raises the fault as an error and the
+    process lives on, but every later CUDA call in it fails; a bare synchronize tells."""
+    import torch
+
+    import kernels
+
+    if not torch.cuda.is_available() or kernels.interpreter_enabled():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error of a bare synchronize is the context's
+        return True
+    return False
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` is the GPU's (a CUDA error, an illegal address, a device-side assert), not the job's."""
+    text = str(exc)
+    return "CUDA error" in text or "device-side assert" in text or "illegal memory access" in text \
+        or type(exc).__name__ == "AcceleratorError"

@@ -27,6 +27,7 @@ import kernels
 from db import Record, Store, StoreError, StoreUnreachable
 from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 
+from .errors import DeviceFault, is_device_fault
 from .search import Budget, NoWinner, tune_problem
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,11 @@ def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, 
             lease.start()
             try:
                 record, error = _attempt(job, device, store, storage, hooks)
+            except DeviceFault as fault:
+                # This process's CUDA context may be broken: hand the job on at once, with the reason, and stop.
+                lease.stop()
+                _hand_on_faulted(queue, job, name, str(fault))
+                raise
             except (KeyboardInterrupt, SystemExit):
                 # Interrupted (Ctrl-C): give the job back, so that a rerun resumes it at once rather than
                 # after its lease runs out; stop renewing first, or a renewal would read as a lost lease.
@@ -183,21 +189,30 @@ def _attempt(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna
         # The database, not the job, is at fault, and the job cannot be marked anyway: stop; the lease runs
         # out and a worker that reaches the database resumes the job.
         raise
+    except DeviceFault:  # the search saw this process's GPU context break (run_worker hands the job on)
+        raise
     except Exception as exc:
-        if _device_fault(exc):
+        if is_device_fault(exc):
             # A CUDA error can leave this process's context broken: every later job would fail here too.
-            # Stop, as a crashed worker would; the lease runs out, another worker takes the job, and a job
-            # that kills every worker fails after MAX_ATTEMPTS.
-            raise
+            # Stop; the job goes back to the queue for another worker (or this GPU's next one: `search
+            # --gpus` starts one), and a job that faults every worker fails after MAX_ATTEMPTS, with the reason.
+            raise DeviceFault(f"{type(exc).__name__}: {exc}".splitlines()[0][:500]) from exc
         log.exception("job %d (%s %s) failed", job.id, job.spec.kernel, job.spec.problem_key)
         return None, f"{type(exc).__name__}: {exc}"
 
 
-def _device_fault(exc: BaseException) -> bool:
-    """Whether ``exc`` is the GPU's (a CUDA error, an illegal address, a device-side assert), not the job's."""
-    text = str(exc)
-    return "CUDA error" in text or "device-side assert" in text or "illegal memory access" in text \
-        or type(exc).__name__ == "AcceleratorError"
+def _hand_on_faulted(queue: JobQueue, job: Job, name: str, reason: str) -> None:
+    try:
+        state = queue.fault(job.id, name, reason)
+    except StoreError as exc:  # the lease runs out instead, and the next claim counts the attempt
+        log.warning("worker %s could not hand on job %d after a GPU fault: %s", name, job.id, exc)
+        return
+    if state == "failed":
+        log.error("job %d (%s %s) failed: it faulted the GPU on every attempt; last: %s", job.id, job.spec.kernel,
+                  job.spec.problem_key, reason)
+    elif state is not None:
+        log.warning("job %d (%s %s) faulted the GPU (%s); it is queued again for another worker", job.id,
+                    job.spec.kernel, job.spec.problem_key, reason)
 
 
 def _give_back(queue: JobQueue, job: Job, name: str) -> None:

@@ -17,7 +17,7 @@ from db._plausible import MAX_DIM, MAX_GEMMS
 from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 from db.recorded import recorded
 
-from .errors import UserError
+from .errors import DEVICE_FAULT_EXIT, UserError
 from .fleet import WorkerHooks, job_specs, optuna_storage, parse_gpus, run_worker, spawn_gpu_workers
 from .search import Budget
 
@@ -66,7 +66,7 @@ def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
     """Problems and their weights from ``path``: one ``kernel dtype:layout:shape [weight]`` per line.
 
     ``#`` starts a comment; blank lines are skipped. The weight (default 1) is how much the problem
-    matters (e.g. its share of the model's GEMM time); higher weights are tuned first, ties in file order.
+    matters (e.g. its share of the model's GEMM time); higher weights are tuned first, ties largest problem first.
     Every bad line is reported at once."""
     try:
         lines = Path(path).read_text().splitlines()
@@ -100,9 +100,12 @@ def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
     if not problems:
         raise UserError(f"--problems {path} lists no problem; give one 'kernel dtype:layout:shape [weight]' "
                         "per line, e.g. 'matmul bf16:nt:16x4096x4096'")
-    # Weight first, then file order: the queue claims the highest priority first.
+    # Weight first; among equal weights the largest problem, which takes longest to tune: started first, it
+    # does not leave a fleet's last worker tuning it alone while the others idle. Then file order.
     count = len(problems)
-    return problems, [w * count + (count - i) / (count + 1) for i, w in enumerate(weights)]
+    by_size = sorted(range(count), key=lambda i: (-problems[i].flops, i))
+    rank = {index: position for position, index in enumerate(by_size)}
+    return problems, [w * count + (count - rank[i]) / (count + 1) for i, w in enumerate(weights)]
 
 
 def recorded_problems(store: Store, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
@@ -145,21 +148,42 @@ def _say_which_kept_their_budget(queue: JobQueue, specs: list[JobSpec]) -> None:
               "run the search again when it is done to tune it further", flush=True)
 
 
+# A GPU whose worker a candidate's fault ended gets a fresh worker at most this many times in one run.
+RESTARTS_PER_GPU = 8
+
+
 def _work_on_gpus(args: argparse.Namespace, store: Store, ids: set[int], lease_s: float) -> None:
     gpus = gpu_list(args)
     extra = ["--lease", str(lease_s)] + (["--workers", str(args.workers)] if args.workers is not None else [])
-    processes = spawn_gpu_workers(store.url, gpus, args.device, extra)
+    processes = dict(zip(gpus, spawn_gpu_workers(store.url, gpus, args.device, extra)))
     print(f"started {len(processes)} worker(s) on GPU(s) {','.join(gpus)}", flush=True)
     queue = JobQueue(store)
     printed = time.monotonic()
-    while any(process.poll() is None for process in processes):
+    restarts = dict.fromkeys(gpus, 0)
+    codes: dict[str, int] = {}
+    while processes:
         time.sleep(0.5)
+        for gpu, process in list(processes.items()):
+            if process.poll() is None:
+                continue
+            del processes[gpu]
+            codes[gpu] = process.returncode
+            # A worker whose GPU context a candidate broke exits DEVICE_FAULT_EXIT after handing its job on; the
+            # GPU is sound for a new process, and the run's jobs may need it.
+            if process.returncode == DEVICE_FAULT_EXIT and restarts[gpu] < RESTARTS_PER_GPU and _unfinished(queue, ids):
+                restarts[gpu] += 1
+                print(f"the worker on GPU {gpu} stopped after a GPU fault; starting a fresh one "
+                      f"({restarts[gpu]} of at most {RESTARTS_PER_GPU})", flush=True)
+                processes[gpu] = spawn_gpu_workers(store.url, [gpu], args.device, extra)[0]
         if time.monotonic() - printed >= STATUS_EVERY_S:
             printed = time.monotonic()
             print("  " + _counts_line(queue, ids), flush=True)
-    codes = [process.returncode for process in processes]
-    if any(codes):
-        print(f"worker exit codes: {codes}", flush=True)
+    if any(codes.values()):
+        print(f"worker exit codes: {[codes[gpu] for gpu in gpus]}", flush=True)
+
+
+def _unfinished(queue: JobQueue, ids: set[int]) -> bool:
+    return any(job.id in ids and job.state in ("queued", "running") for job in queue.jobs())
 
 
 def _counts_line(queue: JobQueue, ids: set[int]) -> str:

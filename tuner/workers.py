@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from kernels import Config, Problem
 
+from .errors import DeviceFault, device_faulted
+
 log = logging.getLogger(__name__)
 
 # A compile plus one check of the largest public-suite shape takes under 20 s on the H100 box
@@ -79,36 +81,37 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
 
 
 # A worker's exit status where a candidate left its GPU context faulted (os._exit: no cleanup can run there).
-DEVICE_FAULT_EXIT = 70
-
-
-def _device_faulted() -> bool:
-    """Whether this process's CUDA context took a sticky fault (an illegal address, a device-side assert).
-    PyTorch raises it as an error and the process lives on, but every later CUDA call in it fails."""
-    import torch
-
-    import kernels
-
-    if not torch.cuda.is_available() or kernels.interpreter_enabled():
-        return False
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - any error of a bare synchronize is the context's
-        return True
-    return False
+CANDIDATE_FAULT_EXIT = 70
 
 
 def _exit_if_device_faulted(doing: str, error: object) -> None:
     """End this worker where the candidate just run left its GPU context faulted: the parent then reports the
     candidate ``crashed`` and starts a sound worker, instead of the later candidates failing here one by one."""
-    if _device_faulted():
+    if device_faulted():
         print(f"worker {os.getpid()}: {doing} left the GPU faulted ({error}); this worker exits", file=sys.stderr,
               flush=True)
-        os._exit(DEVICE_FAULT_EXIT)
+        os._exit(CANDIDATE_FAULT_EXIT)
 
 
 def default_workers() -> int:
     return max(1, min(14, (os.cpu_count() or 2) - 2))
+
+
+def import_user_modules() -> None:
+    """Import the modules named by ``TUNER_IMPORT`` (comma-separated): modules that register kernels of
+    their own in ``kernels.KERNELS``, so that ``--problems`` files and the fleet's jobs can name them. Every
+    tuner process runs this: the CLI, the workers ``search --gpus`` starts (they inherit the variable), and
+    the compile and timing workers that check and time candidates."""
+    import importlib
+
+    from .errors import UserError
+
+    for name in filter(None, (part.strip() for part in os.environ.get("TUNER_IMPORT", "").split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise UserError(f"TUNER_IMPORT names {name!r}, which cannot be imported ({exc}); put the folder that "
+                            "holds it on PYTHONPATH, or take it out of TUNER_IMPORT") from None
 
 
 def _warm_worker() -> None:
@@ -118,6 +121,8 @@ def _warm_worker() -> None:
 
     import kernels
     from tuner import bench  # noqa: F401
+
+    import_user_modules()
 
     if torch.cuda.is_available() and not kernels.interpreter_enabled():
         torch.cuda.init()  # the CUDA context costs most of a second; not on a candidate's clock
@@ -329,11 +334,12 @@ def _worker_device():
 
 def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, incumbent_ms: float | None,
                        checked_error: float | None = None):
-    measurement = _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms,
-                                                               checked_error=checked_error)
-    if not measurement.ok:
-        _exit_if_device_faulted(f"timing {config_text}", measurement.reason)
-    return measurement
+    try:
+        return _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms,
+                                                            checked_error=checked_error)
+    except DeviceFault as fault:
+        _exit_if_device_faulted(f"timing {config_text}", fault)
+        raise
 
 
 def _baseline_in_worker(kernel: str, problem_key: str, seed: int, mode: str = "graph") -> float:

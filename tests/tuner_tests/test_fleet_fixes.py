@@ -149,7 +149,7 @@ def test_a_gpu_fault_stops_the_worker_rather_than_failing_the_job() -> None:
     """A CUDA error may leave the worker's context broken (every later job would fail there too), so it ends the
     worker as a crash would, and the job goes to another worker; a job's own error fails only the job. The
     messages are torch's; raising a real CUDA fault needs a GPU."""
-    from tuner.fleet import _device_fault
+    from tuner.errors import is_device_fault as _device_fault
 
     assert _device_fault(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert _device_fault(RuntimeError("CUDA error: device-side assert triggered"))
