@@ -200,7 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if args.command == "stamp":  # it writes once, at the end
+        if args.command == "worker":  # `search --gpus` stops its workers so, once its jobs are finished
+            print("worker stopped: a job it held is queued again, its finished trials kept", file=sys.stderr)
+        elif args.command == "stamp":  # it writes once, at the end
             print("interrupted: nothing was stored; run the same command again", file=sys.stderr)
         else:
             print("interrupted: finished trials are saved; run the same command again to resume", file=sys.stderr)

@@ -18,7 +18,7 @@ from .search import SAMPLERS, Budget, Progress, SearchStats, make_sampler
 from . import fleet_commands
 from .fleet import WorkerHooks
 from .fleet_commands import (check_size, gpu_list, lease_seconds, problems_from_file, recorded_problems,
-                             search_through_queue)
+                             search_through_queue, start_gpu_workers)
 from .workers import CheckPool
 from db.queue import Job
 
@@ -127,18 +127,21 @@ def cmd_search(args: argparse.Namespace) -> int:
     pool = None if device.is_cpu or args.workers == 0 or args.gpus else CheckPool(args.workers or None)
     if pool:
         pool.start()  # the workers import torch and triton while the database and study open
-    with _open_store(args.db) as store:
-        problems, priorities = named
-        kinds = sorted({p.kernel for p in problems})
-        print(f"tuning {len(problems)} {'/'.join(kinds) or spec.name} problem(s) on {device.name} ({device.alias}) "
-              f"into {store.url}")
-        hooks = _print_hooks(store)
-        hooks.tune_options["pool"] = pool
-        try:
-            jobs = search_through_queue(args, store, device, problems, priorities, budget, hooks)
-        finally:
-            if pool:
-                pool.close()
+    workers = start_gpu_workers(args)  # likewise: each GPU's worker starts up while this run enqueues
+    try:
+        with _open_store(args.db) as store:
+            problems, priorities = named
+            kinds = sorted({p.kernel for p in problems})
+            print(f"tuning {len(problems)} {'/'.join(kinds) or spec.name} problem(s) on {device.name} "
+                  f"({device.alias}) into {store.url}", flush=True)
+            hooks = _print_hooks(store)
+            hooks.tune_options["pool"] = pool
+            jobs = search_through_queue(args, store, device, problems, priorities, budget, hooks, workers)
+    finally:
+        if pool:
+            pool.close()
+        if workers:
+            workers.stop()
     kernels.clear_cache()
     failed = [job for job in jobs if job.state == "failed"]
     unfinished = [job for job in jobs if job.state in ("queued", "running")]

@@ -33,7 +33,7 @@ from .search import Budget, NoWinner, tune_problem
 log = logging.getLogger(__name__)
 
 # An idle worker with --wait looks for new jobs this often.
-POLL_S = 2.0
+POLL_S = 1.0
 # A job's options that reach tune_problem; a job queued by an older version lacks the later ones and
 # gets tune_problem's defaults for them (eager_passes came on 2026-11-26).
 TUNE_OPTIONS = ("sampler", "seed", "ahead", "use_shipped", "eager_passes")

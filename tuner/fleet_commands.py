@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import kernels
 from db import Store
+from db.store import default_url
 from db._plausible import MAX_DIM, MAX_GEMMS
 from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 from db.recorded import recorded
@@ -117,9 +120,10 @@ def recorded_problems(store: Store, device: kernels.DeviceInfo) -> tuple[list[ke
 
 def search_through_queue(args: argparse.Namespace, store: Store, device: kernels.DeviceInfo,
                          problems: list[kernels.Problem], priorities: list[float] | None, budget: Budget,
-                         hooks: WorkerHooks) -> list[Job]:
-    """Enqueue ``problems`` and work them off: here, or by one worker per GPU (``--gpus``). Returns
-    the enqueued jobs as they stand at the end."""
+                         hooks: WorkerHooks, workers: GpuWorkers | None = None) -> list[Job]:
+    """Enqueue ``problems`` and work them off: here, or by ``workers``, one per GPU (``--gpus``; started
+    with ``start_gpu_workers`` before the database opened, and stopped by the caller). Returns the enqueued
+    jobs as they stand at the end."""
     queue = JobQueue(store)
     options = {"sampler": args.sampler, "seed": args.seed, "ahead": args.ahead, "use_shipped": not args.no_shipped,
                "eager_passes": args.eager_passes}
@@ -127,9 +131,8 @@ def search_through_queue(args: argparse.Namespace, store: Store, device: kernels
     ids = set(queue.enqueue(specs))
     _say_which_kept_their_budget(queue, specs)
     lease_s = lease_seconds(args)
-    if args.gpus:
-        optuna_storage(store.url)  # Optuna's tables exist before the workers start (else they race to make them)
-        _work_on_gpus(args, store, ids, lease_s)
+    if workers is not None:
+        workers.watch(queue, ids)
     else:
         run_worker(store, device, lease_s=lease_s, hooks=hooks)
     return [job for job in queue.jobs() if job.id in ids]
@@ -150,36 +153,76 @@ def _say_which_kept_their_budget(queue: JobQueue, specs: list[JobSpec]) -> None:
 
 # A GPU whose worker a candidate's fault ended gets a fresh worker at most this many times in one run.
 RESTARTS_PER_GPU = 8
+# How long a worker told to stop (SIGINT: it gives back any job it holds) gets before it is killed.
+STOP_GRACE_S = 60.0
 
 
-def _work_on_gpus(args: argparse.Namespace, store: Store, ids: set[int], lease_s: float) -> None:
-    gpus = gpu_list(args)
-    extra = ["--lease", str(lease_s)] + (["--workers", str(args.workers)] if args.workers is not None else [])
-    processes = dict(zip(gpus, spawn_gpu_workers(store.url, gpus, args.device, extra)))
-    print(f"started {len(processes)} worker(s) on GPU(s) {','.join(gpus)}", flush=True)
-    queue = JobQueue(store)
-    printed = time.monotonic()
-    restarts = dict.fromkeys(gpus, 0)
-    codes: dict[str, int] = {}
-    while processes:
-        time.sleep(0.5)
-        for gpu, process in list(processes.items()):
+class GpuWorkers:
+    """The worker processes of one ``search --gpus`` run, one per GPU.
+
+    They start first, before the run opens its database and enqueues, so that their start-up (Python,
+    torch, the CUDA context, the compile workers' imports: most of ten seconds) overlaps the run's own. They
+    run with ``--wait``, so none quits while the queue is still empty, and the run stops them once its jobs
+    are finished. A worker that a candidate's GPU fault ended (``DEVICE_FAULT_EXIT``) is replaced while the
+    run's jobs need it."""
+
+    def __init__(self, url: str, gpus: list[str], device_arg: str, extra: list[str]) -> None:
+        self.url, self.gpus, self.device_arg = url, gpus, device_arg
+        self.extra = [*extra, "--wait"]
+        self.processes = dict(zip(gpus, spawn_gpu_workers(url, gpus, device_arg, self.extra)))
+        self.restarts = dict.fromkeys(gpus, 0)
+        self.codes: dict[str, int] = {}
+        print(f"started {len(gpus)} worker(s) on GPU(s) {','.join(gpus)}", flush=True)
+
+    def watch(self, queue: JobQueue, ids: set[int]) -> None:
+        """Until the run's jobs are finished, or no worker is left to finish them."""
+        printed = time.monotonic()
+        while _unfinished(queue, ids) and self._alive(queue, ids):
+            time.sleep(0.5)
+            if time.monotonic() - printed >= STATUS_EVERY_S:
+                printed = time.monotonic()
+                print("  " + _counts_line(queue, ids), flush=True)
+
+    def _alive(self, queue: JobQueue, ids: set[int]) -> bool:
+        for gpu, process in list(self.processes.items()):
             if process.poll() is None:
                 continue
-            del processes[gpu]
-            codes[gpu] = process.returncode
-            # A worker whose GPU context a candidate broke exits DEVICE_FAULT_EXIT after handing its job on; the
-            # GPU is sound for a new process, and the run's jobs may need it.
-            if process.returncode == DEVICE_FAULT_EXIT and restarts[gpu] < RESTARTS_PER_GPU and _unfinished(queue, ids):
-                restarts[gpu] += 1
+            del self.processes[gpu]
+            self.codes[gpu] = process.returncode
+            # The GPU is sound for a new process once the faulted one is gone.
+            if process.returncode == DEVICE_FAULT_EXIT and self.restarts[gpu] < RESTARTS_PER_GPU \
+                    and _unfinished(queue, ids):
+                self.restarts[gpu] += 1
                 print(f"the worker on GPU {gpu} stopped after a GPU fault; starting a fresh one "
-                      f"({restarts[gpu]} of at most {RESTARTS_PER_GPU})", flush=True)
-                processes[gpu] = spawn_gpu_workers(store.url, [gpu], args.device, extra)[0]
-        if time.monotonic() - printed >= STATUS_EVERY_S:
-            printed = time.monotonic()
-            print("  " + _counts_line(queue, ids), flush=True)
-    if any(codes.values()):
-        print(f"worker exit codes: {[codes[gpu] for gpu in gpus]}", flush=True)
+                      f"({self.restarts[gpu]} of at most {RESTARTS_PER_GPU})", flush=True)
+                self.processes[gpu] = spawn_gpu_workers(self.url, [gpu], self.device_arg, self.extra)[0]
+        return bool(self.processes)
+
+    def stop(self) -> None:
+        """SIGINT each live worker (it gives back a job it holds, which is not this run's), then wait."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + STOP_GRACE_S
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        failed = {gpu: code for gpu, code in self.codes.items() if code not in (0, DEVICE_FAULT_EXIT)}
+        if failed:
+            print("worker exit codes: " + ", ".join(f"GPU {gpu}: {code}" for gpu, code in sorted(failed.items())),
+                  flush=True)
+
+
+def start_gpu_workers(args: argparse.Namespace) -> GpuWorkers | None:
+    """``search --gpus``'s workers, started now (None without --gpus)."""
+    gpus = gpu_list(args)
+    if not gpus:
+        return None
+    extra = ["--lease", str(lease_seconds(args))] + (["--workers", str(args.workers)] if args.workers is not None else [])
+    return GpuWorkers(args.db or default_url(), gpus, args.device, extra)
 
 
 def _unfinished(queue: JobQueue, ids: set[int]) -> bool:

@@ -205,3 +205,27 @@ def test_jobs_with_and_without_eager_passes_are_tuned(tmp_path: Path) -> None:
         assert jobs[new.key].spec.options["eager_passes"] == 2 and "eager_passes" not in jobs[old.key].spec.options
         assert all(job.state == "done" for job in jobs.values()), [(j.spec.problem_key, j.state) for j in jobs.values()]
         assert {(r.problem_key, r.mode) for r in store.records()} == {(p.key, m) for p in (new, old) for m in kernels.MODES}
+
+
+def test_search_on_gpus_stops_its_workers_once_its_own_jobs_are_finished(tmp_path: Path) -> None:
+    # The workers start before the run enqueues (their start-up overlaps its own) and wait for jobs, so the run
+    # stops them when its jobs are done. A job another run queued is not this run's: it stays queued, no
+    # attempt counted, even where a worker had claimed it before it was stopped.
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with Store(url) as store:
+        from tuner.fleet import job_specs
+        from tuner.search import Budget
+
+        other = kernels.Problem.from_key("matmul", "fp16:nn:32x32x32")
+        JobQueue(store).enqueue(job_specs([other], CPU, Budget(500), {"seed": 0}, priorities=[-1.0]))
+    done = tuner(tmp_path, "search", "--device", "cpu", "--gpus", "0,1", "--shape", SHAPES[0], "--shape", SHAPES[1],
+                 "--trials", "2", "--seed", "0", "--db", url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with Store(url) as store:
+        queue = JobQueue(store)
+        jobs = {job.spec.problem_key: job for job in queue.jobs()}
+        workers = queue.workers()
+    assert all(jobs[f"fp16:nn:{s}"].state == "done" for s in SHAPES[:2])
+    assert (jobs["fp16:nn:32x32x32"].state, jobs["fp16:nn:32x32x32"].attempts) == ("queued", 0)
+    assert len(workers) == 2 and all(w.state == "stopped" for w in workers), workers
+    assert "worker exit codes" not in done.stdout
