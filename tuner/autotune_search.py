@@ -24,7 +24,7 @@ from db.recorded import recorded
 from kernels._autotune_core import (AutotuneError, Key, Launch, make_record, outputs_close, problem_key,
                                     split_problem_key)
 
-from .fleet import optuna_storage
+from .search import optuna_storage
 from .workers import TimingWorker, WorkerLost
 
 _logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from .fleet import WorkerHooks
 from .fleet_commands import (check_size, gpu_list, lease_seconds, problems_from_file, recorded_problems,
                              search_through_queue, start_gpu_workers)
 from .workers import CheckPool
-from db.queue import Job
+from db.queue import Job, JobQueue, JobSpec
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -166,7 +166,7 @@ def _search_user_kernel(args: argparse.Namespace) -> int:
     from .autotune_search import keys_from_file, load_kernel, recorded_keys, search_kernel
 
     given = [flag for flag, value in (("--shape", args.shape), ("--dtype", args.dtype), ("--layout", args.layout),
-                                      ("--corpus", args.corpus), ("--gpus", args.gpus)) if value]
+                                      ("--corpus", args.corpus)) if value]
     if given:
         raise UserError(f"{' and '.join(given)} apply to the tuner's own kernels; a user kernel ({args.kernel}) takes "
                         "its keys from --recorded or --problems FILE")
@@ -186,6 +186,8 @@ def _search_user_kernel(args: argparse.Namespace) -> int:
     if not keys:
         print(f"nothing recorded for {tuner.name} on {device.alias} is left untuned; record with TUNER_AUTOTUNE=record")
         return 0
+    if args.gpus:
+        return _search_user_kernel_on_gpus(args, tuner.name, keys, device)
     with _open_store(args.db) as store:
         print(f"tuning {len(keys)} key(s) of {tuner.name} on {device.name} ({device.alias}) into {store.url}")
 
@@ -199,6 +201,27 @@ def _search_user_kernel(args: argparse.Namespace) -> int:
         outcomes = search_kernel(tuner, args.kernel, keys, store, device, trials=args.trials, seed=args.seed,
                                  isolated=args.workers != 0, on_done=done)
     return 1 if any(o.record is None for o in outcomes) else 0
+
+
+def _search_user_kernel_on_gpus(args: argparse.Namespace, name: str, keys: list, device: kernels.DeviceInfo) -> int:
+    """A user kernel's keys as the fleet's jobs (kernel MODULE:NAME, problem the key's text), worked off by one
+    worker per GPU, as the tuner's own problems are: a killed worker's key resumes its study elsewhere."""
+    lease_seconds(args)
+    workers = start_gpu_workers(args)
+    try:
+        with _open_store(args.db) as store:
+            print(f"tuning {len(keys)} key(s) of {name} on {device.name} ({device.alias}) into {store.url}", flush=True)
+            queue = JobQueue(store)
+            specs = [JobSpec(device.name, args.kernel, key.text, args.trials, None, {"seed": args.seed},
+                             float(len(keys) - index)) for index, key in enumerate(keys)]
+            ids = set(queue.enqueue(specs))
+            workers.watch(queue, ids)
+            jobs = [job for job in queue.jobs() if job.id in ids]
+    finally:
+        workers.stop()
+    for job in jobs:
+        print(f"  {job.spec.problem_key}: {job.state}" + (f": {job.error}" if job.error else ""))
+    return 0 if all(job.state == "done" for job in jobs) else 1
 
 
 def _recorded(url: str | None, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:

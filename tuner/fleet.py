@@ -27,8 +27,9 @@ import kernels
 from db import Record, Store, StoreError, StoreUnreachable
 from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 
+from .autotune_search import Key, load_kernel, search_kernel
 from .errors import DeviceFault, is_device_fault
-from .search import Budget, NoWinner, tune_problem
+from .search import Budget, NoWinner, optuna_storage, tune_problem
 
 log = logging.getLogger(__name__)
 
@@ -162,22 +163,6 @@ def run_worker(store: Store, device: kernels.DeviceInfo, *, wait: bool = False, 
     return WorkerSummary(name, done, failed, lost)
 
 
-def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
-    """Optuna's storage on ``url``. Workers starting together on a fresh database race to create
-    Optuna's tables (one loses on a unique version row); the loser finds them made on a retry."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    for attempt in range(1, attempts + 1):
-        try:
-            return optuna.storages.RDBStorage(url)
-        except SQLAlchemyError as exc:
-            if attempt == attempts:
-                raise StoreError(f"cannot open Optuna's tables in {url}: {exc}") from exc
-            log.debug("creating Optuna's tables lost a race (%s); retrying", exc)
-            time.sleep(0.2 * attempt)
-    raise AssertionError("unreachable")
-
-
 def _attempt(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.storages.BaseStorage,
              hooks: WorkerHooks) -> tuple[Record | None, str | None]:
     """``_tune`` one job so that no bad job stops the worker: one that raises is failed with its error (else
@@ -228,6 +213,8 @@ def _give_back(queue: JobQueue, job: Job, name: str) -> None:
 def _tune(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.storages.BaseStorage,
           hooks: WorkerHooks) -> tuple[Record | None, str | None]:
     """Tune one job; (record, None) on success, (None, reason) for a job that cannot succeed."""
+    if ":" in job.spec.kernel:
+        return _tune_user_kernel(job, device, store, hooks)
     spec = kernels.get_kernel(job.spec.kernel)
     problem = kernels.Problem.from_key(spec.name, job.spec.problem_key)
     options = {k: v for k, v in job.spec.options.items() if k in TUNE_OPTIONS}
@@ -237,6 +224,17 @@ def _tune(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna.st
     except NoWinner as exc:
         return None, str(exc)
     return record, None
+
+
+def _tune_user_kernel(job: Job, device: kernels.DeviceInfo, store: Store,
+                      hooks: WorkerHooks) -> tuple[Record | None, str | None]:
+    """A ``kernels.autotune`` kernel's job: its kernel is MODULE:NAME, its problem the key's text. Its study resumes
+    as the tuner's own do; with compile workers (no ``--workers 0``), each candidate runs in the timing worker."""
+    tuner = load_kernel(job.spec.kernel)
+    (outcome,) = search_kernel(tuner, job.spec.kernel, [Key.parse(job.spec.problem_key)], store, device,
+                               trials=job.spec.budget_trials or 40, seed=job.spec.options.get("seed"),
+                               isolated=hooks.tune_options.get("pool") is not None)
+    return outcome.record, outcome.error
 
 
 def parse_gpus(text: str, visible: int | None) -> list[str]:

@@ -21,7 +21,7 @@ from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 from db.recorded import recorded
 
 from .errors import DEVICE_FAULT_EXIT, UserError
-from .fleet import WorkerHooks, job_specs, optuna_storage, parse_gpus, run_worker, spawn_gpu_workers
+from .fleet import WorkerHooks, job_specs, parse_gpus, run_worker, spawn_gpu_workers
 from .search import Budget
 
 # How often `search --gpus` prints the queue's state while its workers run.

@@ -28,7 +28,7 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 import kernels
-from db import Outage, Record, Store, StoreUnreachable, plausibility_problems, server_unreachable
+from db import Outage, Record, Store, StoreError, StoreUnreachable, plausibility_problems, server_unreachable
 from kernels import BASELINE, EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem
 from kernels.dispatch import Dispatcher
 
@@ -185,6 +185,20 @@ class Budget:
             raise ValueError(f"a budget of {self.trials} trials must be at least 1")
         if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
             raise ValueError(f"a budget of {self.seconds} seconds must be a finite number above 0 (None: no limit)")
+
+
+def optuna_storage(url: str, attempts: int = 5) -> optuna.storages.RDBStorage:
+    """Optuna's storage on ``url``. Workers starting together on a fresh database race to create
+    Optuna's tables (one loses on a unique version row); the loser finds them made on a retry."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return optuna.storages.RDBStorage(url)
+        except SQLAlchemyError as exc:
+            if attempt == attempts:
+                raise StoreError(f"cannot open Optuna's tables in {url}: {exc}") from exc
+            log.debug("creating Optuna's tables lost a race (%s); retrying", exc)
+            time.sleep(0.2 * attempt)
+    raise AssertionError("unreachable")
 
 
 def study_name(device: DeviceInfo, problem: Problem) -> str:

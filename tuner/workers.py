@@ -128,6 +128,20 @@ def _warm_worker() -> None:
         torch.cuda.init()  # the CUDA context costs most of a second; not on a candidate's clock
 
 
+def _warm_timing_worker() -> None:
+    """``_warm_worker``, and the C++ path of cuBLAS calls set building: the bench waits for it before it times
+    cuBLAS as the user's call runs it (tuner/bench.py). On a machine that never built it, that wait was the first
+    job's: about 25 s of its timing on the H200 boxes (docs/FLEET.md, 2026-11-28); begun here, the build runs
+    while the compile workers start and compile the first candidates."""
+    _warm_worker()
+    import torch
+
+    import kernels
+
+    if torch.cuda.is_available() and not kernels.interpreter_enabled():
+        kernels._native.start()  # in a daemon thread; loads the cached build where one exists
+
+
 def _ready() -> bool:
     return True
 
@@ -386,7 +400,7 @@ class TimingWorker:
     def start(self) -> None:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_warm_worker)
+                                             initializer=_warm_timing_worker)
             self._warming = self._pool.submit(_ready)
 
     def call(self, fn, *args):

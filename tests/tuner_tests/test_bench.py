@@ -123,11 +123,23 @@ def test_wrong_result_is_caught_before_timing(run, expected_error: str | None) -
 
 def test_exception_in_run_is_an_error_with_its_reason() -> None:
     def run(config, inputs):
-        raise RuntimeError("illegal memory access\nsecond line")
+        raise RuntimeError("launch failed: grid too large\nsecond line")
 
     measurement = _bench(_torch_spec(run)).measure(GOOD)
     assert measurement.status == "error"
-    assert measurement.reason == "RuntimeError: illegal memory access"
+    assert measurement.reason == "RuntimeError: launch failed: grid too large"
+
+
+def test_a_gpu_fault_in_run_ends_the_measurement_with_device_fault() -> None:
+    # A fault breaks the process's CUDA context: the search cannot go on in it, so measure raises rather than
+    # calling it one candidate's error. The error is PyTorch's text for one (a real fault needs a GPU).
+    from tuner.errors import DeviceFault
+
+    def run(config, inputs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(DeviceFault, match="illegal memory access"):
+        _bench(_torch_spec(run)).measure(GOOD)
 
 
 class CompilationError(Exception):

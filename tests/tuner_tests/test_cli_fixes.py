@@ -18,7 +18,8 @@ import kernels
 from db import Store
 from db.queue import JobQueue, JobSpec
 from kernels import _device
-from tuner.fleet import job_specs, optuna_storage
+from tuner.fleet import job_specs
+from tuner.search import optuna_storage
 from tuner import fleet_commands
 from tuner.search import Budget, measured_trials, open_study
 

@@ -229,3 +229,25 @@ def test_search_on_gpus_stops_its_workers_once_its_own_jobs_are_finished(tmp_pat
     assert (jobs["fp16:nn:32x32x32"].state, jobs["fp16:nn:32x32x32"].attempts) == ("queued", 0)
     assert len(workers) == 2 and all(w.state == "stopped" for w in workers), workers
     assert "worker exit codes" not in done.stdout
+
+
+def test_a_user_kernels_keys_are_tuned_by_the_fleet_each_once(tmp_path: Path) -> None:
+    # kernels.autotune kernels through the queue: each key a job (kernel MODULE:NAME, problem the key's text),
+    # claimed by two worker processes; each key stored once, under the kernel's name.
+    import json
+
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps([{"n": n, "dtypes": ["float32", "float32"]} for n in (20, 24, 40)]))
+    target = "tests.autotune_tests._kernels:space_kernel"
+    done = tuner(tmp_path, "search", "--device", "cpu", "--gpus", "0,1", "--kernel", target, "--problems", str(keys),
+                 "--trials", "3", "--seed", "0", "--db", url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with Store(url) as store:
+        queue = JobQueue(store)
+        jobs, workers = queue.jobs(), queue.workers()
+        records = store.records()
+    assert sorted(job.spec.problem_key for job in jobs) == [f"n={n};float32,float32" for n in (20, 24, 40)]
+    assert all(job.spec.kernel == target and job.state == "done" and job.attempts == 1 for job in jobs), jobs
+    assert sorted(r.problem_key.split("@")[0] for r in records) == [f"n={n};float32,float32" for n in (20, 24, 40)]
+    assert len(workers) == 2 and sum(w.jobs_done for w in workers) == 3
