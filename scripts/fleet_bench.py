@@ -4,7 +4,8 @@ the time goes, and what a worker killed mid-job costs.
 Phases (each fits one 10-minute GPU command; results accumulate as JSON under --out):
     scale   one `search` run per GPU count of --counts, in the order given (pass 1,2,4 once and 4,2,1 once:
             alternating the order shows what the order costs). Each run starts from an empty database and an
-            empty Triton compile cache (one cache shared by that run's workers), so no run profits from another.
+            empty Triton compile cache (one cache shared by that run's workers), so no run profits from another;
+            an untimed one-problem run first warms the machine once (--no-warm-up: measure a fresh machine).
     kill    `search` on --gpus (default 0,1), and SIGKILL to one busy worker once --kill-after jobs are done:
             the other finishes everything, the killed job resumes its study, nothing is stored twice.
     report  the table: wall time and speed-up per GPU count (each run and the median), where the time went
@@ -236,6 +237,18 @@ def check(url: str, args: argparse.Namespace) -> dict:
             "studies_not_at_budget": {k: v for k, v in trials.items() if v != args.trials}}
 
 
+def warm_up(out: Path, problems: Path, databases: Databases, args: argparse.Namespace) -> None:
+    """One untimed `search` of the first problem on one GPU: what a machine does once and caches for every later
+    run (the C++ cuBLAS path's build, about 25 s on the H200 machines; the disk cache of torch's libraries) would
+    otherwise fall on whichever timed run comes first, and the order of the runs would set their ratio."""
+    first = next(line for line in problems.read_text().splitlines() if line and not line.startswith("#"))
+    one = out / "warm-up-problem.txt"
+    one.write_text(first + "\n")
+    began = time.perf_counter()
+    result = search(out, "warm-up", one, "0", databases.fresh("warm-up"), argparse.Namespace(**{**vars(args), "trials": 2}))
+    print(f"warm-up ({first}): {time.perf_counter() - began:.1f} s, {result['states']}", flush=True)
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 def replay(durations: list[float], workers: int) -> float:
@@ -314,6 +327,8 @@ def main() -> int:
     parser.add_argument("--gpus", default="0,1", help="GPUs of the kill phase (default 0,1)")
     parser.add_argument("--lease", type=float, default=30.0, help="job lease in seconds (default 30)")
     parser.add_argument("--kill-after", type=int, default=4, help="kill a worker once this many jobs are done")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="no untimed run first: measure what a fresh machine's first run pays as well")
     parser.add_argument("--pg", action="store_true", help="a PostgreSQL server on loopback (PG_BIN), not SQLite")
     parser.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes under the interpreter")
     parser.add_argument("--out", default=os.environ.get("OUT", "fleet_bench_out"))
@@ -333,6 +348,8 @@ def main() -> int:
             (out / "kill.json").write_text(json.dumps(result, indent=1, default=str))
             print(json.dumps({k: v for k, v in result.items() if k != "timeline"}, default=str), flush=True)
             return 0
+        if not args.no_warm_up:
+            warm_up(out, problems, databases, args)
         for count in (int(c) for c in args.counts.split(",")):
             name = f"scale-{time.strftime('%H%M%S')}-{count}gpu"
             started = time.time()
