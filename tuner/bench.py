@@ -25,7 +25,7 @@ from kernels import EAGER, GRAPH, Config, DeviceInfo, KernelSpec, Problem, is_ba
 from kernels._check import CheckResult, check_config
 
 from . import timing
-from .errors import DeviceFault, device_faulted, is_device_fault
+from .errors import DeviceFault, broke_the_context
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ class Bench:
             return Measurement("ok", time_ms=graph, eager_ms=_timed("eager", self.time(config, EAGER)),
                                rel_error=error)
         except Exception as exc:  # a candidate may fail in any way; the search goes on
-            if is_device_fault(exc) or device_faulted():  # ...except where it broke this process's GPU context
+            if broke_the_context(exc):  # ...except where it broke this process's GPU context
                 raise DeviceFault(f"{config}: {type(exc).__name__}: {_first_line(exc)}") from exc
             return Measurement(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}")
 

@@ -38,3 +38,16 @@ def is_device_fault(exc: BaseException) -> bool:
     text = str(exc)
     return "CUDA error" in text or "device-side assert" in text or "illegal memory access" in text \
         or type(exc).__name__ == "AcceleratorError"
+
+
+def broke_the_context(exc: BaseException) -> bool:
+    """Whether ``exc`` left this process unable to use its GPU. Where a GPU runs, a synchronize tells (a CUDA
+    error that is not sticky, such as a launch refused for its arguments, leaves the context sound); under the
+    interpreter or without a GPU there is no context to ask, and the error's text is all there is."""
+    import torch
+
+    import kernels
+
+    if torch.cuda.is_available() and not kernels.interpreter_enabled():
+        return device_faulted()
+    return is_device_fault(exc)

@@ -170,11 +170,10 @@ def _attempt(job: Job, device: kernels.DeviceInfo, store: Store, storage: optuna
     KeyboardInterrupt and SystemExit are not Exceptions, so they pass through to the caller."""
     try:
         return _tune(job, device, store, storage, hooks)
-    except StoreUnreachable:
+    except (StoreUnreachable, DeviceFault):
         # The database, not the job, is at fault, and the job cannot be marked anyway: stop; the lease runs
-        # out and a worker that reaches the database resumes the job.
-        raise
-    except DeviceFault:  # the search saw this process's GPU context break (run_worker hands the job on)
+        # out and a worker that reaches the database resumes the job. Or the search saw this process's GPU
+        # context break: run_worker hands the job on.
         raise
     except Exception as exc:
         if is_device_fault(exc):
