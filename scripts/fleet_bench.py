@@ -239,7 +239,7 @@ def check(url: str, args: argparse.Namespace) -> dict:
 
 def warm_up(out: Path, problems: Path, databases: Databases, args: argparse.Namespace) -> None:
     """One untimed `search` of the first problem on one GPU: what a machine does once and caches for every later
-    run (the C++ cuBLAS path's build, about 25 s on the H200 machines; the disk cache of torch's libraries) would
+    run (the C++ cuBLAS path's build: a fresh H200 machine's first job timed for 24.5-26 s, 0.5-1.4 s later; the disk cache of torch's libraries) would
     otherwise fall on whichever timed run comes first, and the order of the runs would set their ratio."""
     first = next(line for line in problems.read_text().splitlines() if line and not line.startswith("#"))
     one = out / "warm-up-problem.txt"

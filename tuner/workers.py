@@ -130,9 +130,9 @@ def _warm_worker() -> None:
 
 def _warm_timing_worker() -> None:
     """``_warm_worker``, and the C++ path of cuBLAS calls set building: the bench waits for it before it times
-    cuBLAS as the user's call runs it (tuner/bench.py). On a machine that never built it, that wait was the first
-    job's: about 25 s of its timing on the H200 boxes (docs/FLEET.md, 2026-11-28); begun here, the build runs
-    while the compile workers start and compile the first candidates."""
+    cuBLAS as the user's call runs it (tuner/bench.py). On a machine that never built it, that wait falls in the
+    first job: its timing took 24.5-26 s on fresh H200 machines against 0.5-1.4 s later (docs/FLEET.md,
+    2026-11-28). Begun here, the build runs while the compile workers start and compile the first candidates."""
     _warm_worker()
     import torch
 
