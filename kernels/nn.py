@@ -18,7 +18,10 @@ from torch import nn
 from torch.nn.modules import module as _torch_module
 
 from . import ops
+from ._evidence import Evidence
 from ._routing import sort_by_expert
+from .epilogue import GATED_MATMUL, MATMUL_BIAS
+from .gemm import MATMUL
 
 __all__ = ["FusedMLP", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route", "sort_by_expert",
            "unpatch"]
@@ -82,7 +85,12 @@ class Linear(nn.Linear):
 
 
 def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True) -> nn.Module:
-    """Make every ``nn.Linear`` in ``model`` (itself included) run on the tuned matmul, in place; returns it.
+    """Make the ``nn.Linear`` layers in ``model`` (itself included) run on the tuned kernels, in place; returns it.
+
+    Only where that can be faster: a Linear (or a fused group below) is patched where dispatch runs one of
+    our kernels for its problem at some row count on this GPU (kernels/_evidence.py). The others keep
+    torch's forward, which costs less host time than ours around the same cuBLAS call: on a GPU with no
+    table nothing changes. Record mode (``TUNER_RECORD=1``) patches everything, to see every problem.
 
     Subclasses of ``nn.Linear`` other than plain ones (e.g. quantized layers) are left alone: their forward
     is not ``nn.Linear``'s, so swapping it would change what they compute. With ``fuse_mlp``, each SiLU-gated
@@ -91,19 +99,31 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True) -> nn.
     model calls them on one input (see ``SharedInput``). A transformers 5 MoE model's routed experts switch
     to the ``"triton_tuner"`` experts implementation (kernels/hf.py): one ``moe_matmul`` per expert GEMM.
     """
+    evidence = Evidence()
     # The MLPs first: the check runs each one's own forward on torch's Linears.
-    fused = sum(_fuse(module) for module in model.modules()) if fuse_mlp else 0
-    shared = sum(_share_input(module) for module in model.modules()) if fuse_qkv else 0
+    fused = sum(_fuse(module, evidence) for module in model.modules()) if fuse_mlp else 0
+    shared = sum(_share_input(module, evidence) for module in model.modules()) if fuse_qkv else 0
     linears = shared * len(_SHARED_INPUT_NAMES[0])  # the groups' members are patched Linears too
+    left = 0
     for module in model.modules():
         if type(module) is nn.Linear:
-            Linear.from_linear(module)
-            linears += 1
+            if evidence.runs_a_kernel(_linear_spec(module), module.out_features, module.in_features, module.weight):
+                Linear.from_linear(module)
+                linears += 1
+            else:
+                left += 1
     hf = _transformers()
-    experts = hf is not None and hf.patch_experts(model)
-    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused%s",
-             linears, fused, shared, ", routed experts on moe_matmul" if experts else "")
+    experts = hf is not None and hf.patch_experts(model, evidence)
+    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused%s%s",
+             linears, fused, shared, ", routed experts on moe_matmul" if experts else "",
+             f"; {left} nn.Linear left on torch's path (dispatch runs cuBLAS for every problem of theirs here: "
+             f"record and tune them to change that, docs/PYTORCH.md)" if left else "")
     return model
+
+
+def _linear_spec(linear: nn.Module) -> Any:
+    """The kernel a Linear's call dispatches on: the fused-bias GEMM where it has a bias."""
+    return MATMUL_BIAS if linear.bias is not None else MATMUL
 
 
 def _transformers() -> Any:
@@ -425,15 +445,22 @@ def _computes_gated_mlp(module: nn.Module, names: _Names, children: tuple[nn.Mod
     return bool(scale > 0) and bool((got.float() - want.float()).norm() <= tolerance * scale)
 
 
-def _fuse(module: nn.Module) -> bool:
-    """Make ``module`` a ``FusedMLP`` where it is a SiLU-gated MLP by its Linears and by its forward's result."""
+def _fuse(module: nn.Module, evidence: Evidence) -> bool:
+    """Make ``module`` a ``FusedMLP`` where it is a SiLU-gated MLP by its Linears and by its forward's result,
+    and dispatch runs one of our kernels for its gated product (``evidence``)."""
     if isinstance(module, FusedMLP):
         return True
     found = _gated_children(module)
-    modes = frozenset() if found is None else _fused_modes(module, *found)
-    if not modes:
+    if found is None:
         return False
     names, children = found
+    gate = children[0]
+    width = gate.out_features // 2 if names.up is None else gate.out_features
+    if not evidence.runs_a_kernel(GATED_MATMUL, width, gate.in_features, gate.weight):
+        return False
+    modes = _fused_modes(module, names, children)
+    if not modes:
+        return False
     module.__class__ = _fused_class(type(module))
     module.__dict__["_gated_names"] = names
     module.__dict__["_fused_modes"] = modes
@@ -632,10 +659,15 @@ def _shared_input_members(module: nn.Module) -> tuple[nn.Module, ...] | None:
     return None
 
 
-def _share_input(module: nn.Module) -> bool:
-    """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them."""
+def _share_input(module: nn.Module, evidence: Evidence) -> bool:
+    """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them and dispatch runs
+    one of our kernels for their stacked product (``evidence``)."""
     members = _shared_input_members(module)
     if members is None:
+        return False
+    first = members[0]
+    width = sum(m.out_features for m in members)
+    if not evidence.runs_a_kernel(_linear_spec(first), width, first.in_features, first.weight):
         return False
     group = SharedInput(members)
     for slot, member in enumerate(members):

@@ -10,8 +10,11 @@ and 64 with the dynamic cache, eager (ms per new token); ``generate`` with ``cac
 at batch 1 and 16, where transformers compiles ``forward`` itself (reduce-overhead). Columns: vanilla (for
 MoE models transformers' default experts implementation, which is "grouped_mm"), "eager_experts" (MoE:
 transformers' per-expert loop), and patched. Vanilla and patched are two copies of one model, timed in
-interleaved rounds (order flipped every round: the GPU's speed drifts within a run); a cell is the median
-of its rounds. Correctness: the relative L2 error of vanilla's and patched's prefill logits to an fp32 copy
+interleaved rounds (order flipped every round: the GPU's speed drifts within a run); a cell's speed-up is
+the median over rounds of each round's vanilla / patched ratio (the two timed back to back, so a drift of the
+host's speed between rounds cancels). ``--control`` adds an A/A column: a second, unpatched copy of the model
+timed as patched is; its ratio to vanilla is what the host's noise alone makes of a cell (1.00 ideally).
+``--profile`` writes torch.profiler's tables of one call of each column per setting (where the time goes). Correctness: the relative L2 error of vanilla's and patched's prefill logits to an fp32 copy
 of the same model; patched must be no further than vanilla.
 
 A time budget (--budget-s, default 400 s) stops starting new settings once spent (a static-cache one needs 90 s
@@ -108,6 +111,7 @@ class Row:
     unit: str
     ms: dict = field(default_factory=dict)  # column -> median ms
     rounds: dict = field(default_factory=dict)  # column -> every round's ms
+    ratios: dict = field(default_factory=dict)  # column -> median over rounds of that round's column / patched
     note: str = ""
 
 
@@ -136,22 +140,26 @@ def build(spec: ModelSpec, layers: int, device: torch.device, dtype: torch.dtype
     return model.to(dtype=dtype).eval()
 
 
-def variants(spec: ModelSpec, model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def variants(spec: ModelSpec, model: torch.nn.Module, control: bool = False) -> dict[str, torch.nn.Module]:
     """The columns' models: vanilla (and, for MoE, vanilla with transformers' per-expert loop: the same
-    object, switched per call), and a patched copy."""
+    object, switched per call), a patched copy, and with ``control`` an unpatched copy (the A/A column)."""
     patched = kernels.patch(copy.deepcopy(model))
-    return {"vanilla": model, "patched": patched, "moe": spec.moe}
+    found = {"vanilla": model, "patched": patched, "moe": spec.moe}
+    if control:
+        found["control"] = copy.deepcopy(model)
+    return found
 
 
-def columns(spec: ModelSpec, setting: Setting) -> tuple[str, ...]:
+def columns(spec: ModelSpec, setting: Setting, models: dict) -> tuple[str, ...]:
     # The per-expert loop syncs with the host per expert: not under a compiled static cache.
-    return ("vanilla", "eager_experts", "patched") if spec.moe and setting.kind != "static" else ("vanilla", "patched")
+    found = ("vanilla", "eager_experts", "patched") if spec.moe and setting.kind != "static" else ("vanilla", "patched")
+    return found + (("control",) if "control" in models else ())
 
 
 def model_for(column: str, models: dict[str, torch.nn.Module]) -> torch.nn.Module:
     """The model a column runs; for MoE, vanilla's experts implementation switched to the column's."""
-    if column == "patched":
-        return models["patched"]
+    if column in ("patched", "control"):
+        return models[column]
     model = models["vanilla"]
     if models["moe"]:
         model.set_experts_implementation("eager" if column == "eager_experts" else "grouped_mm")
@@ -201,7 +209,7 @@ def bench_setting(spec: ModelSpec, setting: Setting, models: dict, args: argpars
                   device: torch.device) -> Row:
     unit = "ms/forward" if setting.kind == "prefill" else "ms/token"
     row = Row(spec.name, spec.part, setting.name, unit)
-    cols = columns(spec, setting)
+    cols = columns(spec, setting, models)
     iters = args.iters if setting.kind == "prefill" else 1
     vocab = models["vanilla"].config.vocab_size
     for col in cols:  # warm-up: compiles, dispatch resolution, transformers' compile of forward
@@ -214,8 +222,34 @@ def bench_setting(spec: ModelSpec, setting: Setting, models: dict, args: argpars
             fn, per = call_for(setting, model_for(col, models), device, args.new_tokens, vocab)
             row.rounds.setdefault(col, []).append(timed(fn, device, iters) / per)
     row.ms = {col: statistics.median(times) for col, times in row.rounds.items()}
+    row.ratios = {col: statistics.median(t / p for t, p in zip(times, row.rounds["patched"]))
+                  for col, times in row.rounds.items() if col != "patched"}
+    if "control" in row.rounds:  # the A/A ratio: vanilla over its unpatched copy
+        row.ratios["control"] = statistics.median(v / c for v, c in zip(row.rounds["vanilla"], row.rounds["control"]))
+    if args.profile:
+        profile(setting, cols, models, args, device, Path(args.out) / "profiles" / f"{spec.name}_{setting.name}.txt")
     model_for("vanilla", models)
     return row
+
+
+def profile(setting: Setting, cols: tuple[str, ...], models: dict, args: argparse.Namespace, device: torch.device,
+            path: Path) -> None:
+    """torch.profiler's table of one call of each column (CPU and CUDA time per op, sorted by CUDA time)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for col in cols:
+        fn, _ = call_for(setting, model_for(col, models), device, args.new_tokens, models["vanilla"].config.vocab_size)
+        _sync(device)
+        with torch_profile(activities=activities) as prof:
+            fn()
+            _sync(device)
+        sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        parts.append(f"==== {col}\n{prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60)}")
+    path.write_text("\n".join(parts))
 
 
 # ------------------------------------------------------------------------------------------ correctness
@@ -239,7 +273,10 @@ def errors(spec: ModelSpec, model: torch.nn.Module, models: dict, device: torch.
 # ----------------------------------------------------------------------------------------------- report
 
 def ratio(row: Row, column: str) -> float | None:
-    """Speed-up of patched over ``column`` (>1: patched faster)."""
+    """Speed-up of patched over ``column`` (>1: patched faster): the median of the rounds' paired ratios;
+    for "control", vanilla over its unpatched copy (the noise floor)."""
+    if column in row.ratios:
+        return row.ratios[column]
     if column not in row.ms or "patched" not in row.ms:
         return None
     return row.ms[column] / row.ms["patched"]
@@ -253,19 +290,25 @@ def table(rows: list[Row], checks: dict) -> str:
             continue
         lines.append(f"\n{part} models (patched speed-up; >1.00 is faster)")
         lines.append(f"{'model':<18} {'setting':<13} {'vanilla ms':>11} {'patched ms':>11} {'x vanilla':>10} "
-                     f"{'x eager_exp':>11}  unit")
-        speedups = []
+                     f"{'x eager_exp':>11} {'A/A':>6}  unit")
+        speedups, controls = [], []
         for r in chosen:
             if r.note:
                 lines.append(f"{r.model:<18} {r.setting:<13} {r.note}")
                 continue
-            vs, ve = ratio(r, "vanilla"), ratio(r, "eager_experts")
+            vs, ve, aa = ratio(r, "vanilla"), ratio(r, "eager_experts"), ratio(r, "control")
             speedups.append(vs)
+            if aa is not None:
+                controls.append(aa)
             lines.append(f"{r.model:<18} {r.setting:<13} {r.ms['vanilla']:>11.3f} {r.ms['patched']:>11.3f} "
-                         f"{vs:>10.3f} {'' if ve is None else f'{ve:.3f}':>11}  {r.unit}")
+                         f"{vs:>10.3f} {'' if ve is None else f'{ve:.3f}':>11} {'' if aa is None else f'{aa:.3f}':>6}"
+                         f"  {r.unit}")
         if speedups:
             geomean = statistics.geometric_mean(speedups)
             lines.append(f"{part}: geomean {geomean:.3f}x vanilla, min {min(speedups):.3f}x over {len(speedups)} cells")
+        if controls:
+            lines.append(f"{part}, A/A (an unpatched copy against vanilla): geomean "
+                         f"{statistics.geometric_mean(controls):.3f}x, range {min(controls):.3f}-{max(controls):.3f}x")
     lines.append("\ncorrectness (relative L2 error of last-token logits to an fp32 copy)")
     for name, found in checks.items():
         if "error" in found:
@@ -290,7 +333,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--static", type=ints, default=[1, 16], help="static-cache generate batches ('' for none)")
     parser.add_argument("--static-moe", action="store_true", help="static-cache settings for MoE models too")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens per generate call (default 32)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per setting (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per setting (default 5)")
+    parser.add_argument("--control", action="store_true",
+                        help="time an unpatched copy as well: the A/A column, the host's noise on each cell")
+    parser.add_argument("--profile", action="store_true",
+                        help="write torch.profiler's tables of one call per column and setting under OUT/profiles")
     parser.add_argument("--iters", type=int, default=5, help="forwards per prefill round (default 5)")
     parser.add_argument("--budget-s", type=float, default=400.0,
                         help="start no new setting after this many seconds, and no static-cache one with less than "
@@ -331,7 +378,7 @@ def run(args: argparse.Namespace, on_row: Callable[[list[Row], dict], None] | No
             if not chosen:
                 continue
             model = build(spec, args.layers, device, dtype, smoke)
-            models = variants(spec, model)
+            models = variants(spec, model, args.control)
             if phase == "eager":
                 try:
                     checks[name] = errors(spec, model, models, device, 8 if smoke else 512)

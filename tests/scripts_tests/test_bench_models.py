@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -46,3 +47,19 @@ def test_the_budget_skips_settings_it_cannot_start(tmp_path: Path) -> None:
                                     "--out", str(tmp_path)])
     rows, checks = bench_models.run(args)
     assert [row.note.startswith("skipped") for row in rows] == [True, True] and "Llama-3.1-8B" in checks
+
+
+def test_control_times_an_unpatched_copy_and_profile_writes_each_columns_table(tmp_path: Path) -> None:
+    assert bench_models.main(["--cpu-smoke", "--models", "Llama-3.1-8B", "--control", "--profile",
+                              "--out", str(tmp_path)]) == 0
+    found = json.loads((tmp_path / "bench_models.json").read_text())
+    for row in found["rows"]:
+        assert set(row["ms"]) == {"vanilla", "patched", "control"}
+        assert len(row["rounds"]["control"]) == len(row["rounds"]["patched"]) >= 1
+        # paired ratios: each round's vanilla over that round's patched, and vanilla over the copy (A/A)
+        pairs = [v / p for v, p in zip(row["rounds"]["vanilla"], row["rounds"]["patched"])]
+        assert row["ratios"]["vanilla"] == pytest.approx(statistics.median(pairs))
+        assert row["ratios"]["control"] > 0
+        text = (tmp_path / "profiles" / f"Llama-3.1-8B_{row['setting']}.txt").read_text()
+        assert all(f"==== {col}" in text for col in ("vanilla", "patched", "control"))
+    assert "A/A (an unpatched copy against vanilla)" in (tmp_path / "bench_models.txt").read_text()

@@ -1,0 +1,80 @@
+"""Whether patching a module can make it faster: does dispatch run one of our kernels for any of its problems?
+
+``kernels.patch`` swaps a module's forward only where this says yes. A module whose every problem dispatch
+would hand to the baseline (cuBLAS, ``torch._grouped_mm``) gains nothing from the swap and pays our path's
+host time on every call: on an H200 with no table (2026-11-28, ``scripts/bench_models.py --no-shipped
+--control``) the patched dense models ran at 0.95-0.97x of vanilla where an unpatched copy read 0.99-1.02x,
+and MoE decode at 0.79x. Such a module keeps torch's forward. Dispatch's own rules decide (a tuned record, a
+neighbour's, the untuned GPU's cuBLAS), so the evidence is what the tables hold for this GPU, per problem.
+
+A module's problems are not known before it runs (the row count is the batch's tokens), so each is asked at
+``PROBE_ROWS``, from a decode step of one token to a long prefill. Record mode patches every module: it is
+there to see every problem, tuned or not (``search --recorded`` then tunes them, and a later ``patch`` finds
+the evidence).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import moe
+from ._device import current_device
+from ._modes import MODES
+from ._record_mode import RECORDER
+from ._spec import KernelSpec, Problem, is_baseline
+from .dispatch import DISPATCHER
+from .gemm import DTYPE_NAMES
+
+__all__ = ["PROBE_ROWS", "Evidence"]
+
+# Row counts a model's GEMMs meet: decode at batch 1 to 64, prefill of one prompt to a batch of long ones.
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+class Evidence:
+    """What dispatch runs for the modules of one ``patch`` call, asked once per (kernel, N, K, dtype, device):
+    a model repeats its layers' shapes."""
+
+    def __init__(self, rows: tuple[int, ...] = PROBE_ROWS) -> None:
+        self.rows = rows
+        self._found: dict[tuple, bool] = {}
+
+    def runs_a_kernel(self, spec: KernelSpec, n: int, k: int, weight: torch.Tensor, layout: str = "nt") -> bool:
+        """Whether dispatch runs a config of ``spec`` other than its baseline, in either mode, for [M, K] rows
+        on a weight like ``weight`` giving N columns, at any M of ``rows``. Always yes in record mode. A
+        weight whose dtype our kernels do not take says no (torch runs it anyway); one on a device dispatch
+        does not know (meta: a model built for its shapes) says yes, as patch did before it asked."""
+        if RECORDER.on:
+            return True
+        dtype = DTYPE_NAMES.get(weight.dtype)
+        if dtype is None:
+            return False
+        if weight.device.type not in ("cuda", "cpu"):
+            return True
+        key = (spec.name, n, k, dtype, layout, weight.device)
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = self._ask(spec, n, k, dtype, layout, weight.device)
+        return found
+
+    def moe_runs_a_kernel(self, w: torch.Tensor) -> bool:
+        """Whether dispatch runs a ``moe_matmul`` config other than its baseline for expert weights ``w`` (as
+        ``moe_matmul`` takes them, [E, K, N]) at any routed row count of ``rows``, in either mode."""
+        if RECORDER.on or w.device.type != "cuda":  # the CPU: our path or transformers' as kernels/hf.py says
+            return True
+        if w.dtype not in DTYPE_NAMES:
+            return False
+        key = ("moe_matmul", tuple(w.shape), moe.weight_layout(w), w.dtype, w.device)
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = any(not is_baseline(moe.resolve(moe.key_of(rows, w, mode)))
+                                           for rows in self.rows for mode in MODES)
+        return found
+
+    def _ask(self, spec: KernelSpec, n: int, k: int, dtype: str, layout: str, where: torch.device) -> bool:
+        device = current_device(where)
+        for m in self.rows:
+            problem = Problem(spec.name, dtype, layout, ((m, n, k),))
+            if any(not is_baseline(DISPATCHER.choose(spec, problem, device, mode).config) for mode in MODES):
+                return True
+        return False

@@ -1,0 +1,97 @@
+"""kernels.patch swaps a module only where dispatch runs one of our kernels for its problem (kernels/_evidence.py).
+
+A real SQLite database per test holds what the tuner would have stored for this device: a module whose
+problems all went to the baseline (cuBLAS) keeps torch's forward, one with a tuned Triton winner is patched.
+On a GPU with no table at all dispatch answers cuBLAS for every dense problem (the untuned rule); on the CPU
+machine the interpreter's nearest-record rule answers from these records, so both cases are written here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from _helpers import DEVICE, LlamaMLP, relative_error
+from test_dispatch import TILED, make_record
+
+import kernels
+from db import Store
+from kernels._evidence import PROBE_ROWS, Evidence
+from kernels._record_mode import RECORDER
+from kernels._spec import BASELINE
+from kernels.epilogue import GATED_MATMUL
+from kernels.gemm import MATMUL
+
+pytestmark = pytest.mark.usefixtures("own_database")
+
+HIDDEN, FFN = 16, 24
+
+
+def _store(db_url: str, *records: tuple[str, str, object]) -> None:
+    """(kernel, problem key, config) records for this process's device, then dispatch reads that database."""
+    device = kernels.current_device(torch.device(DEVICE))
+    with Store(db_url) as store:
+        for kernel, key, config in records:
+            store.put(make_record(device, key, config, kernel=kernel), on_conflict="replace")
+    kernels.use_database(db_url, use_shipped=False)
+
+
+@pytest.fixture(autouse=True)
+def fresh_tables():
+    yield
+    kernels.use_database(None)
+
+
+def _model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(LlamaMLP(HIDDEN, FFN), torch.nn.Linear(HIDDEN, 8, bias=False)).to(DEVICE)
+
+
+@pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 patches every module whatever the evidence")
+def test_modules_whose_every_problem_dispatches_to_cublas_keep_torchs_forward(db_url: str, caplog) -> None:
+    _store(db_url, ("gated_matmul", f"fp32:nt:16x{FFN}x{HIDDEN}", BASELINE),
+           ("matmul", f"fp32:nt:16x{HIDDEN}x{FFN}", BASELINE), ("matmul", f"fp32:nt:16x8x{HIDDEN}", BASELINE))
+    model = _model()
+    x = torch.randn(5, HIDDEN, device=DEVICE)
+    with torch.no_grad():
+        want = model(x)
+        with caplog.at_level(logging.INFO, logger="kernels.nn"):
+            kernels.patch(model)
+        got = model(x)
+    assert not isinstance(model[0], kernels.nn.FusedMLP)
+    assert [type(m) for m in model.modules() if isinstance(m, torch.nn.Linear)] == [torch.nn.Linear] * 4
+    assert "4 nn.Linear left on torch's path" in caplog.text
+    assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 patches every module whatever the evidence")
+def test_a_triton_winner_at_one_row_count_is_evidence_for_its_module_alone(db_url: str) -> None:
+    """The MLP's gated product won on Triton at 16 rows: the MLP is fused (its down projection has its own
+    record, cuBLAS: it stays torch's), and the head, with cuBLAS everywhere, keeps torch's forward."""
+    _store(db_url, ("gated_matmul", f"fp32:nt:16x{FFN}x{HIDDEN}", TILED),
+           ("matmul", f"fp32:nt:16x{HIDDEN}x{FFN}", BASELINE), ("matmul", f"fp32:nt:16x8x{HIDDEN}", BASELINE))
+    model = _model()
+    x = torch.randn(5, HIDDEN, device=DEVICE)
+    with torch.no_grad():
+        want = model(x)
+        kernels.patch(model)
+        got = model(x)
+    assert isinstance(model[0], kernels.nn.FusedMLP)
+    assert type(model[0].down_proj) is torch.nn.Linear and type(model[1]) is torch.nn.Linear
+    assert relative_error(got, want) < 1e-4
+
+
+def test_evidence_asks_dispatch_once_per_shape_at_every_probed_row_count(db_url: str, monkeypatch) -> None:
+    _store(db_url, ("matmul", f"fp32:nt:16x{HIDDEN}x{FFN}", BASELINE))
+    asked = []
+    choose = kernels.dispatch.DISPATCHER.choose
+    monkeypatch.setattr(kernels.dispatch.DISPATCHER, "choose",
+                        lambda spec, problem, *rest: asked.append(problem.shapes[0][0]) or choose(spec, problem, *rest))
+    evidence = Evidence()
+    weight = torch.empty(HIDDEN, FFN, device=DEVICE)
+    for _ in range(3):  # a model's layers repeat their shapes
+        assert evidence.runs_a_kernel(MATMUL, HIDDEN, FFN, weight) is RECORDER.on
+    assert sorted(set(asked)) == ([] if RECORDER.on else sorted(PROBE_ROWS)) and len(asked) == len(set(asked)) * 2
+    # float64: the kernels do not take it, torch runs such a layer anyway
+    assert not evidence.runs_a_kernel(GATED_MATMUL, FFN, HIDDEN, weight.double()) or RECORDER.on
