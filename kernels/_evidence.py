@@ -35,20 +35,22 @@ class Evidence:
     """What dispatch runs for the modules of one ``patch`` call, asked once per (kernel, N, K, dtype, device):
     a model repeats its layers' shapes."""
 
-    def __init__(self, rows: tuple[int, ...] = PROBE_ROWS) -> None:
+    def __init__(self, rows: tuple[int, ...] = PROBE_ROWS, everywhere: bool = False) -> None:
         self.rows = rows
+        self.everywhere = everywhere  # kernels.patch(..., everywhere=True): no question asked
         self._found: dict[tuple, bool] = {}
 
     def runs_a_kernel(self, spec: KernelSpec, n: int, k: int, weight: torch.Tensor, layout: str = "nt") -> bool:
         """Whether dispatch runs a config of ``spec`` other than its baseline, in either mode, for [M, K] rows
         on a weight like ``weight`` giving N columns, at any M of ``rows``. Always yes in record mode. A
         weight whose dtype our kernels do not take says no (torch runs it anyway); one on a device dispatch
-        does not know (meta: a model built for its shapes) says yes, as patch did before it asked."""
-        if RECORDER.on:
-            return True
+        does not know (meta: a model built for its shapes) says yes, as patch did before it asked. A float64
+        weight says no even with ``everywhere``: only torch computes it."""
         dtype = DTYPE_NAMES.get(weight.dtype)
         if dtype is None:
             return False
+        if RECORDER.on or self.everywhere:
+            return True
         if weight.device.type not in ("cuda", "cpu"):
             return True
         key = (spec.name, n, k, dtype, layout, weight.device)
@@ -60,7 +62,7 @@ class Evidence:
     def moe_runs_a_kernel(self, w: torch.Tensor) -> bool:
         """Whether dispatch runs a ``moe_matmul`` config other than its baseline for expert weights ``w`` (as
         ``moe_matmul`` takes them, [E, K, N]) at any routed row count of ``rows``, in either mode."""
-        if RECORDER.on or w.device.type != "cuda":  # the CPU: our path or transformers' as kernels/hf.py says
+        if RECORDER.on or self.everywhere or w.device.type != "cuda":  # the CPU: our path or transformers' as kernels/hf.py says
             return True
         if w.dtype not in DTYPE_NAMES:
             return False

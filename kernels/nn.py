@@ -84,13 +84,14 @@ class Linear(nn.Linear):
         return linear
 
 
-def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True) -> nn.Module:
+def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everywhere: bool = False) -> nn.Module:
     """Make the ``nn.Linear`` layers in ``model`` (itself included) run on the tuned kernels, in place; returns it.
 
     Only where that can be faster: a Linear (or a fused group below) is patched where dispatch runs one of
     our kernels for its problem at some row count on this GPU (kernels/_evidence.py). The others keep
     torch's forward, which costs less host time than ours around the same cuBLAS call: on a GPU with no
-    table nothing changes. Record mode (``TUNER_RECORD=1``) patches everything, to see every problem.
+    table nothing changes. Record mode (``TUNER_RECORD=1``) patches everything, to see every problem, as
+    does ``everywhere=True`` (every module on our path whatever dispatch runs: to test or profile it).
 
     Subclasses of ``nn.Linear`` other than plain ones (e.g. quantized layers) are left alone: their forward
     is not ``nn.Linear``'s, so swapping it would change what they compute. With ``fuse_mlp``, each SiLU-gated
@@ -99,7 +100,7 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True) -> nn.
     model calls them on one input (see ``SharedInput``). A transformers 5 MoE model's routed experts switch
     to the ``"triton_tuner"`` experts implementation (kernels/hf.py): one ``moe_matmul`` per expert GEMM.
     """
-    evidence = Evidence()
+    evidence = Evidence(everywhere=everywhere)
     # The MLPs first: the check runs each one's own forward on torch's Linears.
     fused = sum(_fuse(module, evidence) for module in model.modules()) if fuse_mlp else 0
     shared = sum(_share_input(module, evidence) for module in model.modules()) if fuse_qkv else 0

@@ -271,8 +271,8 @@ def main() -> None:
     # The three projections of a GQA attention (64 -> 64, 32, 32) of one input: three patched Linears, then
     # the same module patched as kernels.patch leaves it by default (one GEMM of N = 128, kernels.nn.SharedInput).
     torch_qkv, separate, shared = _Projections((64, 32, 32)), _Projections((64, 32, 32)), _Projections((64, 32, 32))
-    kernels.patch(separate, fuse_qkv=False)
-    kernels.patch(shared)
+    kernels.patch(separate, fuse_qkv=False, everywhere=True)
+    kernels.patch(shared, everywhere=True)
     assert type(shared.q_proj) is kernels.nn.SharedInputLinear
     for name, module in (("torch q/k/v Linears", torch_qkv), ("kernels q/k/v, 3 GEMMs", separate),
                          ("kernels q/k/v, 1 GEMM", shared)):

@@ -54,7 +54,7 @@ def test_matmul_gradient_of_a_sum_handles_an_expanded_incoming_gradient() -> Non
 def test_patched_linear_gradients_match_nn_linear() -> None:
     torch.manual_seed(2)
     plain = torch.nn.Linear(12, 7).to(DEVICE)
-    patched = kernels.patch(torch.nn.Sequential(torch.nn.Linear(12, 7))).to(DEVICE)[0]
+    patched = kernels.patch(torch.nn.Sequential(torch.nn.Linear(12, 7)), everywhere=True).to(DEVICE)[0]
     patched.load_state_dict(plain.state_dict())
     x = torch.randn(2, 3, 12, device=DEVICE)
     x_ours, x_theirs = x.clone().requires_grad_(), x.clone().requires_grad_()

@@ -135,7 +135,7 @@ def test_a_fused_mlp_compiles_whole_to_one_gated_call_and_trains_through_its_own
     torch.manual_seed(0)
     model = nn.Sequential(LlamaMLP(16, 24), nn.Linear(16, 16)).to(DEVICE)
     plain = copy.deepcopy(model)
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     assert isinstance(model[0], kernels.nn.FusedMLP)
     x = torch.randn(2, 5, 16, device=DEVICE)
     for training in (False, True):
@@ -188,7 +188,7 @@ def _run_graph_mode_step(monkeypatch: pytest.MonkeyPatch) -> _GraphModeStep:
     torch.manual_seed(0)
     model = _Layer(hidden=16, ffn=24, experts=3).to(DEVICE).half()  # the MoE kernels take fp16/bf16
     plain = copy.deepcopy(model)
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     x = torch.randn(2, 5, 16, device=DEVICE).half()
     dy = torch.randn(2, 5, 16, device=DEVICE).half()
     calls = _spy(monkeypatch, capturing=lambda: False)
@@ -294,7 +294,7 @@ def test_reduce_overhead_replays_the_patched_layer_on_the_graph_winners(monkeypa
     torch.manual_seed(1)
     model = _Layer(hidden=256, ffn=512, experts=4).cuda().half()
     plain = copy.deepcopy(model)
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     calls = _spy(monkeypatch, _cuda_capturing)
     torch._dynamo.reset()
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
@@ -317,7 +317,7 @@ def test_reduce_overhead_trains_the_gated_mlp_with_captured_backward_gemms(monke
     torch.manual_seed(2)
     model = _GatedMLP(hidden=256, ffn=512).cuda().half()  # no MoE: its weight gradient is not capturable
     plain = copy.deepcopy(model)
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     calls = _spy(monkeypatch, _cuda_capturing)
     torch._dynamo.reset()
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
@@ -351,7 +351,7 @@ def test_reduce_overhead_keeps_split_k_scratch_right_across_shapes() -> None:
     torch.manual_seed(3)
     model = nn.Sequential(nn.Linear(2048, 512, bias=False), nn.ReLU(), nn.Linear(512, 2048, bias=False)).cuda().half()
     plain = copy.deepcopy(model)
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     shapes = (16, 48)
     with contextlib.ExitStack() as pins:
         for m in shapes:  # split-K in both modes for every GEMM of the model, whatever the tables say

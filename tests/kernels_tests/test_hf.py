@@ -96,7 +96,7 @@ def test_patch_swaps_every_linear_fuses_silu_mlps_and_keeps_the_logits(name: str
     model = build(DENSE[name], torch.float32)
     ids = tokens()
     want = logits(model, ids)
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     layer = model.model.layers[0]
     assert not [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
     assert isinstance(model.lm_head, Linear)
@@ -115,7 +115,7 @@ def test_patch_puts_routed_experts_on_moe_matmul_and_keeps_the_logits(name: str)
     ids = tokens()
     want = logits(model, ids)
     before = model.config._experts_implementation
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     assert model.config._experts_implementation == hf.IMPLEMENTATION
     mlp = model.model.layers[0].mlp
     shared = getattr(mlp, "shared_experts", None) or getattr(mlp, "shared_expert", None)
@@ -171,7 +171,7 @@ def test_patch_leaves_experts_on_an_implementation_chosen_for_the_model() -> Non
     ExpertsInterface.register("users_own", grouped_mm_experts_forward)
     model = build(MOE["mixtral"], torch.float16)
     model.set_experts_implementation("users_own")
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     assert model.config._experts_implementation == "users_own"
     assert isinstance(model.lm_head, Linear)  # the rest of the model is patched as usual
     kernels.unpatch(model)
@@ -184,7 +184,7 @@ def test_training_through_the_experts_gives_transformers_gradients() -> None:
     import copy
 
     vanilla = build(MOE["mixtral"], torch.float16).train()
-    patched = kernels.patch(copy.deepcopy(vanilla))
+    patched = kernels.patch(copy.deepcopy(vanilla), everywhere=True)
     ids = tokens()
     for model in (vanilla, patched):
         model(ids, labels=ids).loss.backward()
@@ -242,7 +242,7 @@ def test_experts_whose_gemms_both_dispatch_to_the_baseline_run_transformers_grou
 def test_importing_kernels_and_patching_a_torch_model_never_import_transformers() -> None:
     code = ("import sys, torch, kernels\n"
             "m = torch.nn.Sequential(torch.nn.Linear(8, 8))\n"
-            "kernels.patch(m); kernels.unpatch(m)\n"
+            "kernels.patch(m, everywhere=True); kernels.unpatch(m)\n"
             "assert 'transformers' not in sys.modules, 'transformers was imported'\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -284,7 +284,7 @@ def recorder_off() -> Iterator[None]:
 def test_record_mode_counts_every_kernel_a_patched_moe_model_runs(tmp_path: Path) -> None:
     """Qwen2-MoE runs all four: biased q/k/v (matmul_bias), the shared expert (gated_matmul), o_proj and
     the routers (matmul), the routed experts (moe_matmul, both GEMMs)."""
-    model = kernels.patch(build(MOE["qwen2_moe"], torch.float16))
+    model = kernels.patch(build(MOE["qwen2_moe"], torch.float16), everywhere=True)
     path = tmp_path / "recorded.db"
     with kernels.recording(f"sqlite:///{path}"):
         for _ in range(2):
@@ -300,7 +300,7 @@ def test_record_mode_counts_every_kernel_a_patched_moe_model_runs(tmp_path: Path
 @pytest.mark.slow
 @pytest.mark.usefixtures("recorder_off")
 def test_recorded_model_problems_are_listed_then_all_tuned_by_search_recorded(tmp_path: Path) -> None:
-    model = kernels.patch(build(MOE["qwen2_moe"], torch.float16))
+    model = kernels.patch(build(MOE["qwen2_moe"], torch.float16), everywhere=True)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     with kernels.recording(url):
         logits(model, tokens(length=4))
@@ -317,7 +317,7 @@ def test_recorded_model_problems_are_listed_then_all_tuned_by_search_recorded(tm
 def test_experts_trace_whole_under_torch_compile_fullgraph() -> None:
     """No graph break: the sort, both moe_matmul operators and the combine trace into one graph (aot_eager:
     the trace is what is checked; Inductor's code generation is not this test's)."""
-    model = kernels.patch(build(MOE["mixtral"], torch.float16))
+    model = kernels.patch(build(MOE["mixtral"], torch.float16), everywhere=True)
     experts = model.model.layers[0].mlp.experts
     x, index, weights = _experts_inputs(experts, 5, 2, seed=5)
     with torch.no_grad():
@@ -329,7 +329,7 @@ def test_experts_trace_whole_under_torch_compile_fullgraph() -> None:
 
 @pytest.mark.gpu
 def test_experts_never_make_the_host_wait_once_warm() -> None:
-    model = kernels.patch(build(MOE["qwen3_moe"], torch.bfloat16))
+    model = kernels.patch(build(MOE["qwen3_moe"], torch.bfloat16), everywhere=True)
     experts = model.model.layers[0].mlp.experts
     x, index, weights = _experts_inputs(experts, 64, 2, seed=6)
     with torch.no_grad():

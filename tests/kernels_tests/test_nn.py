@@ -32,7 +32,7 @@ def test_patch_swaps_linears_in_place_and_keeps_the_same_parameters() -> None:
     x = torch.randn(3, 5, 16, device=DEVICE)
     with torch.no_grad():
         expected = model(x)
-        assert kernels.patch(model) is model
+        assert kernels.patch(model, everywhere=True) is model
         got = model(x)
     assert all(type(model[i]) is kernels.nn.Linear for i in (0, 2))
     assert all(isinstance(model[i], torch.nn.Linear) for i in (0, 2))
@@ -41,7 +41,7 @@ def test_patch_swaps_linears_in_place_and_keeps_the_same_parameters() -> None:
 
 
 def test_unpatch_restores_plain_linears() -> None:
-    model = kernels.patch(_model())
+    model = kernels.patch(_model(), everywhere=True)
     kernels.unpatch(model)
     assert all(type(model[i]) is torch.nn.Linear for i in (0, 2))
 
@@ -52,7 +52,7 @@ def test_patch_leaves_linear_subclasses_alone() -> None:
             return 2 * super().forward(x)
 
     model = torch.nn.Sequential(Scaled(4, 4))
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     assert type(model[0]) is Scaled
 
 
@@ -71,7 +71,7 @@ def test_linear_state_dict_round_trips_with_nn_linear() -> None:
 
 def test_linear_takes_fp16_and_leading_batch_dimensions() -> None:
     plain = torch.nn.Linear(32, 16).to(DEVICE).half()
-    ours = kernels.patch(torch.nn.Sequential(torch.nn.Linear(32, 16))).to(DEVICE).half()
+    ours = kernels.patch(torch.nn.Sequential(torch.nn.Linear(32, 16)), everywhere=True).to(DEVICE).half()
     ours.load_state_dict({"0." + k: v for k, v in plain.state_dict().items()})
     x = torch.randn(2, 3, 4, 32, device=DEVICE).half()
     with torch.no_grad():
@@ -109,7 +109,7 @@ def test_patched_layer_captured_in_a_cuda_graph_replays_new_inputs() -> None:
     model = model.cuda().half()
     plain = [m for m in model]
     x = torch.randn(32, 256, device="cuda").half()
-    kernels.patch(model)
+    kernels.patch(model, everywhere=True)
     with torch.no_grad():
         kernels.ops.warm_for_capture(model, x)  # resolve and compile both modes' configs outside the capture
         torch.cuda.synchronize()
@@ -130,7 +130,7 @@ def test_patched_layer_captured_in_a_cuda_graph_replays_new_inputs() -> None:
 def _pair(bias: bool = True, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, torch.nn.Module]:
     torch.manual_seed(11)
     plain = torch.nn.Linear(32, 16, bias=bias).to(DEVICE, dtype)
-    ours = kernels.patch(torch.nn.Sequential(torch.nn.Linear(32, 16, bias=bias).to(DEVICE, dtype)))
+    ours = kernels.patch(torch.nn.Sequential(torch.nn.Linear(32, 16, bias=bias).to(DEVICE, dtype)), everywhere=True)
     ours[0].load_state_dict(plain.state_dict())
     return plain, ours
 
@@ -382,7 +382,7 @@ def test_patch_fuses_a_silu_gated_mlp_into_one_gated_call_with_the_same_paramete
     with torch.no_grad():
         expected = mlp(x)
     calls = _gated_calls(monkeypatch)
-    kernels.patch(mlp)
+    kernels.patch(mlp, everywhere=True)
     assert isinstance(mlp, kernels.nn.FusedMLP) and isinstance(mlp, make)
     assert dict(mlp.named_parameters()) == params  # the very same objects
     assert mlp.state_dict().keys() == state.keys()
@@ -409,7 +409,7 @@ def test_patch_leaves_an_mlp_of_another_activation_or_with_no_telling_weights_as
     for mlp in (gelu, zeros, biased):
         with torch.no_grad():
             expected = mlp(x)
-        kernels.patch(mlp)
+        kernels.patch(mlp, everywhere=True)
         assert not isinstance(mlp, kernels.nn.FusedMLP) and type(mlp) is LlamaMLP
         assert type(mlp.gate_proj) is kernels.nn.Linear  # its Linears are patched all the same
         with torch.no_grad():
@@ -421,7 +421,7 @@ def test_patch_leaves_the_callers_random_stream_as_it_was() -> None:
     torch.manual_seed(1)
     expected = torch.rand(4)
     torch.manual_seed(1)
-    kernels.patch(mlp)
+    kernels.patch(mlp, everywhere=True)
     assert isinstance(mlp, kernels.nn.FusedMLP)
     assert torch.equal(torch.rand(4), expected)
 
@@ -430,7 +430,7 @@ def test_a_fused_mlp_trains_through_its_own_forward_with_torchs_gradients(monkey
     torch.manual_seed(0)
     mlp = LlamaMLP().to(DEVICE)
     reference = copy.deepcopy(mlp)
-    kernels.patch(mlp)
+    kernels.patch(mlp, everywhere=True)
     calls = _gated_calls(monkeypatch)
     x = torch.randn(6, 16, device=DEVICE)
     mlp(x).square().sum().backward()
@@ -451,7 +451,7 @@ def test_a_fused_mlp_trains_through_its_own_forward_with_torchs_gradients(monkey
 def test_a_fused_mlp_follows_a_cast_new_weights_a_copy_and_a_pickle() -> None:
     torch.manual_seed(0)
     mlp = LlamaMLP().to(DEVICE)
-    kernels.patch(mlp)
+    kernels.patch(mlp, everywhere=True)
     x = torch.randn(5, 16, device=DEVICE)
 
     def check(module: torch.nn.Module, tolerance: float = FP32_TOLERANCE) -> None:
@@ -492,14 +492,14 @@ def test_a_fused_mlp_follows_a_cast_new_weights_a_copy_and_a_pickle() -> None:
 
 def test_patch_without_fuse_mlp_keeps_the_gated_mlps_forward() -> None:
     mlp = LlamaMLP().to(DEVICE)
-    kernels.patch(mlp, fuse_mlp=False)
+    kernels.patch(mlp, fuse_mlp=False, everywhere=True)
     assert type(mlp) is LlamaMLP and type(mlp.gate_proj) is kernels.nn.Linear
 
 
 def test_patch_says_what_it_patched_and_fused(caplog) -> None:
     model = torch.nn.Sequential(LlamaMLP(), LlamaMLP(act=torch.nn.GELU()), torch.nn.Linear(16, 16)).to(DEVICE)
     with caplog.at_level("INFO", logger="kernels.nn"):
-        kernels.patch(model)
+        kernels.patch(model, everywhere=True)
     assert "7 nn.Linear patched, 1 SiLU-gated MLPs fused" in caplog.text
 
 
@@ -511,7 +511,7 @@ def test_a_float64_gated_mlp_is_left_to_torch() -> None:
     x = torch.randn(3, 16, device=DEVICE, dtype=torch.float64)
     with torch.no_grad():
         expected = mlp(x)
-        kernels.patch(mlp)
+        kernels.patch(mlp, everywhere=True)
         got = mlp(x)
     assert not isinstance(mlp, kernels.nn.FusedMLP)
     assert all(type(m) is torch.nn.Linear for m in mlp.modules() if isinstance(m, torch.nn.Linear))
@@ -523,7 +523,7 @@ def test_a_fused_mlp_whose_weight_is_parametrized_since_runs_its_own_forward(mon
     forward runs, and computes with the parametrized weight."""
     torch.manual_seed(0)
     mlp = LlamaMLP().to(DEVICE)
-    kernels.patch(mlp)
+    kernels.patch(mlp, everywhere=True)
     plain = LlamaMLP().to(DEVICE)
     plain.load_state_dict(mlp.state_dict())
 

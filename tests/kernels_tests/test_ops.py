@@ -105,7 +105,7 @@ def test_compiled_patched_model_has_no_graph_break_and_matches_torch() -> None:
     with torch.no_grad():
         h = x + model.down(torch.nn.functional.silu(model.up(x)))
         expected = h + model.moe.reference(h.half()).float()
-        kernels.patch(model)
+        kernels.patch(model, everywhere=True)
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # fullgraph: a break raises
         got = compiled(x)

@@ -63,7 +63,7 @@ def _patched(bias: bool = False) -> tuple[nn.Module, nn.Module]:
     torch.manual_seed(0)
     attention = _Attention(bias=bias).to(DEVICE)
     plain = _twin(attention)
-    kernels.patch(attention)
+    kernels.patch(attention, everywhere=True)
     return attention, plain
 
 
@@ -86,7 +86,7 @@ def test_patch_runs_the_query_key_and_value_projections_as_one_gemm(monkeypatch,
     x = torch.randn(2, 3, 16, device=DEVICE)
     with torch.no_grad():
         expected = attention(x)
-    kernels.patch(attention)
+    kernels.patch(attention, everywhere=True)
     members = [getattr(attention, name) for name in names]
     assert all(type(m) is kernels.nn.SharedInputLinear for m in members)
     assert dict(attention.named_parameters()) == params  # the very same objects
@@ -168,7 +168,7 @@ def test_threads_sharing_one_patched_module_each_get_their_own_inputs_products()
     torch.manual_seed(0)
     attention = _Attention(bias=True).to(DEVICE, torch.float64)
     plain = _twin(attention).to(torch.float64)
-    kernels.patch(attention)
+    kernels.patch(attention, everywhere=True)
     shared = [torch.randn(2, 3, 16, device=DEVICE, dtype=torch.float64) for _ in range(200)]
     inputs = [shared + [torch.randn_like(shared[0]) for _ in range(50)] for _ in range(2)]
     with torch.no_grad():
@@ -201,7 +201,7 @@ def test_frozen_weights_give_the_input_its_gradient_through_the_stacked_gemm(mon
     torch.manual_seed(0)
     attention = _Attention().to(DEVICE).requires_grad_(False)
     plain = _twin(attention).requires_grad_(False)
-    kernels.patch(attention)
+    kernels.patch(attention, everywhere=True)
     x = torch.randn(2, 3, 16, device=DEVICE, requires_grad=True)
     theirs = x.detach().clone().requires_grad_()
     out = attention(x)
@@ -214,7 +214,7 @@ def test_frozen_weights_give_the_input_its_gradient_through_the_stacked_gemm(mon
 def test_the_group_follows_new_weights_a_cast_a_copy_and_a_pickle() -> None:
     torch.manual_seed(0)
     attention = _Attention(bias=True).to(DEVICE)
-    kernels.patch(attention)
+    kernels.patch(attention, everywhere=True)
     x = torch.randn(1, 4, 16, device=DEVICE)
 
     def check(module: nn.Module, tolerance: float = FP32_TOLERANCE) -> None:
@@ -256,17 +256,17 @@ def test_patch_leaves_projections_that_cannot_share_one_gemm_alone() -> None:
     partial = _Attention()
     del partial.v_proj
     for module in (mixed, other_width, partial):
-        kernels.patch(module)
+        kernels.patch(module, everywhere=True)
         assert not any(type(m) is kernels.nn.SharedInputLinear for m in module.modules())
     plain = _Attention()
-    kernels.patch(plain, fuse_qkv=False)
+    kernels.patch(plain, fuse_qkv=False, everywhere=True)
     assert type(plain.q_proj) is kernels.nn.Linear
 
 
 def test_patch_says_how_many_groups_it_fused(caplog) -> None:
     model = nn.Sequential(_Attention(), _Attention(names=("wq", "wk", "wv"))).to(DEVICE)
     with caplog.at_level("INFO", logger="kernels.nn"):
-        kernels.patch(model)
+        kernels.patch(model, everywhere=True)
     assert "8 nn.Linear patched, 0 SiLU-gated MLPs fused, 2 query/key/value groups fused" in caplog.text
 
 
@@ -301,7 +301,7 @@ def test_a_patched_attention_captured_in_a_cuda_graph_replays_new_inputs() -> No
     for name, width in (("k_proj", 128), ("v_proj", 128)):
         setattr(attention, name, nn.Linear(256, width, bias=True).cuda().half())
     plain = copy.deepcopy(attention)
-    kernels.patch(attention)
+    kernels.patch(attention, everywhere=True)
     assert type(attention.q_proj) is kernels.nn.SharedInputLinear
     x = torch.randn(4, 8, 256, device="cuda").half()
     with torch.no_grad():

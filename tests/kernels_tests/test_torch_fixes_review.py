@@ -56,7 +56,7 @@ def _patched_projections(bias: bool) -> tuple[nn.Module, nn.Module]:
     module = _Projections(bias=bias).to(DEVICE)
     plain = _Projections(bias=bias).to(DEVICE)
     plain.load_state_dict(module.state_dict())
-    return kernels.patch(module), plain
+    return kernels.patch(module, everywhere=True), plain
 
 
 # ------------------------------------------------------------------------------------------ q, k and v
@@ -108,7 +108,7 @@ def test_a_member_called_under_grad_mode_does_not_take_a_product_made_without_it
     plain = Attention(bias=False).to(DEVICE)
     plain.k_proj, plain.v_proj = nn.Linear(8, 8, bias=False).to(DEVICE), nn.Linear(8, 8, bias=False).to(DEVICE)
     plain.load_state_dict(module.state_dict())
-    kernels.patch(module)
+    kernels.patch(module, everywhere=True)
     x = torch.randn(3, 8, device=DEVICE)
     module(x).sum().backward()
     plain(x).sum().backward()
@@ -134,7 +134,7 @@ def test_an_in_place_write_into_v_keeps_the_backward_of_q_and_k() -> None:
     x = torch.randn(2, 3, 8, device=DEVICE, requires_grad=True)
     module(x).sum().backward()
     want, x.grad = x.grad.clone(), None
-    kernels.patch(module)
+    kernels.patch(module, everywhere=True)
     module(x).sum().backward()
     assert _error(x.grad, want) < FP32_TOLERANCE
 
@@ -144,7 +144,7 @@ def test_an_in_place_write_into_v_keeps_the_backward_of_q_and_k() -> None:
 def _patched_mlp(module: nn.Module | None = None) -> nn.Module:
     torch.manual_seed(0)
     module = (module if module is not None else LlamaMLP()).to(DEVICE)
-    kernels.patch(module)
+    kernels.patch(module, everywhere=True)
     assert isinstance(module, kernels.nn.FusedMLP)
     return module
 
@@ -161,7 +161,7 @@ def test_a_forward_hook_on_the_up_projection_still_runs_after_patch() -> None:
     x = torch.randn(3, 16, device=DEVICE)
     with torch.no_grad():
         want = module(x)
-    kernels.patch(module)
+    kernels.patch(module, everywhere=True)
     assert isinstance(module, kernels.nn.FusedMLP)
     calls.clear()
     with torch.no_grad():
@@ -270,7 +270,7 @@ def test_the_fused_check_leaves_the_callers_random_stream_and_flags_as_they_were
     module = LlamaMLP().train()
     module.act_fn.eval()  # a mixed set of flags, restored as it was
     rng = torch.get_rng_state()
-    kernels.patch(module)
+    kernels.patch(module, everywhere=True)
     assert torch.equal(torch.get_rng_state(), rng)
     assert module.training and not module.act_fn.training and module.gate_proj.training
 
@@ -279,14 +279,14 @@ def test_the_fused_check_leaves_the_callers_random_stream_and_flags_as_they_were
 
 def test_new_weight_data_at_the_same_address_gets_a_new_transposed_weight() -> None:
     torch.manual_seed(0)
-    layer = kernels.patch(nn.Linear(8, 4, bias=False).to(DEVICE))
+    layer = kernels.patch(nn.Linear(8, 4, bias=False).to(DEVICE), everywhere=True)
     x = torch.randn(2, 8, device=DEVICE)
     with torch.no_grad():
         layer(x)
         layer.weight.data = layer.weight.data[:2]  # the first two output rows: the same address
         layer.out_features = 2
         assert _error(layer(x), F.linear(x, layer.weight)) < FP32_TOLERANCE
-    square = kernels.patch(nn.Linear(8, 8, bias=False).to(DEVICE))
+    square = kernels.patch(nn.Linear(8, 8, bias=False).to(DEVICE), everywhere=True)
     with torch.no_grad():
         square(x)
         square.weight.data = square.weight.data.t()  # the same address and shape, other strides
@@ -307,7 +307,7 @@ def test_a_qkv_group_restacks_after_new_data_at_the_same_address() -> None:
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("grad", [False, True])
 def test_a_patched_model_runs_on_the_meta_device(bias, grad) -> None:
-    layer = kernels.patch(nn.Sequential(nn.Linear(8, 4, bias=bias), LlamaMLP(4, 6))).to("meta")
+    layer = kernels.patch(nn.Sequential(nn.Linear(8, 4, bias=bias), LlamaMLP(4, 6)), everywhere=True).to("meta")
     x = torch.randn(2, 3, 8, device="meta")
     with torch.set_grad_enabled(grad):
         y = layer(x)
