@@ -1,4 +1,4 @@
-"""Whether patching a module can make it faster: does dispatch run one of our kernels for any of its problems?
+"""Whether patching a module can make it faster: does dispatch run one of our kernels for its problems?
 
 ``kernels.patch`` swaps a module's forward only where this says yes. A module whose every problem dispatch
 would hand to the baseline (cuBLAS, ``torch._grouped_mm``) gains nothing from the swap and pays our path's
@@ -11,13 +11,20 @@ A module's problems are not known before it runs (the row count is the batch's t
 ``PROBE_ROWS``, from a decode step of one token to a long prefill. Record mode patches every module: it is
 there to see every problem, tuned or not (``search --recorded`` then tunes them, and a later ``patch`` finds
 the evidence).
+
+The same question per call (``routes_to_ours``): a patched module meets row counts where dispatch runs the
+baseline too (a table with Triton winners at decode sizes, cuBLAS at prefill). There the module runs torch's
+own forward, not our path around the same cuBLAS call: on the H200 with its table (2026-11-28) our path
+there cost 3-5% of a host-bound model's time, as much as no patch at all would have saved. The answer is
+kept per (kernel, rows, N, K, dtype, device) and forgotten with dispatch's plans (``kernels.clear_cache``,
+``use_database``, the refresh thread).
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import moe
+from . import _plans, moe
 from ._device import current_device
 from ._modes import MODES
 from ._record_mode import RECORDER
@@ -25,7 +32,7 @@ from ._spec import KernelSpec, Problem, is_baseline
 from .dispatch import DISPATCHER
 from .gemm import DTYPE_NAMES
 
-__all__ = ["PROBE_ROWS", "Evidence"]
+__all__ = ["PROBE_ROWS", "Evidence", "routes_to_ours"]
 
 # Row counts a model's GEMMs meet: decode at batch 1 to 64, prefill of one prompt to a batch of long ones.
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -80,3 +87,29 @@ class Evidence:
             if any(not is_baseline(DISPATCHER.choose(spec, problem, device, mode).config) for mode in MODES):
                 return True
         return False
+
+
+_ROUTES: dict[tuple, bool] = {}
+_plans.ON_CLEAR.append(_ROUTES.clear)
+
+
+def routes_to_ours(spec: KernelSpec, x: torch.Tensor, n: int, k: int) -> bool:
+    """Whether a patched module's call on ``x`` (rows of K features, any leading shape) giving N columns
+    should take our path: dispatch runs a config of ``spec`` other than its baseline for these rows in either
+    mode, or record mode is on (it counts the call). One tuple and one dict lookup once known."""
+    key = (spec.name, x.numel() // k if k else 0, n, k, x.dtype, x.get_device())
+    found = _ROUTES.get(key)
+    if found is None:
+        if RECORDER.on:
+            return True  # not kept: the answer changes when recording stops
+        found = _ROUTES[key] = _runs_a_kernel_at(spec, key[1], n, k, x)
+    return found
+
+
+def _runs_a_kernel_at(spec: KernelSpec, rows: int, n: int, k: int, x: torch.Tensor) -> bool:
+    dtype = DTYPE_NAMES.get(x.dtype)
+    if dtype is None or x.device.type not in ("cuda", "cpu"):
+        return dtype is not None  # float64: torch's forward; meta and other devices: our path, as before
+    device = current_device(x.device)
+    problem = Problem(spec.name, dtype, "nt", ((rows, n, k),))
+    return any(not is_baseline(DISPATCHER.choose(spec, problem, device, mode).config) for mode in MODES)

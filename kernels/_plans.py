@@ -234,6 +234,12 @@ def clear() -> None:
         _PLANS.clear()
         _native.forget_all()
         FAST.cublas_everywhere = None
+        for forget in ON_CLEAR:
+            forget()
+
+
+# What else keeps answers read from the tables, and forgets them with the plans (kernels/_evidence.py's routes).
+ON_CLEAR: list[Callable[[], None]] = []
 
 
 class _Fast:

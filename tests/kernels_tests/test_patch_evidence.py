@@ -19,13 +19,19 @@ import kernels
 from db import Store
 from kernels._evidence import PROBE_ROWS, Evidence
 from kernels._record_mode import RECORDER
-from kernels._spec import BASELINE
+from kernels._spec import BASELINE, Problem
 from kernels.epilogue import GATED_MATMUL
 from kernels.gemm import MATMUL
 
 pytestmark = pytest.mark.usefixtures("own_database")
 
 HIDDEN, FFN = 16, 24
+
+
+def _gated_triton() -> object:
+    """A valid Triton config of the gated kernel (the dense GEMM's TILED is not one of its space)."""
+    problem = Problem("gated_matmul", "fp32", "nt", ((16, FFN, HIDDEN),))
+    return GATED_MATMUL.default_config(problem, kernels.current_device(torch.device(DEVICE)))
 
 
 def _store(db_url: str, *records: tuple[str, str, object]) -> None:
@@ -67,9 +73,11 @@ def test_modules_whose_every_problem_dispatches_to_cublas_keep_torchs_forward(db
 
 @pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 patches every module whatever the evidence")
 def test_a_triton_winner_at_one_row_count_is_evidence_for_its_module_alone(db_url: str) -> None:
-    """The MLP's gated product won on Triton at 16 rows: the MLP is fused (its down projection has its own
-    record, cuBLAS: it stays torch's), and the head, with cuBLAS everywhere, keeps torch's forward."""
-    _store(db_url, ("gated_matmul", f"fp32:nt:16x{FFN}x{HIDDEN}", TILED),
+    """The MLP's gated product won on Triton at 16 rows (and went to cuBLAS at 4096): the MLP is fused (its
+    down projection has its own record, cuBLAS: it stays torch's), and the head, with cuBLAS everywhere,
+    keeps torch's forward."""
+    _store(db_url, ("gated_matmul", f"fp32:nt:16x{FFN}x{HIDDEN}", _gated_triton()),
+           ("gated_matmul", f"fp32:nt:4096x{FFN}x{HIDDEN}", BASELINE),
            ("matmul", f"fp32:nt:16x{HIDDEN}x{FFN}", BASELINE), ("matmul", f"fp32:nt:16x8x{HIDDEN}", BASELINE))
     model = _model()
     x = torch.randn(5, HIDDEN, device=DEVICE)
@@ -95,3 +103,45 @@ def test_evidence_asks_dispatch_once_per_shape_at_every_probed_row_count(db_url:
     assert sorted(set(asked)) == ([] if RECORDER.on else sorted(PROBE_ROWS)) and len(asked) == len(set(asked)) * 2
     # float64: the kernels do not take it, torch runs such a layer anyway
     assert not evidence.runs_a_kernel(GATED_MATMUL, FFN, HIDDEN, weight.double()) or RECORDER.on
+
+
+@pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 takes our path on every call, to count it")
+def test_a_patched_linear_runs_torchs_forward_at_row_counts_dispatch_gives_to_cublas(db_url: str,
+                                                                                      monkeypatch) -> None:
+    """Patched for its Triton winner at 16 rows; at 4096 rows its record says cuBLAS: torch's own linear runs
+    there (less host time around the same GEMM), and ours at 16 rows. A new table is asked again."""
+    _store(db_url, ("matmul", f"fp32:nt:16x8x{HIDDEN}", TILED), ("matmul", f"fp32:nt:4096x8x{HIDDEN}", BASELINE))
+    linear = torch.nn.Linear(HIDDEN, 8, bias=False).to(DEVICE)
+    kernels.patch(linear)
+    assert type(linear) is kernels.nn.Linear
+    torch_calls = []
+    monkeypatch.setattr(kernels.nn, "_LINEAR", lambda *args: torch_calls.append(args[0].shape) or
+                        torch.nn.functional.linear(*args))
+    with torch.no_grad():
+        for rows in (16, 4096, 16, 4096):
+            x = torch.randn(rows, HIDDEN, device=DEVICE)
+            assert relative_error(linear(x), x @ linear.weight.t()) < 1e-4
+    assert torch_calls == [(4096, HIDDEN)] * 2
+    _store(db_url, ("matmul", f"fp32:nt:4096x8x{HIDDEN}", TILED))  # tuned since: use_database forgets the routes
+    with torch.no_grad():
+        linear(torch.randn(4096, HIDDEN, device=DEVICE))
+    assert len(torch_calls) == 2
+
+
+@pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 takes our path on every call, to count it")
+def test_a_fused_mlp_runs_its_own_forward_where_its_gated_product_goes_to_cublas(db_url: str, monkeypatch) -> None:
+    _store(db_url, ("gated_matmul", f"fp32:nt:16x{FFN}x{HIDDEN}", _gated_triton()),
+           ("gated_matmul", f"fp32:nt:4096x{FFN}x{HIDDEN}", BASELINE))
+    mlp = LlamaMLP(HIDDEN, FFN).to(DEVICE)
+    plain = LlamaMLP(HIDDEN, FFN).to(DEVICE)
+    plain.load_state_dict(mlp.state_dict())
+    kernels.patch(mlp)
+    assert isinstance(mlp, kernels.nn.FusedMLP)
+    own = []
+    monkeypatch.setattr(type(mlp), "_unfused", type("Spy", (LlamaMLP,), {
+        "forward": lambda self, x: own.append(x.shape[0]) or LlamaMLP.forward(self, x)}))
+    with torch.no_grad():
+        for rows in (16, 4096):
+            x = torch.randn(rows, HIDDEN, device=DEVICE)
+            assert relative_error(mlp(x), plain(x)) < 1e-4
+    assert own == [4096]
