@@ -12,7 +12,7 @@ A module's problems are not known before it runs (the row count is the batch's t
 there to see every problem, tuned or not (``search --recorded`` then tunes them, and a later ``patch`` finds
 the evidence).
 
-The same question per call (``routes_to_ours``): a patched module meets row counts where dispatch runs the
+The same question per call (``takes_ours``): a patched module meets row counts where dispatch runs the
 baseline too (a table with Triton winners at decode sizes, cuBLAS at prefill). There the module runs torch's
 own forward, not our path around the same cuBLAS call: on the H200 with its table (2026-11-28) our path
 there cost 3-5% of a host-bound model's time, as much as no patch at all would have saved. The answer is
@@ -32,7 +32,7 @@ from ._spec import KernelSpec, Problem, is_baseline
 from .dispatch import DISPATCHER
 from .gemm import DTYPE_NAMES
 
-__all__ = ["PROBE_ROWS", "Evidence", "routes_to_ours"]
+__all__ = ["PROBE_ROWS", "Evidence", "route_of", "takes_ours"]
 
 # Row counts a model's GEMMs meet: decode at batch 1 to 64, prefill of one prompt to a batch of long ones.
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -89,23 +89,37 @@ class Evidence:
         return False
 
 
+# The per-call answers: (route, x's shape, dtype, device index) -> take our path. A route is an int naming one
+# (kernel, N, K) (``route_of``), so that a call hashes a short flat tuple: the whole check costs a patched
+# module's call about as much as nn.Linear's own ``self.weight`` lookup.
 _ROUTES: dict[tuple, bool] = {}
+_ROUTE_IDS: dict[tuple[str, int, int], int] = {}
+_ROUTE_OF: list[tuple[KernelSpec, int, int]] = []
 _plans.ON_CLEAR.append(_ROUTES.clear)
 
 
-def routes_to_ours(spec: KernelSpec, x: torch.Tensor, n: int, k: int) -> bool:
-    """Whether a patched module's call on ``x`` (rows of K features, any leading shape) giving N columns
-    should take our path: dispatch runs a config of ``spec`` other than its baseline for these rows in either
-    mode, or record mode is on (it counts the call). One tuple and one dict lookup once known."""
-    key = (spec.name, x.numel() // k if k else 0, n, k, x.dtype, x.get_device())
-    found = _ROUTES.get(key)
+def route_of(spec: KernelSpec, n: int, k: int) -> int:
+    """The route of a module computing N columns from rows of K features on ``spec``'s kernel."""
+    key = (spec.name, n, k)
+    found = _ROUTE_IDS.get(key)
     if found is None:
-        if RECORDER.on:
-            return True  # not kept: the answer changes when recording stops
-        found = _ROUTES[key] = _runs_a_kernel_at(spec, key[1], n, k, x)
+        found = _ROUTE_IDS[key] = len(_ROUTE_OF)
+        _ROUTE_OF.append((spec, n, k))
     return found
 
 
+def takes_ours(route: int, x: torch.Tensor) -> bool:
+    """Whether a patched module's call on ``x`` (rows of K features, any leading shape) takes our path:
+    dispatch runs a config other than the baseline for these rows in either mode, or record mode is on (it
+    counts the call). Eager calls only: under tracing the module's operator runs."""
+    key = (route, x.shape, x.dtype, x.get_device())
+    found = _ROUTES.get(key)
+    if found is None:
+        if RECORDER.on:
+            return True  # not kept: the answer changes when recording stops (which clears these anyway)
+        spec, n, k = _ROUTE_OF[route]
+        found = _ROUTES[key] = _runs_a_kernel_at(spec, x.numel() // k if k else 0, n, k, x)
+    return found
 def _runs_a_kernel_at(spec: KernelSpec, rows: int, n: int, k: int, x: torch.Tensor) -> bool:
     dtype = DTYPE_NAMES.get(x.dtype)
     if dtype is None or x.device.type not in ("cuda", "cpu"):

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.modules import module as _torch_module
 
 from . import ops
-from ._evidence import Evidence, routes_to_ours
+from ._evidence import Evidence, route_of, takes_ours
 from ._routing import sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
@@ -44,8 +44,8 @@ class Linear(nn.Linear):
         if weight is None:
             weight = self.weight
         bias = params["bias"] if "bias" in params else self.bias
-        if self.__dict__.get("_routed") and not _COMPILING() and \
-                not routes_to_ours(MATMUL if bias is None else MATMUL_BIAS, x, self.out_features, self.in_features):
+        route = self.__dict__.get("_route")
+        if route is not None and not _COMPILING() and not takes_ours(route, x):
             return _LINEAR(x, weight, bias)  # dispatch runs cuBLAS for these rows: torch's own call costs less
         if x.dim() == 2:  # the common 2-D call: no reshapes (each is host time)
             return ops.linear_call(x, weight, bias, self._transposed)
@@ -116,7 +116,9 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
         if type(module) is nn.Linear:
             if evidence.runs_a_kernel(_linear_spec(module), module.out_features, module.in_features, module.weight):
                 Linear.from_linear(module)
-                module.__dict__["_routed"] = not everywhere
+                if not everywhere:
+                    module.__dict__["_route"] = route_of(_linear_spec(module), module.out_features,
+                                                         module.in_features)
                 linears += 1
             else:
                 left += 1
@@ -153,7 +155,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     dict, as do the projections of a ``SharedInput`` group)."""
     for module in model.modules():
         if type(module) in (Linear, SharedInputLinear):
-            for name in ("_kept_t", "_routed") + _SHARED_STATE:
+            for name in ("_kept_t", "_route") + _SHARED_STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = nn.Linear
         elif isinstance(module, FusedMLP):
@@ -249,10 +251,12 @@ class FusedMLP:
     _unfused: type  # the module's own class
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        weight_t = None if args or kwargs else self._stacked_weight_t()
-        if weight_t is None or (self.__dict__.get("_routed") and not _COMPILING() and
-                                not routes_to_ours(GATED_MATMUL, x, weight_t.shape[1] // 2, weight_t.shape[0])):
-            return self._unfused.forward(self, x, *args, **kwargs)  # its Linears route themselves
+        route = self.__dict__.get("_route")
+        if args or kwargs or (route is not None and not _COMPILING() and not takes_ours(route, x)):
+            return self._unfused.forward(self, x, *args, **kwargs)  # cuBLAS here: its Linears route themselves
+        weight_t = self._stacked_weight_t()
+        if weight_t is None:
+            return self._unfused.forward(self, x)
         rows = x.reshape(-1, x.shape[-1])
         h = ops.gated_matmul_call(rows, weight_t)
         return self._modules[self.__dict__["_gated_names"].down](h.reshape(*x.shape[:-1], h.shape[-1]))
@@ -295,7 +299,7 @@ class FusedMLP:
         return _new_module, (type(self)._unfused,), state
 
 
-_FUSED_STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes", "_routed")  # what a FusedMLP keeps in its __dict__
+_FUSED_STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes", "_route")  # what a FusedMLP keeps in its __dict__
 
 # torch's global module hooks (nn.modules.module.register_module_forward_hook ...): dicts changed in place.
 _GLOBAL_HOOKS = (_torch_module._global_forward_pre_hooks, _torch_module._global_forward_hooks,
@@ -473,7 +477,8 @@ def _fuse(module: nn.Module, evidence: Evidence) -> bool:
     module.__class__ = _fused_class(type(module))
     module.__dict__["_gated_names"] = names
     module.__dict__["_fused_modes"] = modes
-    module.__dict__["_routed"] = not evidence.everywhere  # per call: the unfused forward where cuBLAS runs
+    if not evidence.everywhere:  # per call: the module's own forward where dispatch runs cuBLAS
+        module.__dict__["_route"] = route_of(GATED_MATMUL, width, gate.in_features)
     module.__dict__["_gated_kept"] = tuple((name, module._modules[name]) for name in (names.gate, names.up)
                                            if name is not None)
     if names.up is not None:
@@ -531,6 +536,7 @@ class SharedInput:
             start += member.out_features
         self.bounds = tuple(bounds)
         self.fusing = True
+        self.route: int | None = None  # kernels/_evidence.py: None takes the stacked GEMM on every call
         self.joint: _Joint | None = _joint(members)
         self.pending: _Pending | None = None  # the product of the input the members are being called on
 
@@ -567,13 +573,6 @@ class SharedInput:
         self.pending = _Pending(x, None if compiling or x.is_inference() else x._version, output,
                                 ((1 << len(self.members)) - 1) & ~(1 << slot), grad)
         return self._handed_out(output, slot)
-
-    def routes_to_ours(self, x: torch.Tensor) -> bool:
-        """Whether dispatch runs one of our kernels for the stacked product on these rows (else each member
-        runs its own forward, which routes itself)."""
-        first = self.members[0]
-        spec = MATMUL if first._parameters.get("bias") is None else MATMUL_BIAS
-        return routes_to_ours(spec, x, self.bounds[-1][0] + self.bounds[-1][1], first.in_features)
 
     def _handed_out(self, output: torch.Tensor, slot: int) -> torch.Tensor:
         """Member ``slot``'s columns of the stacked output: a view, or a copy where autograd records it. Views
@@ -640,8 +639,8 @@ class SharedInputLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self.__dict__.get("_shared")
-        if group is not None and group.fusing and not (self.__dict__.get("_routed") and not _COMPILING() and
-                                                       not group.routes_to_ours(x)):
+        if group is not None and group.fusing and (group.route is None or _COMPILING() or
+                                                   takes_ours(group.route, x)):
             y = group.columns(self.__dict__["_slot"], x)
             if y is not None:
                 return y
@@ -688,11 +687,14 @@ def _share_input(module: nn.Module, evidence: Evidence) -> bool:
     if not evidence.runs_a_kernel(_linear_spec(first), width, first.in_features, first.weight):
         return False
     group = SharedInput(members)
+    if not evidence.everywhere:  # per call: each member's own GEMM where dispatch runs cuBLAS for the stack
+        group.route = route_of(_linear_spec(first), width, first.in_features)
     for slot, member in enumerate(members):
         member.__class__ = SharedInputLinear
         member.__dict__["_shared"] = group
         member.__dict__["_slot"] = slot
-        member.__dict__["_routed"] = not evidence.everywhere
+        if group.route is not None:  # its own GEMM, where it runs one, routes as a patched Linear does
+            member.__dict__["_route"] = route_of(_linear_spec(member), member.out_features, member.in_features)
     return True
 
 

@@ -145,3 +145,35 @@ def test_a_fused_mlp_runs_its_own_forward_where_its_gated_product_goes_to_cublas
             x = torch.randn(rows, HIDDEN, device=DEVICE)
             assert relative_error(mlp(x), plain(x)) < 1e-4
     assert own == [4096]
+
+
+class _Attention(torch.nn.Module):
+    """The projections of an attention module, called on one input (kernels.nn.SharedInput fuses them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = torch.nn.Linear(HIDDEN, 16, bias=False)
+        self.k_proj = torch.nn.Linear(HIDDEN, 8, bias=False)
+        self.v_proj = torch.nn.Linear(HIDDEN, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+
+
+@pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 takes our path on every call, to count it")
+def test_query_key_value_projections_run_torchs_linears_where_their_stacked_gemm_goes_to_cublas(
+        db_url: str, monkeypatch) -> None:
+    _store(db_url, ("matmul", f"fp32:nt:16x32x{HIDDEN}", TILED), ("matmul", f"fp32:nt:4096x32x{HIDDEN}", BASELINE))
+    attention = _Attention().to(DEVICE)
+    plain = _Attention().to(DEVICE)
+    plain.load_state_dict(attention.state_dict())
+    kernels.patch(attention)
+    assert type(attention.k_proj) is kernels.nn.SharedInputLinear
+    torch_calls = []
+    monkeypatch.setattr(kernels.nn, "_LINEAR", lambda *args: torch_calls.append(args[1].shape[0]) or
+                        torch.nn.functional.linear(*args))
+    with torch.no_grad():
+        for rows in (16, 4096):
+            x = torch.randn(rows, HIDDEN, device=DEVICE)
+            assert relative_error(attention(x), plain(x)) < 1e-4
+    assert torch_calls == [16, 8, 8]  # the 4096-row call's three projections, each its own torch linear
