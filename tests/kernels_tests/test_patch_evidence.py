@@ -26,6 +26,8 @@ from kernels.gemm import MATMUL
 pytestmark = pytest.mark.usefixtures("own_database")
 
 HIDDEN, FFN = 16, 24
+# fp32: exact rounding on the CPU; a GPU's Triton and cuBLAS GEMMs take TF32 (about 1e-3 relative error)
+TOLERANCE = 1e-4 if torch.device(DEVICE).type == "cpu" else 5e-3
 
 
 def _gated_triton() -> object:
@@ -35,11 +37,13 @@ def _gated_triton() -> object:
 
 
 def _store(db_url: str, *records: tuple[str, str, object]) -> None:
-    """(kernel, problem key, config) records for this process's device, then dispatch reads that database."""
+    """(kernel, problem key, config) records for this process's device, in both modes (on a GPU a mode with
+    no record of its own would take a neighbour's answer), then dispatch reads that database."""
     device = kernels.current_device(torch.device(DEVICE))
     with Store(db_url) as store:
         for kernel, key, config in records:
-            store.put(make_record(device, key, config, kernel=kernel), on_conflict="replace")
+            for mode in ("eager", "graph"):
+                store.put(make_record(device, key, config, kernel=kernel, mode=mode), on_conflict="replace")
     kernels.use_database(db_url, use_shipped=False)
 
 
@@ -87,7 +91,7 @@ def test_a_triton_winner_at_one_row_count_is_evidence_for_its_module_alone(db_ur
         got = model(x)
     assert isinstance(model[0], kernels.nn.FusedMLP)
     assert type(model[0].down_proj) is torch.nn.Linear and type(model[1]) is torch.nn.Linear
-    assert relative_error(got, want) < 1e-4
+    assert relative_error(got, want) < TOLERANCE
 
 
 def test_evidence_asks_dispatch_once_per_shape_at_every_probed_row_count(db_url: str, monkeypatch) -> None:
@@ -120,7 +124,7 @@ def test_a_patched_linear_runs_torchs_forward_at_row_counts_dispatch_gives_to_cu
     with torch.no_grad():
         for rows in (16, 4096, 16, 4096):
             x = torch.randn(rows, HIDDEN, device=DEVICE)
-            assert relative_error(linear(x), x @ linear.weight.t()) < 1e-4
+            assert relative_error(linear(x), x @ linear.weight.t()) < TOLERANCE
     assert torch_calls == [(4096, HIDDEN)] * 2
     _store(db_url, ("matmul", f"fp32:nt:4096x8x{HIDDEN}", TILED))  # tuned since: use_database forgets the routes
     with torch.no_grad():
@@ -143,7 +147,7 @@ def test_a_fused_mlp_runs_its_own_forward_where_its_gated_product_goes_to_cublas
     with torch.no_grad():
         for rows in (16, 4096):
             x = torch.randn(rows, HIDDEN, device=DEVICE)
-            assert relative_error(mlp(x), plain(x)) < 1e-4
+            assert relative_error(mlp(x), plain(x)) < TOLERANCE
     assert own == [4096]
 
 
@@ -175,5 +179,5 @@ def test_query_key_value_projections_run_torchs_linears_where_their_stacked_gemm
     with torch.no_grad():
         for rows in (16, 4096):
             x = torch.randn(rows, HIDDEN, device=DEVICE)
-            assert relative_error(attention(x), plain(x)) < 1e-4
+            assert relative_error(attention(x), plain(x)) < TOLERANCE
     assert torch_calls == [16, 8, 8]  # the 4096-row call's three projections, each its own torch linear
