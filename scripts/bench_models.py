@@ -85,6 +85,7 @@ MODELS = {spec.name: spec for spec in (
         num_attention_heads=32, num_key_value_heads=8, vocab_size=32000), moe=True,
         why="in no corpus file; 8 large experts, top-2"),
 )}
+NEVER_SLOWER = 0.98  # the floor for a cell: patched / vanilla
 # What a static-cache setting is assumed to take (two compiles of forward by transformers, then the rounds): an
 # estimate, not a measurement; one is not started with less of the budget left.
 STATIC_SETTING_S = 90.0
@@ -309,6 +310,10 @@ def table(rows: list[Row], checks: dict) -> str:
         if controls:
             lines.append(f"{part}, A/A (an unpatched copy against vanilla): geomean "
                          f"{statistics.geometric_mean(controls):.3f}x, range {min(controls):.3f}-{max(controls):.3f}x")
+            under = [r for r in chosen if not r.note and ratio(r, "vanilla") < NEVER_SLOWER]
+            noisy = [r for r in under if ratio(r, "control") < NEVER_SLOWER]
+            lines.append(f"{part}: {len(under)} cells under {NEVER_SLOWER:.2f}x, {len(noisy)} of them where the A/A "
+                         f"cell reads under {NEVER_SLOWER:.2f}x too")
     lines.append("\ncorrectness (relative L2 error of last-token logits to an fp32 copy)")
     for name, found in checks.items():
         if "error" in found:

@@ -62,4 +62,5 @@ def test_control_times_an_unpatched_copy_and_profile_writes_each_columns_table(t
         assert row["ratios"]["control"] > 0
         text = (tmp_path / "profiles" / f"Llama-3.1-8B_{row['setting']}.txt").read_text()
         assert all(f"==== {col}" in text for col in ("vanilla", "patched", "control"))
-    assert "A/A (an unpatched copy against vanilla)" in (tmp_path / "bench_models.txt").read_text()
+    text = (tmp_path / "bench_models.txt").read_text()
+    assert "A/A (an unpatched copy against vanilla)" in text and "cells under 0.98x" in text
