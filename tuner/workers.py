@@ -10,11 +10,14 @@ takes only a worker with it: the worker is replaced and the candidate reported a
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from concurrent.futures.process import BrokenProcessPool
@@ -66,7 +69,8 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     start = time.perf_counter()
     problem = Problem.from_key(kernel, problem_key)
     try:
-        verdict = _verdict_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
+        with compiling_alone(kernel, problem, config_text):
+            verdict = _verdict_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
     except Exception as exc:  # report, don't die: the parent decides what a failure means
         _exit_if_device_faulted(f"checking {config_text}", exc)
         return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
@@ -78,6 +82,72 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     if not verdict.ok:
         return Precheck("wrong_result", verdict.error, wrong_result_reason(verdict), time.perf_counter() - start)
     return Precheck("ok", verdict.error, seconds=time.perf_counter() - start)
+
+
+# Two fleet workers on one host (one per GPU, each with its own pool) often check the same config for problems
+# that compile to one binary: Triton specializes on the config, dtypes, unit strides and which sizes divide by
+# 16, not on the sizes themselves. Both then compiled it at once: on 2 H200s (2026-11-28, docs/FLEET.md) the
+# compile waits summed to 45-48 s against 26-29 s for one worker. A worker now holds a file lock per binary
+# while it compiles and checks; the other waits, then finds the binary in Triton's on-disk cache, which the
+# workers share. A lock is released by the OS when its holder dies; a wait past COMPILE_LOCK_WAIT_S goes on
+# unlocked (a hung holder must not hang the others).
+COMPILE_LOCK_WAIT_S = 60.0
+
+
+def _binary_key(kernel: str, problem: Problem, config_text: str) -> str:
+    """What one compiled binary of ``kernel`` is specialized on, as a file name."""
+    dims = tuple((d % 16 == 0, d == 1) for shape in problem.shapes for d in shape)
+    text = repr((kernel, config_text, problem.dtype, problem.layout, dims))
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def _lock_dir() -> str | None:
+    """Where the compile locks live: beside Triton's on-disk cache (one per host and cache), or None."""
+    try:
+        import triton.knobs
+
+        cache = triton.knobs.cache.dir
+    except (ImportError, AttributeError):
+        return None
+    if not cache:
+        return None
+    path = os.path.join(cache, "triton-tuner-compile-locks")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def compiling_alone(kernel: str, problem: Problem, config_text: str,
+                    wait_s: float = COMPILE_LOCK_WAIT_S) -> Iterator[float]:
+    """Hold this host's lock on the binary ``config_text`` compiles to for ``problem``; yields the seconds
+    waited for another worker's hold. No lock where the platform has no ``fcntl`` or no cache directory."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: compile as before
+        yield 0.0
+        return
+    directory = _lock_dir()
+    if directory is None:
+        yield 0.0
+        return
+    start = time.monotonic()
+    with open(os.path.join(directory, _binary_key(kernel, problem, config_text)), "a") as handle:
+        locked = False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                if time.monotonic() - start > wait_s:
+                    log.warning("compiling %s without the lock: another worker held it for %.0f s", config_text, wait_s)
+                    break
+                time.sleep(0.05)
+        try:
+            yield time.monotonic() - start
+        finally:
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # A worker's exit status where a candidate left its GPU context faulted (os._exit: no cleanup can run there).

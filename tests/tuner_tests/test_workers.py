@@ -117,6 +117,35 @@ def test_candidate_queued_behind_hung_ones_is_still_checked(pool, monkeypatch) -
     assert results[GOOD].status == "ok", results[GOOD].reason
 
 
+def test_a_worker_waits_for_another_holder_of_the_same_binarys_compile_lock(pool: CheckPool) -> None:
+    """This process holds the lock of GOOD's binary (as another GPU's worker compiling it would): a worker's
+    check of GOOD on a problem of the same specialization waits for it, SPLITK's does not."""
+    same_binary = Problem("matmul", "fp16", "nn", ((48, 32, 64),))  # 48 rows: divisible by 16, as 32 is
+    with workers.compiling_alone("matmul", MATMUL_PROBLEM, str(GOOD)) as waited:
+        assert waited < 1.0
+        pool.submit(same_binary, GOOD)
+        pool.submit(MATMUL_PROBLEM, SPLITK)
+        config, result = pool.next_result()
+        assert config == SPLITK and result.status == "ok", result.reason
+        time.sleep(1.0)
+        assert pool.in_flight == 1  # GOOD is still waiting for the lock
+        released = time.monotonic()
+    config, result = pool.next_result()
+    assert config == GOOD and result.status == "ok", result.reason
+    assert result.seconds > time.monotonic() - released  # its time includes the wait
+
+
+def test_binaries_are_keyed_by_what_triton_specializes_on() -> None:
+    key = workers._binary_key
+    assert key("matmul", MATMUL_PROBLEM, str(GOOD)) == key("matmul", Problem("matmul", "fp16", "nn", ((64, 32, 64),)),
+                                                             str(GOOD))
+    assert key("matmul", MATMUL_PROBLEM, str(GOOD)) != key("matmul", Problem("matmul", "fp16", "nn", ((33, 32, 64),)),
+                                                             str(GOOD))  # 33 rows: not a multiple of 16
+    assert key("matmul", MATMUL_PROBLEM, str(GOOD)) != key("matmul", MATMUL_PROBLEM, str(SPLITK))
+    assert key("matmul", MATMUL_PROBLEM, str(GOOD)) != key("matmul", Problem("matmul", "bf16", "nn", ((32, 32, 64),)),
+                                                             str(GOOD))
+
+
 def test_pipeline_returns_each_submitted_candidate_once(pool: CheckPool) -> None:
     pool.submit(MATMUL_PROBLEM, GOOD)
     pool.submit(MATMUL_PROBLEM, SPLITK)
