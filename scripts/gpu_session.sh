@@ -7,6 +7,7 @@
 #   check      the test suite compiled on the GPU (GPU-only tests included)
 #   verify     after a change to the dispatch path: the kernel and tuner tests on the GPU, then host time
 #              per cached call against torch.matmul (scripts/host_cost.py), in one call
+#   models     whole transformers models (scripts/bench_models.py --control) with the GPU's table and without
 #   live       the two live dense searches of docs/SEARCH.md, timed end to end (the 30 s target);
 #              fresh databases, no shipped table; SEED=N picks the sampler seed (default 0)
 #   live-moe   live searches of the swept MoE group: two cold, one warm-started by the fp16 winner
@@ -107,8 +108,15 @@ one-row-layer)
         --out "$out/one-row-layer" 2>&1 | tee -a "$log" ;;
 check)
     $py -m pytest -q tests -p no:cacheprovider 2>&1 | tail -40 | tee -a "$log" ;;
+models)
+    # Whole transformers models with this GPU's shipped table, then with none; each with the A/A column.
+    $py scripts/bench_models.py --control --static '' --budget-s 240 --out "$out/models-table" 2>&1 | tail -40 | tee -a "$log"
+    $py scripts/bench_models.py --control --no-shipped --quick --out "$out/models-no-table" 2>&1 | tail -25 | tee -a "$log" ;;
 verify)
-    $py -m pytest -q tests/kernels_tests tests/tuner_tests -p no:cacheprovider -rfs 2>&1 | tail -60 | tee -a "$log"
+    # Several processes where pytest-xdist is there (../shared/gpu/wheels.sh pytest-xdist execnet): the suites
+    # took more than 290 s in one (2026-11-28).
+    parallel=(); $py -c "import xdist" 2>/dev/null && parallel=(-n 8)
+    $py -m pytest -q "${parallel[@]}" tests/kernels_tests tests/tuner_tests -p no:cacheprovider -rfs 2>&1 | tail -60 | tee -a "$log"
     $py scripts/host_cost.py --json "$out/host_cost.json" 2>&1 | tee -a "$log" ;;
 live)
     for shape in ${LIVE_SHAPES:-16x4096x4096 1000x1000x1000}; do
