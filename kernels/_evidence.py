@@ -26,13 +26,14 @@ import torch
 
 from . import _plans, moe
 from ._device import current_device
+from ._families import KERNELS
 from ._modes import MODES
 from ._record_mode import RECORDER
 from ._spec import KernelSpec, Problem, is_baseline
 from .dispatch import DISPATCHER
 from .gemm import DTYPE_NAMES
 
-__all__ = ["PROBE_ROWS", "Evidence", "route_of", "takes_ours"]
+__all__ = ["PROBE_ROWS", "Evidence", "Route", "route_of", "takes_ours"]
 
 # Row counts a model's GEMMs meet: decode at batch 1 to 64, prefill of one prompt to a batch of long ones.
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -89,26 +90,46 @@ class Evidence:
         return False
 
 
-# The per-call answers: (route, x's shape, dtype, device index) -> take our path. A route is an int naming one
-# (kernel, N, K) (``route_of``), so that a call hashes a short flat tuple: the whole check costs a patched
-# module's call about as much as nn.Linear's own ``self.weight`` lookup.
+class Route:
+    """One (kernel, N, K) a patched module computes: its per-call answers are keyed by this object, hashed by
+    identity (a short flat key per call: the check costs a patched module's call about as much as
+    nn.Linear's own ``self.weight`` lookup). One object per (kernel, N, K) in a process (``route_of``); a
+    pickled or deep-copied module gets that process's object back."""
+
+    __slots__ = ("kernel", "n", "k")
+
+    def __init__(self, kernel: str, n: int, k: int) -> None:
+        self.kernel, self.n, self.k = kernel, n, k
+
+    def __reduce__(self) -> tuple:
+        return _route_named, (self.kernel, self.n, self.k)
+
+    def __deepcopy__(self, memo: dict) -> Route:
+        return self
+
+    def __repr__(self) -> str:
+        return f"Route({self.kernel}, N={self.n}, K={self.k})"
+
+
+# The per-call answers: (route, x's shape, dtype, device index) -> take our path.
 _ROUTES: dict[tuple, bool] = {}
-_ROUTE_IDS: dict[tuple[str, int, int], int] = {}
-_ROUTE_OF: list[tuple[KernelSpec, int, int]] = []
+_INTERNED: dict[tuple[str, int, int], Route] = {}
 _plans.ON_CLEAR.append(_ROUTES.clear)
 
 
-def route_of(spec: KernelSpec, n: int, k: int) -> int:
+def route_of(spec: KernelSpec, n: int, k: int) -> Route:
     """The route of a module computing N columns from rows of K features on ``spec``'s kernel."""
-    key = (spec.name, n, k)
-    found = _ROUTE_IDS.get(key)
+    return _route_named(spec.name, n, k)
+
+
+def _route_named(kernel: str, n: int, k: int) -> Route:
+    found = _INTERNED.get((kernel, n, k))
     if found is None:
-        found = _ROUTE_IDS[key] = len(_ROUTE_OF)
-        _ROUTE_OF.append((spec, n, k))
+        found = _INTERNED.setdefault((kernel, n, k), Route(kernel, n, k))
     return found
 
 
-def takes_ours(route: int, x: torch.Tensor) -> bool:
+def takes_ours(route: Route, x: torch.Tensor) -> bool:
     """Whether a patched module's call on ``x`` (rows of K features, any leading shape) takes our path:
     dispatch runs a config other than the baseline for these rows in either mode, or record mode is on (it
     counts the call). Eager calls only: under tracing the module's operator runs."""
@@ -117,9 +138,11 @@ def takes_ours(route: int, x: torch.Tensor) -> bool:
     if found is None:
         if RECORDER.on:
             return True  # not kept: the answer changes when recording stops (which clears these anyway)
-        spec, n, k = _ROUTE_OF[route]
-        found = _ROUTES[key] = _runs_a_kernel_at(spec, x.numel() // k if k else 0, n, k, x)
+        spec = KERNELS[route.kernel]
+        found = _ROUTES[key] = _runs_a_kernel_at(spec, x.numel() // route.k if route.k else 0, route.n, route.k, x)
     return found
+
+
 def _runs_a_kernel_at(spec: KernelSpec, rows: int, n: int, k: int, x: torch.Tensor) -> bool:
     dtype = DTYPE_NAMES.get(x.dtype)
     if dtype is None or x.device.type not in ("cuda", "cpu"):

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.modules import module as _torch_module
 
 from . import ops
-from ._evidence import Evidence, route_of, takes_ours
+from ._evidence import Evidence, Route, route_of, takes_ours
 from ._routing import sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
@@ -536,7 +536,7 @@ class SharedInput:
             start += member.out_features
         self.bounds = tuple(bounds)
         self.fusing = True
-        self.route: int | None = None  # kernels/_evidence.py: None takes the stacked GEMM on every call
+        self.route: Route | None = None  # kernels/_evidence.py: None takes the stacked GEMM on every call
         self.joint: _Joint | None = _joint(members)
         self.pending: _Pending | None = None  # the product of the input the members are being called on
 

@@ -8,7 +8,9 @@ machine the interpreter's nearest-record rule answers from these records, so bot
 
 from __future__ import annotations
 
+import copy
 import logging
+import pickle
 
 import pytest
 import torch
@@ -181,3 +183,21 @@ def test_query_key_value_projections_run_torchs_linears_where_their_stacked_gemm
             x = torch.randn(rows, HIDDEN, device=DEVICE)
             assert relative_error(attention(x), plain(x)) < TOLERANCE
     assert torch_calls == [16, 8, 8]  # the 4096-row call's three projections, each its own torch linear
+
+
+@pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 takes our path on every call, to count it")
+def test_a_pickled_or_copied_patched_module_keeps_routing_as_the_original(db_url: str, monkeypatch) -> None:
+    """A route is named by (kernel, N, K), not by a number of this process: a module loaded from a pickle (as
+    torch.save writes it) or deep-copied gets this process's route back, and routes its calls as before."""
+    _store(db_url, ("matmul", f"fp32:nt:16x8x{HIDDEN}", TILED), ("matmul", f"fp32:nt:4096x8x{HIDDEN}", BASELINE))
+    linear = kernels.patch(torch.nn.Linear(HIDDEN, 8, bias=False).to(DEVICE))
+    torch_calls = []
+    monkeypatch.setattr(kernels.nn, "_LINEAR", lambda *args: torch_calls.append(args[0].shape[0]) or
+                        torch.nn.functional.linear(*args))
+    for other in (pickle.loads(pickle.dumps(linear)), copy.deepcopy(linear)):
+        assert other.__dict__["_route"] is linear.__dict__["_route"]
+        with torch.no_grad():
+            for rows in (16, 4096):
+                x = torch.randn(rows, HIDDEN, device=DEVICE)
+                assert relative_error(other(x), x @ linear.weight.t()) < TOLERANCE
+    assert torch_calls == [4096, 4096]
