@@ -8,6 +8,7 @@
 #   verify     after a change to the dispatch path: the kernel and tuner tests on the GPU, then host time
 #              per cached call against torch.matmul (scripts/host_cost.py), in one call
 #   models     whole transformers models (scripts/bench_models.py --control) with the GPU's table and without
+#   record-tune  one model (MODEL) recorded, its problems tuned (search --recorded), then timed again
 #   live       the two live dense searches of docs/SEARCH.md, timed end to end (the 30 s target);
 #              fresh databases, no shipped table; SEED=N picks the sampler seed (default 0)
 #   live-moe   live searches of the swept MoE group: two cold, one warm-started by the fp16 winner
@@ -112,6 +113,21 @@ models)
     # Whole transformers models with this GPU's shipped table, then with none; each with the A/A column.
     $py scripts/bench_models.py --control --static '' --budget-s 240 --out "$out/models-table" 2>&1 | tail -40 | tee -a "$log"
     $py scripts/bench_models.py --control --no-shipped --quick --out "$out/models-no-table" 2>&1 | tail -25 | tee -a "$log" ;;
+record-tune)
+    # One model recorded as bench_models runs it (MODEL, default Qwen2.5-7B: every setting but the static cache),
+    # every recorded problem tuned on this GPU (TUNE_BUDGET per problem, default 12 trials), then the model timed
+    # again against vanilla with the database: the "record and tune one model in 10 minutes" and its
+    # tuned decode rows. The database is $out's (or DB), so that a later call can carry it.
+    model=${MODEL:-Qwen2.5-7B}
+    started=$(date +%s)
+    TUNER_DB="$db" TUNER_RECORD=1 TUNER_RECORD_FLUSH_S=5 $py scripts/bench_models.py --models "$model" --static '' \
+        --rounds 1 --out "$out/record" > "$out/record.log" 2>&1
+    recorded=$(date +%s)
+    $py -m tuner list --untuned --db "$db" 2>&1 | tail -40 | tee -a "$log"
+    $py -m tuner search --recorded --db "$db" --budget "${TUNE_BUDGET:-12}" 2>&1 | tail -20 | tee -a "$log"
+    echo "record $((recorded - started)) s, tune $(( $(date +%s) - recorded )) s" | tee -a "$log"
+    TUNER_DB="$db" $py scripts/bench_models.py --models "$model" --control --out "$out/tuned" 2>&1 | tail -25 \
+        | tee -a "$log" ;;
 verify)
     # Several processes where pytest-xdist is there (../shared/gpu/wheels.sh pytest-xdist execnet): the suites
     # took more than 290 s in one (2026-11-28).
