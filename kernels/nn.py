@@ -1,8 +1,9 @@
 """Drop-in modules: a model's ``nn.Linear`` layers, SiLU-gated MLPs and MoE experts run on the tuned kernels.
 
-``kernels.patch(model)`` turns every ``nn.Linear`` of a model into a ``kernels.nn.Linear`` in place (the same
-Parameter objects, the same state dict), and every SiLU-gated MLP it can show to be one into a ``FusedMLP``
-(the gate and up projections in one ``gated_matmul`` launch); ``kernels.unpatch(model)`` turns them back.
+``kernels.patch(model)`` turns a model's ``nn.Linear`` layers into ``kernels.nn.Linear`` in place (the same
+Parameter objects, the same state dict), and each SiLU-gated MLP it can show to be one into a ``FusedMLP``
+(the gate and up projections in one ``gated_matmul`` launch), where dispatch runs one of our kernels for
+them (kernels/_evidence.py); ``kernels.unpatch(model)`` turns them back.
 Both go through the custom operators of ``kernels.ops``, so ``torch.compile(fullgraph=True)`` traces them
 and autograd runs.
 """
