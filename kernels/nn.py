@@ -300,7 +300,8 @@ class FusedMLP:
         return _new_module, (type(self)._unfused,), state
 
 
-_FUSED_STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes", "_route")  # what a FusedMLP keeps in its __dict__
+# what a FusedMLP keeps in its __dict__
+_FUSED_STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes", "_route")
 
 # torch's global module hooks (nn.modules.module.register_module_forward_hook ...): dicts changed in place.
 _GLOBAL_HOOKS = (_torch_module._global_forward_pre_hooks, _torch_module._global_forward_hooks,

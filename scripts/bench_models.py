@@ -8,13 +8,15 @@ ones that nobody tuned or fitted a rule to (benchmarks/corpus/unseen.json, or in
 Settings (each a row): prefill of 512 and 4096 tokens, eager (ms per forward); ``generate`` at batch 1, 16
 and 64 with the dynamic cache, eager (ms per new token); ``generate`` with ``cache_implementation="static"``
 at batch 1 and 16, where transformers compiles ``forward`` itself (reduce-overhead). Columns: vanilla (for
-MoE models transformers' default experts implementation, which is "grouped_mm"), "eager_experts" (MoE:
+MoE models transformers' default experts implementation, "grouped_mm", which its ``generate`` switches to
+"batched_mm" for decode steps), "eager_experts" (MoE:
 transformers' per-expert loop), and patched. Vanilla and patched are two copies of one model, timed in
 interleaved rounds (order flipped every round: the GPU's speed drifts within a run); a cell's speed-up is
 the median over rounds of each round's vanilla / patched ratio (the two timed back to back, so a drift of the
 host's speed between rounds cancels). ``--control`` adds an A/A column: a second, unpatched copy of the model
 timed as patched is; its ratio to vanilla is what the host's noise alone makes of a cell (1.00 ideally).
-``--profile`` writes torch.profiler's tables of one call of each column per setting (where the time goes). Correctness: the relative L2 error of vanilla's and patched's prefill logits to an fp32 copy
+``--profile`` writes torch.profiler's tables of one call of each column per setting (where the time goes).
+Correctness: the relative L2 error of vanilla's and patched's prefill logits to an fp32 copy
 of the same model; patched must be no further than vanilla.
 
 A time budget (--budget-s, default 400 s) stops starting new settings once spent (a static-cache one needs 90 s
