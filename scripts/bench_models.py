@@ -9,15 +9,15 @@ Settings (each a row): prefill of 512 and 4096 tokens, eager (ms per forward); `
 and 64 with the dynamic cache, eager (ms per new token); ``generate`` with ``cache_implementation="static"``
 at batch 1 and 16, where transformers compiles ``forward`` itself (reduce-overhead). Columns: vanilla (for
 MoE models transformers' default experts implementation, "grouped_mm", which its ``generate`` switches to
-"batched_mm" for decode steps), "eager_experts" (MoE:
-transformers' per-expert loop), and patched. Vanilla and patched are two copies of one model, timed in
-interleaved rounds (order flipped every round: the GPU's speed drifts within a run); a cell's speed-up is
-the median over rounds of each round's vanilla / patched ratio (the two timed back to back, so a drift of the
-host's speed between rounds cancels). ``--control`` adds an A/A column: a second, unpatched copy of the model
-timed as patched is; its ratio to vanilla is what the host's noise alone makes of a cell (1.00 ideally).
-``--profile`` writes torch.profiler's tables of one call of each column per setting (where the time goes).
-Correctness: the relative L2 error of vanilla's and patched's prefill logits to an fp32 copy
-of the same model; patched must be no further than vanilla.
+"batched_mm" for decode steps), "eager_experts" (MoE: transformers' per-expert loop), and patched. Vanilla
+and patched are two copies of one model, timed in interleaved rounds, each column in each place in turn
+(``round_order``: the GPU's speed drifts within a run); a cell's speed-up is the median over rounds of each
+round's vanilla / patched ratio (the two timed in one round, so a drift of the host's speed between rounds
+cancels). ``--control`` adds an A/A column: a second, unpatched copy of the model timed as patched is; its
+ratio to vanilla is what the host's noise alone makes of a cell (1.00 ideally). ``--profile`` writes
+torch.profiler's tables of one call of each column per setting (where the time goes). Correctness: the
+relative L2 error of vanilla's and patched's prefill logits to an fp32 copy of the same model; patched must
+be no further than vanilla.
 
 A time budget (--budget-s, default 400 s) stops starting new settings once spent (a static-cache one needs 90 s
 of it left); skipped settings are listed as such. Imports, model builds and the last setting come on top.
@@ -208,6 +208,15 @@ def call_for(setting: Setting, model: torch.nn.Module, device: torch.device, new
     return generate, float(new_tokens)
 
 
+def round_order(cols: tuple[str, ...], r: int) -> tuple[str, ...]:
+    """The columns' order in round ``r``: rotated by one a round, and reversed every other pass of rotations,
+    so that over the rounds each column sits in each place, first and last alike (a flip alone would keep the
+    middle of three columns, patched, in the middle for good)."""
+    shift = r % len(cols)
+    order = cols[shift:] + cols[:shift]
+    return order if (r // len(cols)) % 2 == 0 else tuple(reversed(order))
+
+
 def bench_setting(spec: ModelSpec, setting: Setting, models: dict, args: argparse.Namespace,
                   device: torch.device) -> Row:
     unit = "ms/forward" if setting.kind == "prefill" else "ms/token"
@@ -221,7 +230,7 @@ def bench_setting(spec: ModelSpec, setting: Setting, models: dict, args: argpars
         if setting.kind == "static":
             fn()  # reduce-overhead records its graphs on the second call
     for r in range(args.rounds):
-        for col in (cols if r % 2 == 0 else tuple(reversed(cols))):
+        for col in round_order(cols, r):
             fn, per = call_for(setting, model_for(col, models), device, args.new_tokens, vocab)
             row.rounds.setdefault(col, []).append(timed(fn, device, iters) / per)
     row.ms = {col: statistics.median(times) for col, times in row.rounds.items()}

@@ -64,3 +64,13 @@ def test_control_times_an_unpatched_copy_and_profile_writes_each_columns_table(t
         assert all(f"==== {col}" in text for col in ("vanilla", "patched", "control"))
     text = (tmp_path / "bench_models.txt").read_text()
     assert "A/A (an unpatched copy against vanilla)" in text and "cells under 0.98x" in text
+
+
+def test_every_column_takes_every_place_in_the_rounds() -> None:
+    cols = ("vanilla", "patched", "control")
+    orders = [bench_models.round_order(cols, r) for r in range(6)]
+    assert all(sorted(order) == sorted(cols) for order in orders)
+    for col in cols:
+        assert sorted(order.index(col) for order in orders) == [0, 0, 1, 1, 2, 2]
+    assert [bench_models.round_order(("vanilla", "patched"), r) for r in range(4)] == [
+        ("vanilla", "patched"), ("patched", "vanilla"), ("patched", "vanilla"), ("vanilla", "patched")]
