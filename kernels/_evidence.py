@@ -1,11 +1,12 @@
 """Whether patching a module can make it faster: does dispatch run one of our kernels for its problems?
 
-``kernels.patch`` swaps a module's forward only where this says yes. A module whose every problem dispatch
-would hand to the baseline (cuBLAS, ``torch._grouped_mm``) gains nothing from the swap and pays our path's
-host time on every call: on an H200 with no table (2026-11-28, ``scripts/bench_models.py --no-shipped
---control``) the patched dense models ran at 0.95-0.97x of vanilla where an unpatched copy read 0.99-1.02x,
-and MoE decode at 0.79x. Such a module keeps torch's forward. Dispatch's own rules decide (a tuned record, a
-neighbour's, the untuned GPU's cuBLAS), so the evidence is what the tables hold for this GPU, per problem.
+``kernels.patch`` swaps a module's forward only where this says yes. A module whose every problem dispatch would
+hand to the baseline (cuBLAS, ``torch._grouped_mm``) gains nothing from the swap and pays our path's host time
+on every call: on an H200 with no table (2026-11-28, torch 2.11.0+cu130, triton 3.6.0, transformers 5.24.0,
+``scripts/bench_models.py --no-shipped --control``) the patched dense models ran at 0.94-0.99x of vanilla in
+prefill 512 and decode where an unpatched copy read 0.98-1.02x, and MoE decode at batch 1 0.79x. Such a module
+keeps torch's forward. Dispatch's own rules decide (a tuned record, a neighbour's, the untuned GPU's cuBLAS), so
+the evidence is what the tables hold for this GPU, per problem.
 
 A module's problems are not known before it runs (the row count is the batch's tokens), so each is asked at
 ``PROBE_ROWS``, from a decode step of one token to a long prefill. Record mode patches every module: it is
@@ -14,7 +15,8 @@ the evidence).
 
 The same question per call (``takes_ours``): a patched module meets row counts where dispatch runs the
 baseline too (a table with Triton winners at decode sizes, cuBLAS at prefill). There the module runs torch's
-own forward, not our path around the same cuBLAS call: on the H200 with its table (2026-11-28) our path
+own forward, not our path around the same cuBLAS call: on the H200 with its table (2026-11-28, same versions,
+``scripts/bench_models.py --control``) our path
 there cost prefill at 512 tokens 5-6% of a host-bound model's time (0.94-0.95x of vanilla, against 0.98-1.00x
 once routed). The answer is kept per (module's kernel and shape, x's shape, dtype, device) and forgotten with
 dispatch's plans (``kernels.clear_cache``, ``use_database``, the refresh thread).
@@ -29,7 +31,7 @@ from ._device import current_device
 from ._families import KERNELS
 from ._modes import MODES
 from ._record_mode import RECORDER
-from ._spec import KernelSpec, Problem, is_baseline
+from ._spec import DeviceInfo, KernelSpec, Problem, is_baseline
 from .dispatch import DISPATCHER
 from .gemm import DTYPE_NAMES
 
@@ -48,7 +50,7 @@ class Evidence:
         self.everywhere = everywhere  # kernels.patch(..., everywhere=True): no question asked
         self._found: dict[tuple, bool] = {}
 
-    def runs_a_kernel(self, spec: KernelSpec, n: int, k: int, weight: torch.Tensor, layout: str = "nt") -> bool:
+    def runs_a_kernel(self, spec: KernelSpec, n: int, k: int, weight: torch.Tensor) -> bool:
         """Whether dispatch runs a config of ``spec`` other than its baseline, in either mode, for [M, K] rows
         on a weight like ``weight`` giving N columns, at any M of ``rows``. Always yes in record mode. A
         weight whose dtype our kernels do not take says no (torch runs it anyway); one on a device dispatch
@@ -57,15 +59,19 @@ class Evidence:
         dtype = DTYPE_NAMES.get(weight.dtype)
         if dtype is None:
             return False
-        if RECORDER.on or self.everywhere:
+        if RECORDER.on or self.everywhere or weight.device.type not in ("cuda", "cpu"):
             return True
-        if weight.device.type not in ("cuda", "cpu"):
-            return True
-        key = (spec.name, n, k, dtype, layout, weight.device)
+        key = (spec.name, n, k, dtype, weight.device)
         found = self._found.get(key)
         if found is None:
-            found = self._found[key] = self._ask(spec, n, k, dtype, layout, weight.device)
+            device = current_device(weight.device)
+            found = self._found[key] = any(_dispatch_runs_a_kernel(spec, dtype, m, n, k, device) for m in self.rows)
         return found
+
+    def route(self, spec: KernelSpec, n: int, k: int) -> Route | None:
+        """The per-call route of a module patched on this evidence (``takes_ours``); None with ``everywhere``,
+        whose modules take our path on every call."""
+        return None if self.everywhere else route_of(spec, n, k)
 
     def moe_runs_a_kernel(self, w: torch.Tensor) -> bool:
         """Whether dispatch runs a ``moe_matmul`` config other than its baseline for expert weights ``w`` (as
@@ -81,13 +87,12 @@ class Evidence:
                                            for rows in self.rows for mode in MODES)
         return found
 
-    def _ask(self, spec: KernelSpec, n: int, k: int, dtype: str, layout: str, where: torch.device) -> bool:
-        device = current_device(where)
-        for m in self.rows:
-            problem = Problem(spec.name, dtype, layout, ((m, n, k),))
-            if any(not is_baseline(DISPATCHER.choose(spec, problem, device, mode).config) for mode in MODES):
-                return True
-        return False
+
+def _dispatch_runs_a_kernel(spec: KernelSpec, dtype: str, m: int, n: int, k: int, device: DeviceInfo) -> bool:
+    """Whether dispatch runs a config of ``spec`` other than its baseline for [M, K] rows (row-major) on a
+    transposed weight giving N columns (an nn.Linear's call), in either mode."""
+    problem = Problem(spec.name, dtype, "nt", ((m, n, k),))
+    return any(not is_baseline(DISPATCHER.choose(spec, problem, device, mode).config) for mode in MODES)
 
 
 class Route:
@@ -151,6 +156,4 @@ def _runs_a_kernel_at(spec: KernelSpec, rows: int, n: int, k: int, x: torch.Tens
     dtype = DTYPE_NAMES.get(x.dtype)
     if dtype is None or x.device.type not in ("cuda", "cpu"):
         return dtype is not None  # float64: torch's forward; meta and other devices: our path, as before
-    device = current_device(x.device)
-    problem = Problem(spec.name, dtype, "nt", ((rows, n, k),))
-    return any(not is_baseline(DISPATCHER.choose(spec, problem, device, mode).config) for mode in MODES)
+    return _dispatch_runs_a_kernel(spec, dtype, rows, n, k, current_device(x.device))

@@ -116,20 +116,15 @@ def _runs_ours(x: torch.Tensor, rows: int, gate_up_w: torch.Tensor, down_w: torc
                 and is_baseline(moe.resolve(moe.key_of(rows, down_w, mode))))
 
 
-def _expert_weights(model: nn.Module) -> list[torch.Tensor]:
-    """Every experts module's two weights as ``moe_matmul`` takes them ([E, K, N] views)."""
-    found = []
-    for m in model.modules():
-        if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3 \
-                and hasattr(m, "_is_expert_parallel") and isinstance(getattr(m, "down_proj", None), torch.Tensor):
-            transposed = getattr(m, "is_transposed", False)
-            found += [w if transposed else w.transpose(1, 2) for w in (m.gate_up_proj, m.down_proj)]
-    return found
+def _experts_modules(model: nn.Module) -> list[nn.Module]:
+    """The model's transformers experts modules: a 3-D ``gate_up_proj`` under ``use_experts_implementation``."""
+    return [m for m in model.modules() if isinstance(getattr(m, "gate_up_proj", None), torch.Tensor)
+            and m.gate_up_proj.dim() == 3 and hasattr(m, "_is_expert_parallel")]
 
 
-def _has_experts(model: nn.Module) -> bool:
-    return any(isinstance(getattr(m, "gate_up_proj", None), torch.Tensor) and m.gate_up_proj.dim() == 3
-               and hasattr(m, "_is_expert_parallel") for m in model.modules())
+def _expert_weights(experts: list[nn.Module]) -> list[torch.Tensor]:
+    """Each experts module's two weights as ``moe_matmul`` takes them ([E, K, N] views)."""
+    return [w if m.is_transposed else w.transpose(1, 2) for m in experts for w in (m.gate_up_proj, m.down_proj)]
 
 
 # transformers' own generic implementations, which ours replaces. Another one (a vendor kernel such as
@@ -138,23 +133,25 @@ _STOCK = frozenset((None, "eager", "grouped_mm", "batched_mm"))
 
 
 def patch_experts(model: nn.Module, evidence: Evidence | None = None) -> bool:
-    """Switch a transformers model's routed experts to ``"triton_tuner"``, keeping the implementation it had
-    for ``unpatch_experts``; False (nothing changed) for a model without experts it can switch, whose
-    experts run an implementation other than transformers' generic ones, or where dispatch runs
-    ``torch._grouped_mm`` for every expert GEMM at every routed row count (``evidence``): there transformers'
-    own implementations run the same GEMMs at less host time, and its ``generate`` switches "grouped_mm" to
-    "batched_mm" for decoding, which a renamed implementation would keep from happening (on an H200 with no
-    table, 2026-11-28, that cost MoE decode at batch 1 0.79x of vanilla)."""
+    """Switch a transformers model's routed experts to ``"triton_tuner"``, keeping the implementation it had for
+    ``unpatch_experts``; False (nothing changed) for a model without experts it can switch, whose experts
+    run an implementation other than transformers' generic ones, or where dispatch runs
+    ``torch._grouped_mm`` for every expert GEMM at every routed row count (``evidence``): there
+    transformers' own implementations run the same GEMMs at less host time, and its ``generate`` switches
+    "grouped_mm" to "batched_mm" for decoding, which a renamed implementation would keep from happening (on
+    an H200 with no table, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0, ``scripts/bench_models.py
+    --no-shipped --control``: MoE decode at batch 1 0.79x of vanilla)."""
     setter = getattr(model, "set_experts_implementation", None)
-    if setter is None or not _has_experts(model) or not model._can_set_experts_implementation():
-        return False
-    evidence = evidence or Evidence()
-    if not any(evidence.moe_runs_a_kernel(w) for w in _expert_weights(model)):
-        log.info("kernels.patch leaves the experts on %r: dispatch runs torch._grouped_mm for all their GEMMs here",
-                 model.config._experts_implementation)
+    experts = _experts_modules(model) if setter is not None else []
+    if not experts or not model._can_set_experts_implementation():
         return False
     if model.config._experts_implementation not in _STOCK | {IMPLEMENTATION}:
         log.info("kernels.patch leaves the experts on %r, chosen for this model", model.config._experts_implementation)
+        return False
+    evidence = evidence or Evidence()
+    if not any(evidence.moe_runs_a_kernel(w) for w in _expert_weights(experts)):
+        log.info("kernels.patch leaves the experts on %r: dispatch runs torch._grouped_mm for all their GEMMs here",
+                 model.config._experts_implementation)
         return False
     register()
     model.__dict__.setdefault(_BEFORE, model.get_experts_implementation())

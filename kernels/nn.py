@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.modules import module as _torch_module
 
 from . import ops
-from ._evidence import Evidence, Route, route_of, takes_ours
+from ._evidence import Evidence, Route, takes_ours
 from ._routing import sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
@@ -115,11 +115,10 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
     left = 0
     for module in model.modules():
         if type(module) is nn.Linear:
-            if evidence.runs_a_kernel(_linear_spec(module), module.out_features, module.in_features, module.weight):
+            spec, n, k = _linear_spec(module), module.out_features, module.in_features
+            if evidence.runs_a_kernel(spec, n, k, module.weight):
                 Linear.from_linear(module)
-                if not everywhere:
-                    module.__dict__["_route"] = route_of(_linear_spec(module), module.out_features,
-                                                         module.in_features)
+                module.__dict__["_route"] = evidence.route(spec, n, k)
                 linears += 1
             else:
                 left += 1
@@ -479,8 +478,7 @@ def _fuse(module: nn.Module, evidence: Evidence) -> bool:
     module.__class__ = _fused_class(type(module))
     module.__dict__["_gated_names"] = names
     module.__dict__["_fused_modes"] = modes
-    if not evidence.everywhere:  # per call: the module's own forward where dispatch runs cuBLAS
-        module.__dict__["_route"] = route_of(GATED_MATMUL, width, gate.in_features)
+    module.__dict__["_route"] = evidence.route(GATED_MATMUL, width, gate.in_features)  # per call: its own forward
     module.__dict__["_gated_kept"] = tuple((name, module._modules[name]) for name in (names.gate, names.up)
                                            if name is not None)
     if names.up is not None:
@@ -685,18 +683,17 @@ def _share_input(module: nn.Module, evidence: Evidence) -> bool:
     if members is None:
         return False
     first = members[0]
-    width = sum(m.out_features for m in members)
-    if not evidence.runs_a_kernel(_linear_spec(first), width, first.in_features, first.weight):
+    spec, width = _linear_spec(first), sum(m.out_features for m in members)
+    if not evidence.runs_a_kernel(spec, width, first.in_features, first.weight):
         return False
     group = SharedInput(members)
-    if not evidence.everywhere:  # per call: each member's own GEMM where dispatch runs cuBLAS for the stack
-        group.route = route_of(_linear_spec(first), width, first.in_features)
+    group.route = evidence.route(spec, width, first.in_features)  # per call: each member's own GEMM
     for slot, member in enumerate(members):
         member.__class__ = SharedInputLinear
         member.__dict__["_shared"] = group
         member.__dict__["_slot"] = slot
-        if group.route is not None:  # its own GEMM, where it runs one, routes as a patched Linear does
-            member.__dict__["_route"] = route_of(_linear_spec(member), member.out_features, member.in_features)
+        # its own GEMM, where it runs one, routes as a patched Linear does
+        member.__dict__["_route"] = evidence.route(_linear_spec(member), member.out_features, member.in_features)
     return True
 
 

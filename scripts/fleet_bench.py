@@ -239,13 +239,15 @@ def check(url: str, args: argparse.Namespace) -> dict:
 
 def warm_up(out: Path, problems: Path, databases: Databases, args: argparse.Namespace) -> None:
     """One untimed `search` of the first problem on one GPU: what a machine does once and caches for every later
-    run (the C++ cuBLAS path's build: a fresh H200 machine's first job timed for 24.5-26 s, 0.5-1.4 s later; the disk cache of torch's libraries) would
-    otherwise fall on whichever timed run comes first, and the order of the runs would set their ratio."""
+    run (the C++ cuBLAS path's build: a fresh H200 machine's first job timed for 24.5-26 s, 0.5-1.4 s later on 2026-11-28, docs/FLEET.md;
+    the disk cache of torch's libraries) would otherwise fall on whichever timed run comes first, and the order
+    of the runs would set their ratio."""
     first = next(line for line in problems.read_text().splitlines() if line and not line.startswith("#"))
     one = out / "warm-up-problem.txt"
     one.write_text(first + "\n")
     began = time.perf_counter()
-    result = search(out, "warm-up", one, "0", databases.fresh("warm-up"), argparse.Namespace(**{**vars(args), "trials": 2}))
+    result = search(out, "warm-up", one, "0", databases.fresh("warm-up"),
+                    argparse.Namespace(**{**vars(args), "trials": 2}))
     print(f"warm-up ({first}): {time.perf_counter() - began:.1f} s, {result['states']}", flush=True)
 
 

@@ -84,13 +84,13 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     return Precheck("ok", verdict.error, seconds=time.perf_counter() - start)
 
 
-# Two fleet workers on one host (one per GPU, each with its own pool) often check the same config for problems
-# that compile to one binary: Triton specializes on the config, dtypes, unit strides and which sizes divide by
-# 16, not on the sizes themselves. Both then compiled it at once: on 2 H200s (2026-11-28, docs/FLEET.md) the
-# compile waits summed to 45-48 s against 26-29 s for one worker. A worker now holds a file lock per binary
-# while it compiles and checks; the other waits, then finds the binary in Triton's on-disk cache, which the
-# workers share. A lock is released by the OS when its holder dies; a wait past COMPILE_LOCK_WAIT_S goes on
-# unlocked (a hung holder must not hang the others).
+# Two fleet workers on one host (one per GPU, each with its own pool) often check the same config for problems that
+# compile to one binary: Triton specializes on the config, dtypes, unit strides and which sizes divide by 16, not
+# on the sizes themselves. Both then compiled it at once: on 2 H200s (2026-11-28, torch 2.11.0+cu130, triton 3.6.0,
+# ``scripts/fleet_bench.py --phase scale --pg --trials 4``, docs/FLEET.md) the compile waits summed to 45-48 s
+# against 26-29 s for one worker. A worker now holds a file lock per binary while it compiles and checks; the other
+# waits, then finds the binary in Triton's on-disk cache, which the workers share. A lock is released by the OS
+# when its holder dies; a wait past COMPILE_LOCK_WAIT_S goes on unlocked (a hung holder must not hang the others).
 COMPILE_LOCK_WAIT_S = 60.0
 
 
@@ -200,9 +200,10 @@ def _warm_worker() -> None:
 
 def _warm_timing_worker() -> None:
     """``_warm_worker``, and the C++ path of cuBLAS calls set building: the bench waits for it before it times
-    cuBLAS as the user's call runs it (tuner/bench.py). On a machine that never built it, that wait falls in the
-    first job: its timing took 24.5-26 s on fresh H200 machines against 0.5-1.4 s later (docs/FLEET.md,
-    2026-11-28). Begun here, the build runs while the compile workers start and compile the first candidates."""
+    cuBLAS as the user's call runs it (tuner/bench.py). On a machine that never built it, that wait falls in
+    the first job: its timing took 24.5-26 s on fresh H200 machines against 0.5-1.4 s later (docs/FLEET.md,
+    2026-11-28, torch 2.11.0+cu130, triton 3.6.0, ``scripts/fleet_bench.py --phase scale``). Begun here, the
+    build runs while the compile workers start and compile the first candidates."""
     _warm_worker()
     import torch
 
