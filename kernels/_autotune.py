@@ -3,12 +3,14 @@
 ``Autotuner.run`` reads as Triton's does: key -> cache -> (on a miss) resolve -> launch. A miss resolves, in
 order: the user's database, the tables shipped with ``tables=``, the nearest tuned key by ``distance=``, then
 the mode (``mode=`` or ``TUNER_AUTOTUNE``: off | record | on | incremental; docs/AUTOTUNE.md). Inside a
-CUDA-graph capture or a torch.compile trace nothing is timed: the best config known so far runs.
+CUDA-graph capture or a torch.compile trace nothing is timed: the best config known so far runs (under a trace, it is
+chosen at trace time and launched as a plain Triton kernel, which Dynamo turns into its kernel operator).
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import re
 import threading
@@ -103,6 +105,7 @@ class Autotuner(KernelInterface):
         self._known: dict[str, dict[str, Config]] = {}  # device name -> problem key -> config
         self._pending: dict[tuple, list[float]] = {}  # incremental: key -> times of the candidates tried so far
         self._lock = threading.RLock()  # one thread tunes a key; the others wait for its winner
+        self._warned: set[tuple] = set()  # (device, key) already warned of an untuned config in a compiled graph
         _ALL.add(self)
 
     # The call ---------------------------------------------------------------------------------
@@ -110,6 +113,8 @@ class Autotuner(KernelInterface):
     def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
         if warmup:  # kernel.warmup(...): compile every config ahead of time, as Triton's Autotuner.warmup does
             return [self.fn.run(*args, grid=grid, warmup=True, **kwargs, **c.as_dict()) for c in self.configs]
+        if torch.compiler.is_dynamo_compiling():  # Dynamo folds it to True while it traces; else 32 ns
+            return self._run_traced(args, grid, kwargs)
         nargs = dict(zip(self.arg_names, args))
         key = self._key_of(nargs, kwargs)
         config = self.cache.get(key)
@@ -120,6 +125,53 @@ class Autotuner(KernelInterface):
         if self._config_hooks and config in self._config_hooks:
             self._config_hooks[config]({**nargs, **kwargs, **config.as_dict()})
         return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **config.as_dict())
+
+    def _run_traced(self, args: tuple, grid: Any, kwargs: dict) -> Any:
+        """Under torch.compile: the key's config is chosen while Dynamo traces, outside the graph, and the plain
+        kernel is launched with it, which Dynamo turns into its own Triton kernel operator. Each key value is traced
+        once: a symbolic key argument (``dynamic=True``) is specialized, as its config may differ."""
+        nargs = dict(zip(self.arg_names, args))
+        every = {**nargs, **kwargs}
+        tensors = [a for a in every.values() if isinstance(a, torch.Tensor)]
+        key = tuple(_specialized(every[k]) for k in self.keys if k in every) + tuple(str(t.dtype) for t in tensors)
+        launch, hook = _config_while_tracing(self, key, tensors[0].device if tensors else None)
+        if hook is not None:
+            hook({**every, **launch})
+        return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **launch)
+
+    def config_while_tracing(self, key_values: tuple, device: torch.device | None) -> tuple[dict, Callable | None]:
+        """The config a compiled graph bakes in for a key, and its ``triton.Config`` pre-hook: the cached or stored
+        one, else the nearest or the default. Nothing is timed (there are no real tensors while Dynamo traces), and an
+        untuned key's choice is not cached, so the key's next eager call still tunes it."""
+        config = self.cache.get(key_values)
+        if config is None:
+            with self._lock:
+                config = self.cache.get(key_values) or self._untimed(key_values, current_device(device))
+        self.best_config = config
+        return config.as_dict(), self._config_hooks.get(config)
+
+    def _untimed(self, key_values: tuple, device: DeviceInfo) -> Config:
+        key = self.key_of(key_values)
+        known = self._known_on(device)
+        stored = known.get(problem_key(key, self.stamp))
+        if stored is not None:
+            self.cache[key_values] = stored
+            return stored
+        mode = self._mode()
+        if mode == "record":
+            self._note(device, key)
+        elif mode in ("on", "incremental") and (device.name, key_values) not in self._warned:
+            self._warned.add((device.name, key_values))
+            warnings.warn(f"{self.name}: key {key.text} is not tuned on {device.alias}, so the graph torch.compile "
+                          "traces now keeps an untuned config; tune the key first (one eager call, or `python -m "
+                          f"tuner search --kernel MODULE:NAME --problems ...`), then compile", stacklevel=2)
+        return self._nearest(key, known) or self.default_config(key)
+
+    def _mode(self) -> str:
+        mode = self.mode or os.environ.get(ENV_MODE, "on").strip().lower() or "on"
+        if mode not in AUTOTUNE_MODES:
+            raise AutotuneError(f"{ENV_MODE}={mode!r} is not one of {', '.join(AUTOTUNE_MODES)}")
+        return mode
 
     def _key_of(self, nargs: dict, kwargs: dict) -> tuple:
         # As Triton keys it: the named arguments' values, then the dtype of every argument that has one.
@@ -137,10 +189,8 @@ class Autotuner(KernelInterface):
             self.cache[key_values] = stored
             return stored
         near = self._nearest(key, known)
-        mode = self.mode or os.environ.get(ENV_MODE, "on").strip().lower() or "on"
-        if mode not in AUTOTUNE_MODES:
-            raise AutotuneError(f"{ENV_MODE}={mode!r} is not one of {', '.join(AUTOTUNE_MODES)}")
-        if _tracing():  # never time under capture or a trace; a later eager call tunes the key
+        mode = self._mode()
+        if _capturing():  # never time under a CUDA-graph capture; a later eager call tunes the key
             return near or self.default_config(key)
         if mode in ("off", "record"):
             if mode == "record":
@@ -404,10 +454,22 @@ def _device_of(args: tuple, kwargs: dict) -> DeviceInfo:
     return current_device()
 
 
-def _tracing() -> bool:
-    if torch.compiler.is_compiling():
-        return True
+def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _specialized(value: Any) -> Any:
+    """A key value as a plain int: under Dynamo, ``operator.index`` turns a symbolic size into its value, with a
+    guard (a new value traces again), where ``int()`` would keep it symbolic."""
+    return operator.index(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+@torch.compiler.assume_constant_result
+def _config_while_tracing(tuner: Autotuner, key_values: tuple, device: torch.device | None
+                          ) -> tuple[dict, Callable | None]:
+    # Dynamo runs this at trace time and bakes its answer into the graph, as a constant: locks, dict lookups and
+    # database reads stay out of the traced code.
+    return tuner.config_while_tracing(key_values, device)
 
 
 def _first_line(exc: BaseException | None) -> str:

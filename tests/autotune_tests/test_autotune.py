@@ -210,13 +210,32 @@ def test_under_a_torch_compile_trace_nothing_is_timed_and_a_later_eager_call_tun
     # flag (torch's function, not ours); the GPU test below captures a CUDA graph for real.
     timer = FakeTimer((3.0, 1.0, 2.0))
     tuner = _tuner(db_url, timer, mode="on")
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    x, y = call(tuner, 50)
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
+    with pytest.warns(UserWarning, match=r"key n=50;float32,float32 is not tuned on .* tune the key first"):
+        x, y = call(tuner, 50)
     torch.testing.assert_close(y, 2 * x)
-    assert timer.calls == 0 and tuner.best_config["BLOCK"] == 16 and _records(db_url) == []
+    assert timer.calls == 0 and tuner.best_config["BLOCK"] == 16 and _records(db_url) == [] and not tuner.cache
     monkeypatch.undo()
     call(tuner, 50)
     assert timer.calls == 3 and tuner.best_config["BLOCK"] == 32
+
+
+def test_under_a_trace_a_stored_key_runs_its_winner_and_a_recorded_key_is_noted(db_url, monkeypatch) -> None:
+    # The config a compiled graph keeps is chosen at trace time from what is known, never timed (the trace is
+    # stood in for by torch's own flag, as above).
+    call(_tuner(db_url, FakeTimer((3.0, 1.0, 2.0)), mode="on"), 50)  # another process's eager call: stored
+    monkeypatch.setattr(torch.compiler, "is_dynamo_compiling", lambda: True)
+    timer = FakeTimer()
+    traced = _tuner(db_url, timer, mode="on")
+    x, y = call(traced, 50)
+    torch.testing.assert_close(y, 2 * x)
+    assert timer.calls == 0 and traced.best_config["BLOCK"] == 32 and list(traced.cache.values()) == [traced.best_config]
+    recording = _tuner(db_url, timer, mode="record")
+    x, y = call(recording, 70)
+    torch.testing.assert_close(y, 2 * x)
+    with Store(db_url) as store:
+        seen = [p.key.problem_key.split("@")[0] for p in recorded(store)]
+    assert seen == ["n=70;float32,float32"] and timer.calls == 0 and not recording.cache
 
 
 @pytest.mark.gpu

@@ -8,7 +8,9 @@ counts graph breaks (0); the compiled function runs first, before any eager call
 call of each function follows, then the same calls compiled again from scratch; then, compiled with
 ``dynamic=True``, two new shapes run against torch and share one graph. Each compiled function is called three
 times (under "reduce-overhead" on a GPU: warm-up, capture, replay). Exits non-zero (an AssertionError)
-on the first thing that is wrong.
+on the first thing that is wrong. FUNCTION "autotune" is a user's ``kernels.autotune``'d kernel (GPU only: Dynamo
+cannot trace a Triton launch under the interpreter): its graph keeps the config chosen at trace time, the first
+config before the key is tuned and the tuned one after.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import sys
 from collections.abc import Callable
 
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 
@@ -25,6 +29,27 @@ import kernels
 # bf16 only), the interpreter's fp16 dot is right (its bf16 one is not), and a GPU runs it without TF32.
 TOLERANCE = 1e-2
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@triton.jit
+def _twice(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    # y = 2 * x over a [rows, n_cols] tensor: a program per row and BLOCK columns.
+    row, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    at = row * n_cols + cols
+    tl.store(y_ptr + at, 2 * tl.load(x_ptr + at, mask=cols < n_cols), mask=cols < n_cols)
+
+
+# A user's kernel as the README shows it (tuned on its first eager call), keyed by the column count alone, so that
+# the rows of a dynamic=True compile stay symbolic while the key is specialized.
+twice = kernels.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((16, 1), (64, 2), (256, 4))],
+                         key=["n_cols"], name="tests.compile_case.twice")(_twice)
+
+
+def _autotune(x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    n_cols = x.shape[1]
+    twice[lambda meta: (x.shape[0], triton.cdiv(n_cols, meta["BLOCK"]))](x, y, n_cols)
+    return y
 
 
 def _rand(*shape: int) -> torch.Tensor:
@@ -41,6 +66,8 @@ def _inputs(name: str, rows: int) -> tuple:
         return (_rand(rows, 16), _rand(16, 24))
     if name == "grouped_matmul":
         return ([_rand(rows, 16), _rand(2 * rows, 8)], [_rand(16, 12), _rand(8, 20)])
+    if name == "autotune":
+        return (_rand(rows, 300),)
     if name in ("moe_matmul", "moe_matmul_out"):  # three experts; every row routed (offsets[-1] = T)
         ends = torch.tensor([rows // 3, rows // 2, rows], dtype=torch.int32, device=DEVICE)
         return (_rand(rows, 16), _rand(3, 16, 12), ends)
@@ -55,6 +82,8 @@ def _call(name: str, args: tuple) -> object:
     if name == "moe_matmul_out":
         x, w, ends = args
         return kernels.moe_matmul(x, w, ends, out=x.new_empty((x.shape[0], w.shape[2])))
+    if name == "autotune":
+        return _autotune(*args)
     return getattr(kernels, name)(*args)
 
 
@@ -63,6 +92,8 @@ def _reference(name: str, args: tuple) -> object:
     if name == "grouped_matmul":
         return [a.float() @ b.float() for a, b in zip(*args)]
     args = tuple(t.float() if t.is_floating_point() else t for t in args)
+    if name == "autotune":
+        return 2 * args[0]
     if name in ("matmul", "matmul_out"):
         return args[0] @ args[1]
     if name == "matmul_bias":
@@ -110,12 +141,16 @@ def main(mode: str, names: list[str]) -> None:
     torch._dynamo.reset()
 
     _run(_compiled(names, mode_arg, None), inputs, f"first call compiled ({mode})")  # before any eager call
+    # A user kernel's untuned key runs its first config in the graph and is not kept: the eager call tunes it.
+    assert "autotune" not in names or (not twice.cache and twice.best_config == twice.configs[0])
 
     for name in names:
         _check(name, _call(name, inputs[name]), inputs[name], "eager")
+    tuned = next(iter(twice.cache.values()), None)
 
     torch._dynamo.reset()
     _run(_compiled(names, mode_arg, None), inputs, f"compiled after eager calls ({mode})")  # signatures they ran
+    assert "autotune" not in names or (len(twice.cache) == 1 and twice.best_config == tuned), "not the tuned config"
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()

@@ -1,5 +1,6 @@
 """The public functions inside ``torch.compile(fullgraph=True)`` (issue 43): ``kernels.matmul`` (and its ``out=``),
-``matmul_bias``, ``gated_matmul``, ``grouped_matmul`` and ``moe_matmul`` (and its ``out=``).
+``matmul_bias``, ``gated_matmul``, ``grouped_matmul`` and ``moe_matmul`` (and its ``out=``), and on a GPU a
+``kernels.autotune``'d user kernel.
 
 Each case runs in a fresh process (tests/kernels_tests/_compile_case.py), so that no eager call made before it
 (by this test or another) hides what a first call compiled does: Dynamo's explain counts 0 graph breaks, the
@@ -63,3 +64,11 @@ def test_every_public_function_compiles_whole_in_one_graph_under_each_mode(tmp_p
 def test_on_the_gpu_each_public_function_compiles_whole_under_each_mode(tmp_path: Path, function: str,
                                                                         mode: str) -> None:
     _run_case(tmp_path, mode, FUNCTIONS[function])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
+def test_on_the_gpu_a_kernels_autotune_kernel_compiles_whole_under_each_mode(tmp_path: Path, mode: str) -> None:
+    # A user's kernel, tuned on its first eager call: compiled first it runs its first config, compiled after the
+    # eager call its tuned one; with dynamic=True its rows stay symbolic (one graph for two row counts).
+    _run_case(tmp_path, mode, ["autotune"])
