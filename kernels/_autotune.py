@@ -9,6 +9,7 @@ chosen at trace time and launched as a plain Triton kernel, which Dynamo turns i
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import os
@@ -35,7 +36,10 @@ __all__ = ["AUTOTUNE_MODES", "AutotuneError", "Autotuner", "ENV_MODE", "Key", "L
 _logger = logging.getLogger(__name__)
 
 ENV_MODE = "TUNER_AUTOTUNE"
-_ALL: weakref.WeakSet[Autotuner] = weakref.WeakSet()  # every live decorator, for clear_all
+# Every live decorator by its serial number: for clear_all, and for the trace-time lookup (Dynamo passes a constant,
+# not the object, to an assume_constant_result function in torch 2.11).
+_ALL: weakref.WeakValueDictionary[int, Autotuner] = weakref.WeakValueDictionary()
+_SERIALS = itertools.count()
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")  # as db/_plausible.py's _USER_KERNEL
 AUTOTUNE_MODES = ("off", "record", "on", "incremental")
 
@@ -106,7 +110,8 @@ class Autotuner(KernelInterface):
         self._pending: dict[tuple, list[float]] = {}  # incremental: key -> times of the candidates tried so far
         self._lock = threading.RLock()  # one thread tunes a key; the others wait for its winner
         self._warned: set[tuple] = set()  # (device, key) already warned of an untuned config in a compiled graph
-        _ALL.add(self)
+        self.serial = next(_SERIALS)
+        _ALL[self.serial] = self
 
     # The call ---------------------------------------------------------------------------------
 
@@ -134,12 +139,17 @@ class Autotuner(KernelInterface):
         every = {**nargs, **kwargs}
         tensors = [a for a in every.values() if isinstance(a, torch.Tensor)]
         key = tuple(_specialized(every[k]) for k in self.keys if k in every) + tuple(str(t.dtype) for t in tensors)
-        launch, hook = _config_while_tracing(self, key, tensors[0].device if tensors else None)
+        pairs, hook = _config_while_tracing(self.serial, key, tensors[0].device if tensors else None)
+        # A dict built here, not the constant one: Dynamo (torch 2.11) cannot guard a constant dict's keys.
+        meta = dict(kwargs)
+        for name, value in pairs:
+            meta[name] = value
         if hook is not None:
-            hook({**every, **launch})
-        return self.fn.run(*args, grid=grid, warmup=False, **kwargs, **launch)
+            hook({**nargs, **meta})
+        return self.fn.run(*args, grid=grid, warmup=False, **meta)
 
-    def config_while_tracing(self, key_values: tuple, device: torch.device | None) -> tuple[dict, Callable | None]:
+    def config_while_tracing(self, key_values: tuple, device: torch.device | None
+                             ) -> tuple[tuple[tuple[str, Any], ...], Callable | None]:
         """The config a compiled graph bakes in for a key, and its ``triton.Config`` pre-hook: the cached or stored
         one, else the nearest or the default. Nothing is timed (there are no real tensors while Dynamo traces), and an
         untuned key's choice is not cached, so the key's next eager call still tunes it."""
@@ -148,7 +158,7 @@ class Autotuner(KernelInterface):
             with self._lock:
                 config = self.cache.get(key_values) or self._untimed(key_values, current_device(device))
         self.best_config = config
-        return config.as_dict(), self._config_hooks.get(config)
+        return tuple(config.as_dict().items()), self._config_hooks.get(config)
 
     def _untimed(self, key_values: tuple, device: DeviceInfo) -> Config:
         key = self.key_of(key_values)
@@ -429,7 +439,7 @@ class Autotuner(KernelInterface):
 
 def clear_all() -> None:
     """Forget every decorator's cached configs (``kernels.clear_cache``, ``kernels.use_database``)."""
-    for tuner in list(_ALL):
+    for tuner in list(_ALL.values()):
         tuner.clear()
 
 
@@ -465,11 +475,11 @@ def _specialized(value: Any) -> Any:
 
 
 @torch.compiler.assume_constant_result
-def _config_while_tracing(tuner: Autotuner, key_values: tuple, device: torch.device | None
-                          ) -> tuple[dict, Callable | None]:
+def _config_while_tracing(serial: int, key_values: tuple, device: torch.device | None
+                          ) -> tuple[tuple[tuple[str, Any], ...], Callable | None]:
     # Dynamo runs this at trace time and bakes its answer into the graph, as a constant: locks, dict lookups and
     # database reads stay out of the traced code.
-    return tuner.config_while_tracing(key_values, device)
+    return _ALL[serial].config_while_tracing(key_values, device)
 
 
 def _first_line(exc: BaseException | None) -> str:
