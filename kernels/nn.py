@@ -566,10 +566,15 @@ class SharedInput:
         joint = self._current()
         if joint is None:
             return None
-        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
-        if x.dim() != 2:
-            output = output.reshape(*x.shape[:-1], output.shape[-1])
+        if self.route is not None and not compiling and not takes_ours(self.route, x):
+            # Dispatch runs cuBLAS for the stacked product at these rows: torch's own call, once for the group
+            # (one launch where the members would make three).
+            output = _LINEAR(x, joint.weight, joint.bias)
+        else:
+            rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+            output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
+            if x.dim() != 2:
+                output = output.reshape(*x.shape[:-1], output.shape[-1])
         self.pending = _Pending(x, None if compiling or x.is_inference() else x._version, output,
                                 ((1 << len(self.members)) - 1) & ~(1 << slot), grad)
         return self._handed_out(output, slot)
@@ -639,8 +644,7 @@ class SharedInputLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self.__dict__.get("_shared")
-        if group is not None and group.fusing and (group.route is None or _COMPILING() or
-                                                   takes_ours(group.route, x)):
+        if group is not None and group.fusing:
             y = group.columns(self.__dict__["_slot"], x)
             if y is not None:
                 return y
@@ -677,15 +681,15 @@ def _shared_input_members(module: nn.Module) -> tuple[nn.Module, ...] | None:
 
 
 def _share_input(module: nn.Module, evidence: Evidence) -> bool:
-    """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them and dispatch runs
-    one of our kernels for their stacked product (``evidence``)."""
+    """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them. Whatever dispatch
+    runs for their stacked product, one GEMM of the stacked width is one launch where the members make three,
+    on the same bytes of weight: at row counts where dispatch runs cuBLAS (``evidence``) it is torch's own
+    ``F.linear`` on the stacked weight, elsewhere our kernel."""
     members = _shared_input_members(module)
     if members is None:
         return False
     first = members[0]
     spec, width = _linear_spec(first), sum(m.out_features for m in members)
-    if not evidence.runs_a_kernel(spec, width, first.in_features, first.weight):
-        return False
     group = SharedInput(members)
     group.route = evidence.route(spec, width, first.in_features)  # per call: each member's own GEMM
     for slot, member in enumerate(members):
