@@ -681,15 +681,22 @@ def _shared_input_members(module: nn.Module) -> tuple[nn.Module, ...] | None:
 
 
 def _share_input(module: nn.Module, evidence: Evidence) -> bool:
-    """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them. Whatever dispatch
-    runs for their stacked product, one GEMM of the stacked width is one launch where the members make three,
-    on the same bytes of weight: at row counts where dispatch runs cuBLAS (``evidence``) it is torch's own
-    ``F.linear`` on the stacked weight, elsewhere our kernel."""
+    """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them and dispatch runs
+    one of our kernels for their stacked product at some row count (``evidence``). At the row counts where it
+    runs cuBLAS, the group's call is torch's own ``F.linear`` on the stacked weight: one launch, not three.
+
+    Without that evidence the projections stay torch's: a group on cuBLAS alone (one stacked ``F.linear`` per
+    call) was tried on an H200 (2026-11-28, torch 2.11.0+cu130, transformers 5.24.0, whole 2-layer Qwen2.5-7B and
+    Llama-3.1-8B forwards at 1, 16 and 512 tokens, 9 interleaved rounds of 100 forwards, `.gpu`-style A/B
+    kept in docs/runs/2026-11-28-h200-record-tune/ab.log) and read 0.94-1.02x where an unpatched copy read
+    0.97-1.08x: no gain shown, so a model on a GPU with no table stays as it was."""
     members = _shared_input_members(module)
     if members is None:
         return False
     first = members[0]
     spec, width = _linear_spec(first), sum(m.out_features for m in members)
+    if not evidence.runs_a_kernel(spec, width, first.in_features, first.weight):
+        return False
     group = SharedInput(members)
     group.route = evidence.route(spec, width, first.in_features)  # per call: each member's own GEMM
     for slot, member in enumerate(members):

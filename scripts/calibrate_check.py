@@ -89,36 +89,40 @@ def _fitted(spec, config: Config, problem: Problem, device) -> tuple[Config | No
 # ------------------------------------------------------------------------------------------------ mutants
 
 def run_mutants_apart(out: Path) -> list[dict]:
-    """``run_mutants``, each mutant in a fresh process: a mutant that faults the GPU (a misaligned address stays
-    with its CUDA context) then costs its own rows only. Run in one process on the H100 (2026-11-28), the first
-    grouped mutant's fault was read by every case after it, so those said nothing of the check."""
+    """``run_mutants``, each mutant and dtype in a fresh process: a mutant that faults the GPU (a misaligned
+    address stays with its CUDA context) then costs its own row only. Run in one process on the H100
+    (2026-11-28), the first grouped mutant's fault was read by every case after it; run per mutant on the H200
+    (the same day), the grouped offset mutant's fp16 fault failed its bf16 row's unbroken config."""
     rows = []
-    for index, mutant in enumerate(MUTANTS):
-        part = out / f"mutant-{index}.json"
-        done = subprocess.run([sys.executable, __file__, "--one-mutant", str(index), "--out", str(part)],
+    cases = [(index, mutant, dtype) for index, mutant in enumerate(MUTANTS)
+             for dtype in ("fp16", "bf16", "fp32") if dtype in kernels.get_kernel(mutant.kernel).dtypes]
+    for index, mutant, dtype in cases:
+        part = out / f"mutant-{index}-{dtype}.json"
+        done = subprocess.run([sys.executable, __file__, "--one-mutant", f"{index}:{dtype}", "--out", str(part)],
                               capture_output=True, text=True)
         if done.returncode == 0 and part.exists():
             rows += json.loads(part.read_text())
             part.unlink()
             continue
         last = (done.stderr.strip().splitlines() or ["no output"])[-1][:200]
-        rows.append(dict(kernel=mutant.kernel, bug=mutant.bug, dtype="-", problem="-", sound=None, mutant=None,
+        rows.append(dict(kernel=mutant.kernel, bug=mutant.bug, dtype=dtype, problem="-", sound=None, mutant=None,
                          mutant_reason=f"its process failed ({done.returncode}): {last}", rejected=True,
                          sound_passes=False, status="process failed"))
-        print(f"  mutant {mutant.kernel:<14} {mutant.bug:<46} its process failed: {last}", flush=True)
+        print(f"  mutant {mutant.kernel:<14} {mutant.bug:<46} {dtype}: its process failed: {last}", flush=True)
     return rows
 
 
-def run_mutants(device, torch_device: torch.device, on_cpu: bool = False, only: int | None = None) -> list[dict]:
+def run_mutants(device, torch_device: torch.device, on_cpu: bool = False,
+                only: tuple[int, str] | None = None) -> list[dict]:
     """Each mutant and its unbroken config through the search's check (``on_cpu``: the tests' small shapes;
-    ``only``: that mutant alone)."""
+    ``only``: that mutant, in that dtype, alone)."""
     rows = []
     for index, mutant in enumerate(MUTANTS):
-        if only is not None and index != only:
+        if only is not None and index != only[0]:
             continue
         spec = kernels.get_kernel(mutant.kernel)
         for dtype in ("fp16", "bf16", "fp32"):
-            if dtype not in spec.dtypes:
+            if dtype not in spec.dtypes or (only is not None and dtype != only[1]):
                 continue
             problem, config = mutant.cpu_case(dtype) if on_cpu else mutant.gpu_case(dtype)
             row = dict(kernel=mutant.kernel, bug=mutant.bug, dtype=dtype, problem=problem.key[:80])
@@ -252,11 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-more", action="store_true", help="the sweeps' configs only")
     parser.add_argument("--plan", action="store_true",
                         help="list how many cases each group has, for an H100, and stop (no GPU needed)")
-    parser.add_argument("--one-mutant", type=int, default=None, help=argparse.SUPPRESS)  # a child's one mutant
+    parser.add_argument("--one-mutant", default=None, help=argparse.SUPPRESS)  # a child's INDEX:DTYPE
     args = parser.parse_args(argv)
     if args.one_mutant is not None:
         rows = run_mutants(kernels.current_device(), torch.device("cuda", torch.cuda.current_device()),
-                           only=args.one_mutant)
+                           only=(int(args.one_mutant.partition(":")[0]), args.one_mutant.partition(":")[2]))
         Path(args.out).write_text(json.dumps(rows, default=str))
         return 0
     if args.plan:
