@@ -686,10 +686,10 @@ def _share_input(module: nn.Module, evidence: Evidence) -> bool:
     runs cuBLAS, the group's call is torch's own ``F.linear`` on the stacked weight: one launch, not three.
 
     Without that evidence the projections stay torch's: a group on cuBLAS alone (one stacked ``F.linear`` per
-    call) was tried on an H200 (2026-11-28, torch 2.11.0+cu130, transformers 5.24.0, whole 2-layer Qwen2.5-7B and
-    Llama-3.1-8B forwards at 1, 16 and 512 tokens, 9 interleaved rounds of 100 forwards, `.gpu`-style A/B
-    kept in docs/runs/2026-11-28-h200-record-tune/ab.log) and read 0.94-1.02x where an unpatched copy read
-    0.97-1.08x: no gain shown, so a model on a GPU with no table stays as it was."""
+    call) was tried on an H200 (2026-11-28, torch 2.11.0+cu130, transformers 5.24.0: whole 2-layer Qwen2.5-7B and
+    Llama-3.1-8B forwards at 1, 16 and 512 tokens, docs/runs/2026-11-28-h200-record-tune/ab_forward.py) and read
+    0.94-1.02x of vanilla where an unpatched copy read 0.97-1.08x: no gain shown, so a model on a GPU with no
+    table stays as it was."""
     members = _shared_input_members(module)
     if members is None:
         return False
