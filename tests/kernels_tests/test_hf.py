@@ -223,7 +223,8 @@ def test_experts_whose_gemms_both_dispatch_to_the_baseline_run_transformers_grou
     gate_up_w, down_w = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
     middle = x.new_empty((10, down_w.shape[1]))
     triton_config = kernels.get_kernel("moe_matmul").default_config(
-        kernels.moe.problem_of(rows, gate_up_w, torch.tensor([10] * experts.num_experts, dtype=torch.int32)),
+        kernels.moe.problem_of(rows, gate_up_w, torch.tensor([10] * experts.num_experts, dtype=torch.int32,
+                                                             device=rows.device)),
         kernels.current_device(x.device))
     with kernels.moe.pinning([kernels.BASELINE], rows, gate_up_w) as (gate_up_baseline,), \
             kernels.moe.pinning([kernels.BASELINE, triton_config], middle, down_w) as (down_baseline, down_triton):
@@ -308,8 +309,8 @@ def test_recorded_model_problems_are_listed_then_all_tuned_by_search_recorded(tm
     listed = _tuner(tmp_path, "list", "--untuned", "--db", url)
     assert listed.returncode == 0, listed.stderr
     assert {line.split()[1] for line in listed.stdout.splitlines()[1:]} == kinds
-    done = _tuner(tmp_path, "search", "--recorded", "--device", "cpu", "--trials", "1", "--seed", "0",
-                  "--workers", "0", "--db", url)
+    # The device the problems were recorded on (auto: this GPU, or the CPU without one).
+    done = _tuner(tmp_path, "search", "--recorded", "--trials", "1", "--seed", "0", "--workers", "0", "--db", url)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no recorded problem is left untuned" in _tuner(tmp_path, "list", "--untuned", "--db", url).stdout
 
