@@ -10,7 +10,8 @@ call of each function follows, then the same calls compiled again from scratch; 
 times (under "reduce-overhead" on a GPU: warm-up, capture, replay). Exits non-zero (an AssertionError)
 on the first thing that is wrong. FUNCTION "autotune" is a user's ``kernels.autotune``'d kernel (GPU only: Dynamo
 cannot trace a Triton launch under the interpreter): its graph keeps the config chosen at trace time, the first
-config before the key is tuned and the tuned one after.
+config before the key is tuned and the tuned one after. "autotune_hook": one whose configs carry a
+``triton.Config`` pre_hook (it zeroes the output the kernel adds into), which must run in the graph too.
 """
 
 from __future__ import annotations
@@ -45,6 +46,32 @@ twice = kernels.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w) for b
                          key=["n_cols"], name="tests.compile_case.twice")(_twice)
 
 
+@triton.jit
+def _add_twice(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    # y += 2 * x: right only where y was zeroed first, which each config's pre_hook does.
+    row, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    at = row * n_cols + cols
+    y = tl.load(y_ptr + at, mask=cols < n_cols)
+    tl.store(y_ptr + at, y + 2 * tl.load(x_ptr + at, mask=cols < n_cols), mask=cols < n_cols)
+
+
+def _zero_y(nargs: dict) -> None:
+    nargs["y_ptr"].zero_()
+
+
+# A user's kernel whose configs carry a triton.Config pre_hook, as split-K kernels zero their output.
+accumulate = kernels.autotune(configs=[triton.Config({"BLOCK": b}, num_warps=w, pre_hook=_zero_y)
+                                       for b, w in ((16, 1), (64, 2), (256, 4))],
+                              key=["n_cols"], name="tests.compile_case.accumulate")(_add_twice)
+
+
+def _autotune_hook(x: torch.Tensor) -> torch.Tensor:
+    y = torch.full_like(x, float("nan"))  # NaN wherever the hook did not zero it first
+    n_cols = x.shape[1]
+    accumulate[lambda meta: (x.shape[0], triton.cdiv(n_cols, meta["BLOCK"]))](x, y, n_cols)
+    return y
+
+
 def _autotune(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty_like(x)
     n_cols = x.shape[1]
@@ -66,7 +93,7 @@ def _inputs(name: str, rows: int) -> tuple:
         return (_rand(rows, 16), _rand(16, 24))
     if name == "grouped_matmul":
         return ([_rand(rows, 16), _rand(2 * rows, 8)], [_rand(16, 12), _rand(8, 20)])
-    if name == "autotune":
+    if name in ("autotune", "autotune_hook"):
         return (_rand(rows, 300),)
     if name in ("moe_matmul", "moe_matmul_out"):  # three experts; every row routed (offsets[-1] = T)
         ends = torch.tensor([rows // 3, rows // 2, rows], dtype=torch.int32, device=DEVICE)
@@ -84,6 +111,8 @@ def _call(name: str, args: tuple) -> object:
         return kernels.moe_matmul(x, w, ends, out=x.new_empty((x.shape[0], w.shape[2])))
     if name == "autotune":
         return _autotune(*args)
+    if name == "autotune_hook":
+        return _autotune_hook(*args)
     return getattr(kernels, name)(*args)
 
 
@@ -92,7 +121,7 @@ def _reference(name: str, args: tuple) -> object:
     if name == "grouped_matmul":
         return [a.float() @ b.float() for a, b in zip(*args)]
     args = tuple(t.float() if t.is_floating_point() else t for t in args)
-    if name == "autotune":
+    if name in ("autotune", "autotune_hook"):
         return 2 * args[0]
     if name in ("matmul", "matmul_out"):
         return args[0] @ args[1]

@@ -72,3 +72,9 @@ def test_on_the_gpu_a_kernels_autotune_kernel_compiles_whole_under_each_mode(tmp
     # A user's kernel, tuned on its first eager call: compiled first it runs its first config, compiled after the
     # eager call its tuned one; with dynamic=True its rows stay symbolic (one graph for two row counts).
     _run_case(tmp_path, mode, ["autotune"])
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_kernels_autotune_config_pre_hook_runs_in_the_compiled_graph(tmp_path: Path) -> None:
+    # The hook zeroes the NaN-filled output the kernel adds into: a graph without it returns NaN.
+    _run_case(tmp_path, "default", ["autotune_hook"])
