@@ -566,15 +566,10 @@ class SharedInput:
         joint = self._current()
         if joint is None:
             return None
-        if self.route is not None and not compiling and not takes_ours(self.route, x):
-            # Dispatch runs cuBLAS for the stacked product at these rows: torch's own call, once for the group
-            # (one launch where the members would make three).
-            output = _LINEAR(x, joint.weight, joint.bias)
-        else:
-            rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-            output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
-            if x.dim() != 2:
-                output = output.reshape(*x.shape[:-1], output.shape[-1])
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
+        if x.dim() != 2:
+            output = output.reshape(*x.shape[:-1], output.shape[-1])
         self.pending = _Pending(x, None if compiling or x.is_inference() else x._version, output,
                                 ((1 << len(self.members)) - 1) & ~(1 << slot), grad)
         return self._handed_out(output, slot)
@@ -644,7 +639,8 @@ class SharedInputLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         group = self.__dict__.get("_shared")
-        if group is not None and group.fusing:
+        if group is not None and group.fusing and (group.route is None or _COMPILING() or
+                                                   takes_ours(group.route, x)):
             y = group.columns(self.__dict__["_slot"], x)
             if y is not None:
                 return y
@@ -683,13 +679,13 @@ def _shared_input_members(module: nn.Module) -> tuple[nn.Module, ...] | None:
 def _share_input(module: nn.Module, evidence: Evidence) -> bool:
     """Make ``module``'s projections of one input a ``SharedInput`` group, where it has them and dispatch runs
     one of our kernels for their stacked product at some row count (``evidence``). At the row counts where it
-    runs cuBLAS, the group's call is torch's own ``F.linear`` on the stacked weight: one launch, not three.
+    runs cuBLAS, each member runs its own GEMM, as torch's Linear would.
 
-    Without that evidence the projections stay torch's: a group on cuBLAS alone (one stacked ``F.linear`` per
-    call) was tried on an H200 (2026-11-28, torch 2.11.0+cu130, transformers 5.24.0: whole 2-layer Qwen2.5-7B and
-    Llama-3.1-8B forwards at 1, 16 and 512 tokens, docs/runs/2026-11-28-h200-record-tune/ab_forward.py) and read
-    0.94-1.02x of vanilla where an unpatched copy read 0.97-1.08x: no gain shown, so a model on a GPU with no
-    table stays as it was."""
+    Stacking on cuBLAS (one ``F.linear`` on the stacked weight where the members make three) was tried on an
+    H200 (2026-11-28, torch 2.11.0+cu130, transformers 5.24.0: whole 2-layer Qwen2.5-7B and Llama-3.1-8B
+    forwards at 1, 16 and 512 tokens, docs/runs/2026-11-28-h200-record-tune/ab_forward.py) and read 0.94-1.02x
+    of vanilla where an unpatched copy read 0.97-1.08x: no gain shown, so neither a group without
+    evidence nor a group's cuBLAS rows take it, and a model on a GPU with no table stays as it was."""
     members = _shared_input_members(module)
     if members is None:
         return False

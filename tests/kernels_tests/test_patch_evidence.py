@@ -167,7 +167,7 @@ class _Attention(torch.nn.Module):
 
 
 @pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 takes our path on every call, to count it")
-def test_query_key_value_projections_run_one_torch_linear_where_their_stacked_gemm_goes_to_cublas(
+def test_query_key_value_projections_run_torchs_linears_where_their_stacked_gemm_goes_to_cublas(
         db_url: str, monkeypatch) -> None:
     _store(db_url, ("matmul", f"fp32:nt:16x32x{HIDDEN}", TILED), ("matmul", f"fp32:nt:4096x32x{HIDDEN}", BASELINE))
     attention = _Attention().to(DEVICE)
@@ -182,7 +182,7 @@ def test_query_key_value_projections_run_one_torch_linear_where_their_stacked_ge
         for rows in (16, 4096):
             x = torch.randn(rows, HIDDEN, device=DEVICE)
             assert relative_error(attention(x), plain(x)) < TOLERANCE
-    assert torch_calls == [32]  # the 4096-row call: one torch linear of the stacked width, not three
+    assert torch_calls == [16, 8, 8]  # the 4096-row call's three projections, each its own torch linear
 
 
 @pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 patches every module whatever the evidence")
