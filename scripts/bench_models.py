@@ -349,7 +349,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--static", type=ints, default=[1, 16], help="static-cache generate batches ('' for none)")
     parser.add_argument("--static-moe", action="store_true", help="static-cache settings for MoE models too")
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens per generate call (default 32)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per setting (default 5)")
+    # A round costs each column one call (a generate: 32 tokens, 0.1-0.3 s on an H200), so rounds are cheap next to
+    # building and compiling the models; at 5 rounds an unpatched copy read 0.86-1.12x of vanilla per cell, at 9
+    # rounds 0.95-1.03x (H200, 2026-11-28, docs/runs/2026-11-28-h200-models-evidence/).
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per setting (default 15)")
     parser.add_argument("--control", action="store_true",
                         help="time an unpatched copy as well: the A/A column, the host's noise on each cell")
     parser.add_argument("--profile", action="store_true",
