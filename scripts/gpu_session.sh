@@ -126,13 +126,15 @@ record-tune)
     $py -m tuner list --untuned --db "$db" 2>&1 | tail -40 | tee -a "$log"
     $py -m tuner search --recorded --db "$db" --budget "${TUNE_BUDGET:-12}" 2>&1 | tail -20 | tee -a "$log"
     echo "record $((recorded - started)) s, tune $(( $(date +%s) - recorded )) s" | tee -a "$log"
+    $py -m tuner export --db "$db" -o "$out/$stage.json" | tee -a "$log"
     TUNER_DB="$db" $py scripts/bench_models.py --models "$model" --control --out "$out/tuned" 2>&1 | tail -25 \
         | tee -a "$log" ;;
 verify)
     # Several processes where pytest-xdist is there (../shared/gpu/wheels.sh pytest-xdist execnet): the suites
     # took more than 290 s in one (2026-11-28).
     parallel=(); $py -c "import xdist" 2>/dev/null && parallel=(-n 8)
-    $py -m pytest -q "${parallel[@]}" tests/kernels_tests tests/tuner_tests -p no:cacheprovider -rfs 2>&1 | tail -60 | tee -a "$log"
+    $py -m pytest -q "${parallel[@]}" tests/kernels_tests tests/tuner_tests tests/autotune_tests -p no:cacheprovider -rfs \
+        2>&1 | tail -60 | tee -a "$log"
     $py scripts/host_cost.py --json "$out/host_cost.json" 2>&1 | tee -a "$log" ;;
 live)
     for shape in ${LIVE_SHAPES:-16x4096x4096 1000x1000x1000}; do
