@@ -9,6 +9,9 @@
 #              per cached call against torch.matmul (scripts/host_cost.py), in one call
 #   models     whole transformers models (scripts/bench_models.py --control) with the GPU's table and without
 #   record-tune  one model (MODEL) recorded, its problems tuned (search --recorded), then timed again
+#   calibrate  the check's mutants (each in its own process) and valid configs on real shapes
+#              (scripts/calibrate_check.py; CAL_BUDGET seconds, default 270; CAL_ARGS=--no-mutants to go on with
+#              the valid configs a cut run left), then `tuner verify` of this GPU's shipped table
 #   live       the two live dense searches of docs/SEARCH.md, timed end to end (the 30 s target);
 #              fresh databases, no shipped table; SEED=N picks the sampler seed (default 0)
 #   live-moe   live searches of the swept MoE group: two cold, one warm-started by the fp16 winner
@@ -129,6 +132,10 @@ record-tune)
     $py -m tuner export --db "$db" -o "$out/$stage.json" | tee -a "$log"
     TUNER_DB="$db" $py scripts/bench_models.py --models "$model" --control --out "$out/tuned" 2>&1 | tail -25 \
         | tee -a "$log" ;;
+calibrate)
+    $py scripts/calibrate_check.py --budget-s "${CAL_BUDGET:-270}" ${CAL_ARGS:-} --out "$out/cal" 2>&1 | tail -70 \
+        | tee -a "$log"
+    $py -m tuner verify --workers 14 2>&1 | tail -30 | tee -a "$log" ;;
 verify)
     # Several processes where pytest-xdist is there (../shared/gpu/wheels.sh pytest-xdist execnet): the suites
     # took more than 290 s in one (2026-11-28).
