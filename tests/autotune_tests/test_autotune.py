@@ -333,3 +333,23 @@ def test_a_damaged_table_is_skipped_with_a_warning_and_the_call_goes_on(db_url, 
     x, y = call(tuner, 30)
     torch.testing.assert_close(y, 2 * x)
     assert "skipping the table broken.json" in caplog.text
+
+
+def test_a_symbolic_key_value_is_specialized_under_dynamo_and_each_value_traces_once() -> None:
+    # What _run_traced does to a key argument that dynamic=True made symbolic: a plain int in the trace (the
+    # config lookup takes constants), with a guard, so a new value traces again and a seen one does not.
+    from kernels._autotune import _specialized
+
+    seen = []
+
+    @torch.compiler.assume_constant_result
+    def lookup(n: int) -> int:
+        seen.append(n)
+        return 2 * n
+
+    compiled = torch.compile(lambda x: x * lookup(_specialized(x.shape[0])), fullgraph=True, dynamic=True,
+                             backend="eager")
+    for n in (3, 5, 3):
+        torch.testing.assert_close(compiled(torch.ones(n)), torch.full((n,), 2.0 * n))
+    assert seen == [3, 5]
+    assert _specialized(True) is True and _specialized("x") == "x"
