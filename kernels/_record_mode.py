@@ -21,11 +21,12 @@ and the difference is written on the next flush (the recorder remembers what it 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 
 from . import _native
 from ._refresh import env_seconds, valid_seconds
@@ -56,6 +57,27 @@ class Recorder:
     def seen(self, key: Hashable, kernel: str, problem: Problem, device: DeviceInfo) -> None:
         """What the dispatch key ``key`` stands for; called on a dispatch cache miss only."""
         self._problems[key] = (device.name, kernel, problem.key, float(problem.flops))
+
+    @contextlib.contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Calls made inside are not counted: the graph-mode warm-up that ``kernels.ops`` runs after a
+        signature's first call on a GPU runs the GEMM once more, a call the workload did not make. What the
+        block added is taken back under the flush lock (no write sees it); a count another thread adds in those
+        moments goes with it (a warm-up is one call, once per signature)."""
+        if not self.on:
+            yield
+            return
+        with self._lock:
+            before = dict(self.counts)
+            try:
+                yield
+            finally:
+                for key, count in list(self.counts.items()):
+                    if count != before.get(key, 0):
+                        if key in before:
+                            self.counts[key] = before[key]
+                        else:
+                            del self.counts[key]
 
     def start(self, url: str | None = None, flush_s: float | None = None) -> None:
         """Record from now on, into ``url`` (None: TUNER_DB or the default database), until the matching

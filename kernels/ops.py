@@ -29,6 +29,7 @@ import torch
 
 from . import _eager  # the public functions' eager bodies, looked up per call (a test may spy on one)
 from . import _modes
+from ._record_mode import RECORDER as _REC
 from .dispatch import DISPATCHER as _DISPATCHER
 from ._grouped_dispatch import traced_grouped_matmul, traced_moe_matmul
 
@@ -486,7 +487,7 @@ def _warm(fn: Callable[..., torch.Tensor], a: torch.Tensor, b: torch.Tensor, res
             _UNWARMED.add(key)  # forced for this block only: a later auto call may be captured
         return  # forced for the process (KERNELS_MODE): captures run the configs eager calls ran
     if resolved or key in _UNWARMED:
-        with _modes.dispatch_mode(_modes.GRAPH):
+        with _REC.uncounted(), _modes.dispatch_mode(_modes.GRAPH):  # record mode counts the workload's calls
             fn(a, b, *rest, **kwargs)
         _UNWARMED.discard(key)
 

@@ -160,12 +160,38 @@ def test_recording_counts_every_call_of_the_fused_epilogues(own_database: None, 
 
 def test_an_epilogue_call_that_wants_a_gradient_is_counted_once(own_database: None, tmp_path: Path) -> None:
     """With a gradient wanted the call goes through the operator, whose body calls back in: counted once, not
-    twice (on a GPU the operator's first call of a signature also runs the graph winner once, which counts:
-    kernels/ops.py ``_call``)."""
+    twice (on a GPU the operator's first call of a signature also runs the graph winner once, which is not the
+    workload's call and is not counted: kernels/ops.py ``_warm``)."""
     g = torch.Generator().manual_seed(2)
     a = torch.randn(16, 64, generator=g).half().to(DEVICE).requires_grad_()
     b = torch.randn(64, 32, generator=g).half().to(DEVICE)
     path = tmp_path / "recorded.db"
     with kernels.recording(f"sqlite:///{path}"):
         kernels.gated_matmul(a, b)
-    assert _recorded_by_kernel(path) == [("gated_matmul", "fp16:nn:16x16x64", 1 if DEVICE == "cpu" else 2)]
+    assert _recorded_by_kernel(path) == [("gated_matmul", "fp16:nn:16x16x64", 1)]
+
+
+def test_the_graph_mode_warm_up_after_a_first_call_is_not_counted(own_database: None, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU a signature's first call through the operators runs once more in graph mode, so that a later
+    capture finds its graph winner compiled (kernels/ops.py ``_call``). Record mode counts the workload's calls:
+    two calls, two counts, though the kernel ran three times. The CPU stands in for a device whose stream
+    captures (as tests/kernels_tests/test_compile.py's warm-up tests do), never capturing."""
+    from kernels import _modes, ops
+
+    monkeypatch.setattr(ops, "_CAPTURABLE", ("cuda", "cpu"))
+    monkeypatch.setattr(ops, "_UNWARMED", set())
+    monkeypatch.setattr(_modes, "capturing", lambda: False)
+    modes: list[str] = []
+    real = kernels._eager.gated_matmul
+    monkeypatch.setattr(kernels._eager, "gated_matmul",
+                        lambda a, b: modes.append(_modes.current(True)) or real(a, b))  # where the operators look
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(16, 64, generator=g).half().to(DEVICE)
+    b = torch.randn(64, 32, generator=g).half().to(DEVICE)
+    path = tmp_path / "recorded.db"
+    with kernels.recording(f"sqlite:///{path}"), torch.no_grad():
+        for _ in range(2):
+            ops.gated_matmul_call(a, b)
+    assert modes == [_modes.EAGER, _modes.GRAPH, _modes.EAGER]  # the warm-up ran
+    assert _recorded_by_kernel(path) == [("gated_matmul", "fp16:nn:16x16x64", 2)]
