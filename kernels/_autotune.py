@@ -162,10 +162,8 @@ class Autotuner(KernelInterface):
 
     def _untimed(self, key_values: tuple, device: DeviceInfo) -> Config:
         key = self.key_of(key_values)
-        known = self._known_on(device)
-        stored = known.get(problem_key(key, self.stamp))
+        stored, known = self._stored(key_values, key, device)
         if stored is not None:
-            self.cache[key_values] = stored
             return stored
         mode = self._mode()
         if mode == "record":
@@ -176,6 +174,15 @@ class Autotuner(KernelInterface):
                           "traces now keeps an untuned config; tune the key first (one eager call, or `python -m "
                           f"tuner search --kernel MODULE:NAME --problems ...`), then compile", stacklevel=2)
         return self._nearest(key, known) or self.default_config(key)
+
+    def _stored(self, key_values: tuple, key: Key, device: DeviceInfo) -> tuple[Config | None, Mapping[str, Config]]:
+        """The key's stored (or shipped) config, cached for its next calls, or None; and what is known on
+        ``device`` (for the nearest key)."""
+        known = self._known_on(device)
+        stored = known.get(problem_key(key, self.stamp))
+        if stored is not None:
+            self.cache[key_values] = stored
+        return stored, known
 
     def _mode(self) -> str:
         mode = self.mode or os.environ.get(ENV_MODE, "on").strip().lower() or "on"
@@ -191,12 +198,9 @@ class Autotuner(KernelInterface):
 
     def _resolve(self, key_values: tuple, args: tuple, kwargs: dict, grid: Any) -> Config:
         """A key's first call: the stored config, a shipped one, the nearest one, or what the mode says."""
-        key = self.key_of(key_values)
-        device = _device_of(args, kwargs)
-        known = self._known_on(device)
-        stored = known.get(problem_key(key, self.stamp))
+        key, device = self.key_of(key_values), _device_of(args, kwargs)
+        stored, known = self._stored(key_values, key, device)
         if stored is not None:
-            self.cache[key_values] = stored
             return stored
         near = self._nearest(key, known)
         mode = self._mode()

@@ -229,7 +229,8 @@ def test_under_a_trace_a_stored_key_runs_its_winner_and_a_recorded_key_is_noted(
     traced = _tuner(db_url, timer, mode="on")
     x, y = call(traced, 50)
     torch.testing.assert_close(y, 2 * x)
-    assert timer.calls == 0 and traced.best_config["BLOCK"] == 32 and list(traced.cache.values()) == [traced.best_config]
+    assert timer.calls == 0 and traced.best_config["BLOCK"] == 32
+    assert list(traced.cache.values()) == [traced.best_config]
     recording = _tuner(db_url, timer, mode="record")
     x, y = call(recording, 70)
     torch.testing.assert_close(y, 2 * x)
