@@ -118,7 +118,8 @@ class Autotuner(KernelInterface):
     def run(self, *args: Any, grid: Any, warmup: bool = False, **kwargs: Any) -> Any:
         if warmup:  # kernel.warmup(...): compile every config ahead of time, as Triton's Autotuner.warmup does
             return [self.fn.run(*args, grid=grid, warmup=True, **kwargs, **c.as_dict()) for c in self.configs]
-        if torch.compiler.is_dynamo_compiling():  # Dynamo folds it to True while it traces; else 32 ns
+        # Dynamo folds it to True while it traces; eagerly one call returning False (32 ns: docs/PYTORCH.md)
+        if torch.compiler.is_dynamo_compiling():
             return self._run_traced(args, grid, kwargs)
         nargs = dict(zip(self.arg_names, args))
         key = self._key_of(nargs, kwargs)

@@ -682,7 +682,7 @@ def _share_input(module: nn.Module, evidence: Evidence) -> bool:
     runs cuBLAS, each member runs its own GEMM, as torch's Linear would.
 
     Stacking on cuBLAS (one ``F.linear`` on the stacked weight where the members make three) was tried on an
-    H200 (2026-11-28, torch 2.11.0+cu130, transformers 5.24.0: whole 2-layer Qwen2.5-7B and Llama-3.1-8B
+    H200 (2026-11-28, torch 2.11.0+cu130, triton 3.6.0, transformers 5.24.0: whole 2-layer Qwen2.5-7B and Llama-3.1-8B
     forwards at 1, 16 and 512 tokens, docs/runs/2026-11-28-h200-record-tune/ab_forward.py) and read 0.94-1.02x
     of vanilla where an unpatched copy read 0.97-1.08x: no gain shown, so neither a group without
     evidence nor a group's cuBLAS rows take it, and a model on a GPU with no table stays as it was."""

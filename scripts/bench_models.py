@@ -351,7 +351,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=32, help="tokens per generate call (default 32)")
     # A round costs each column one call (a generate: 32 tokens, 0.1-0.3 s on an H200), so rounds are cheap next to
     # building and compiling the models; at 5 rounds an unpatched copy read 0.86-1.12x of vanilla per cell, at 9
-    # rounds 0.95-1.03x (H200, 2026-11-28, docs/runs/2026-11-28-h200-models-evidence/).
+    # rounds 0.95-1.03x (H200, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0, this script with --control, --rounds
+    # 9 for the second: docs/runs/2026-11-28-h200-models-evidence/).
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per setting (default 15)")
     parser.add_argument("--control", action="store_true",
                         help="time an unpatched copy as well: the A/A column, the host's noise on each cell")
