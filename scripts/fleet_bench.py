@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 CPU_SHAPES = ("16x32x32", "32x16x32", "16x16x32", "32x32x16", "16x32x16", "32x16x16")
 DEFAULT_TOKENS = "1,4,8,16,32,64,128,512"
+READY = re.compile(r"ready ([\d.]+) s after its start")
 STATS = re.compile(r"sampler ([\d.]+) s, waiting for compiles ([\d.]+) s, timing ([\d.]+) s, head-to-head ([\d.]+) s")
 
 
@@ -200,6 +201,9 @@ def timeline(url: str, launched: float, ended: float, log_text: str) -> dict:
         "per_worker_first_claim_s": {w: min(s[1] for s in spans if s[0] == w) for w in workers},
         "jobs": [{"problem": s[3], "worker": s[0], "start_s": round(s[1], 2), "end_s": round(s[2], 2)}
                  for s in sorted(spans, key=lambda s: s[1])],
+        # Each worker's start-up (spawned to taking jobs), as it printed it: the part of first_claim_s that is
+        # the worker's own; the rest is the run opening the database and enqueueing.
+        "worker_ready_s": [float(m) for m in READY.findall(log_text)],
         "log_sums_s": {"sampler": sum(s[0] for s in stats), "compile_wait": sum(s[1] for s in stats),
                        "timing": sum(s[2] for s in stats), "head_to_head": sum(s[3] for s in stats)},
     }
@@ -265,11 +269,12 @@ def replay(durations: list[float], workers: int) -> float:
 def report(out: Path) -> dict:
     runs = [json.loads(p.read_text()) for p in sorted(out.glob("scale-*.json"))]
     runs.sort(key=lambda r: r["started"])
-    print(f"{'run':<22} {'GPUs':>4} {'wall s':>7} {'to 1st claim':>12} {'jobs s':>7} {'idle s':>7} "
+    print(f"{'run':<22} {'GPUs':>4} {'wall s':>7} {'to 1st claim':>12} {'ready':>5} {'jobs s':>7} {'idle s':>7} "
           f"{'alone s':>7} {'exit s':>6}  states")
     for run in runs:
         t = run["timeline"]
-        print(f"{run['name']:<22} {run['workers']:>4} {run['wall_s']:7.1f} {t.get('first_claim_s', 0):12.1f} "
+        ready = max(t.get("worker_ready_s") or [0.0])
+        print(f"{run['name']:<22} {run['workers']:>4} {run['wall_s']:7.1f} {t.get('first_claim_s', 0):12.1f} {ready:5.1f} "
               f"{t.get('job_seconds', 0):7.1f} {t.get('idle_worker_s', 0):7.1f} {t.get('last_job_alone_s', 0):7.1f} "
               f"{t.get('exit_s', 0):6.1f}  {run['states']}")
     by_count: dict[int, list[float]] = {}

@@ -268,12 +268,25 @@ def child_visible_devices(gpu: str, parent: str | None) -> str:
     return entries[index] if index < len(entries) else gpu
 
 
+# When ``spawn_gpu_workers`` started the process (a Unix time): the worker says how long its start-up took.
+SPAWNED_AT_ENV = "TUNER_SPAWNED_AT"
+
+
+def started_s_ago() -> float | None:
+    """Seconds since this process was spawned as a GPU worker (None when it was not)."""
+    try:
+        return time.time() - float(os.environ[SPAWNED_AT_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
 def spawn_gpu_workers(url: str, gpus: Sequence[str], device_arg: str, extra: Sequence[str] = (),
                       log_dir: str | None = None) -> list[subprocess.Popen]:
     """One ``python -m tuner worker`` process per GPU, each seeing only its GPU (CUDA_VISIBLE_DEVICES)."""
     processes = []
     for gpu in gpus:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(gpu, os.environ.get("CUDA_VISIBLE_DEVICES")))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(gpu, os.environ.get("CUDA_VISIBLE_DEVICES")),
+                   **{SPAWNED_AT_ENV: repr(time.time())})
         argv = [sys.executable, "-m", "tuner", "worker", "--db", url, "--device", device_arg, *extra]
         out = open(os.path.join(log_dir, f"worker-gpu{gpu}.log"), "w") if log_dir else None
         processes.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))

@@ -21,7 +21,7 @@ from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 from db.recorded import recorded
 
 from .errors import DEVICE_FAULT_EXIT, UserError
-from .fleet import WorkerHooks, job_specs, parse_gpus, run_worker, spawn_gpu_workers
+from .fleet import WorkerHooks, job_specs, parse_gpus, run_worker, spawn_gpu_workers, started_s_ago
 from .search import Budget
 
 # How often `search --gpus` prints the queue's state while its workers run.
@@ -238,7 +238,10 @@ def _counts_line(queue: JobQueue, ids: set[int]) -> str:
 
 
 def cmd_worker(args: argparse.Namespace, device: kernels.DeviceInfo, store: Store, hooks: WorkerHooks) -> int:
-    print(f"worker on {device.name} ({device.alias}) taking jobs from {store.url}", flush=True)
+    # How long start-up took (imports, CUDA, the database): a fleet run's time before its first claim.
+    ready = started_s_ago()
+    print(f"worker on {device.name} ({device.alias}) taking jobs from {store.url}"
+          + (f", ready {ready:.1f} s after its start" if ready is not None else ""), flush=True)
     summary = run_worker(store, device, wait=args.wait, lease_s=lease_seconds(args),
                          max_jobs=args.max_jobs, hooks=hooks)
     print(f"worker {summary.name}: {summary.done} done, {summary.failed} failed, {summary.lost} lost", flush=True)

@@ -217,6 +217,16 @@ def _ready() -> bool:
     return True
 
 
+def _end_pool(pool: ProcessPoolExecutor) -> None:
+    """Kill a pool's processes, then shut it down. Nothing in them needs an orderly exit (Triton writes its
+    on-disk cache by rename, a compile lock is released by the OS), while that exit is slow: each one is a
+    Python with torch and a CUDA context, and a hung compile would never return at all. A fleet run's last
+    5 s were its workers stopping, each with its 15 such processes (docs/FLEET.md, 2026-11-28, H200)."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 @dataclass
 class _Pending:
     config: Config
@@ -259,9 +269,7 @@ class CheckPool:
 
     def _rebuild(self) -> None:
         if self._pool is not None:
-            for process in list(getattr(self._pool, "_processes", {}).values()):
-                process.kill()  # a hung compile never returns; shutdown alone would wait for it
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            _end_pool(self._pool)
         self._pool = None
 
     @property
@@ -371,7 +379,7 @@ class CheckPool:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            _end_pool(self._pool)
             self._pool = None
         self.timing.close()
         self._pending.clear()
@@ -495,14 +503,12 @@ class TimingWorker:
 
     def _restart(self) -> None:
         if self._pool is not None:
-            for process in list(getattr(self._pool, "_processes", {}).values()):
-                process.kill()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            _end_pool(self._pool)
         self._pool = None
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            _end_pool(self._pool)
             self._pool = None
 
 

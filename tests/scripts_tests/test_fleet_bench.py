@@ -33,6 +33,9 @@ def test_scale_kill_and_report_on_cpu_workers(tmp_path: Path) -> None:
     for run in result["runs"]:
         assert run["states"] == {"queued": 0, "running": 0, "done": 6, "failed": 0}
         assert run["timeline"]["first_claim_s"] > 0 and run["timeline"]["job_seconds"] > 0
+        # Each worker said when it was ready, after its spawn and before the run's first claim.
+        ready = run["timeline"]["worker_ready_s"]
+        assert len(ready) == run["workers"] and all(0 < r < run["timeline"]["first_claim_s"] for r in ready), ready
     assert set(result["speedup"]) == {"1", "2"} and result["speedup"]["1"]["speedup"] == 1.0
     assert result["replay"]["2"]["perfect"] <= result["replay"]["2"]["longest_first"]
     assert result["kill"]["passed"], result["kill"]

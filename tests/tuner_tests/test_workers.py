@@ -39,6 +39,20 @@ def test_good_configs_check_ok(pool: CheckPool) -> None:
         assert result.rel_error <= 1.0 and result.seconds > 0
 
 
+def test_close_ends_every_process_of_the_pool_and_its_timing_worker_at_once() -> None:
+    # Killed, not asked to exit: a fleet run waits for its workers' pools to close before it ends.
+    opened = CheckPool(workers=2, timeout_s=60)
+    opened.start()
+    assert opened.check(MATMUL_PROBLEM, [GOOD])[GOOD].status == "ok"
+    processes = [*opened._pool._processes.values(), *opened.timing._pool._processes.values()]
+    assert len(processes) == 3
+    opened.close()
+    assert all(not p.is_alive() and p.exitcode == -signal.SIGKILL for p in processes), \
+        [(p.pid, p.exitcode) for p in processes]
+    assert opened.check(MATMUL_PROBLEM, [GOOD])[GOOD].status == "ok"  # a closed pool starts again when used
+    opened.close()
+
+
 def test_failures_are_reported_per_candidate(pool: CheckPool) -> None:
     missing_block_k = Config.from_dict({k: v for k, v in GOOD.as_dict().items() if k != "BLOCK_K"})
     unknown_variant = GOOD.replace(VARIANT="warp-specialized")
