@@ -130,15 +130,25 @@ def search(out: Path, name: str, problems: Path, gpus: str, url: str, args: argp
     killed: dict = {}
     with log_path.open("w") as log:
         launched = time.time()
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Each line of the run and its workers stamped with the seconds since launch: where the time goes.
+        stamping = threading.Thread(target=_stamp_lines, args=(process.stdout, log, launched), daemon=True)
+        stamping.start()
         if kill_after is not None:
             threading.Thread(target=_kill_one, args=(url, kill_after, killed), daemon=True).start()
         code = process.wait()
         ended = time.time()
+        stamping.join(timeout=30)
     shutil.rmtree(cache, ignore_errors=True)
     return {"name": name, "gpus": gpus, "workers": len(gpus.split(",")), "returncode": code,
             "wall_s": ended - launched, "killed": killed,
             "timeline": timeline(url, launched, ended, log_path.read_text()), **check(url, args)}
+
+
+def _stamp_lines(lines, log, launched: float) -> None:
+    for line in lines:
+        log.write(f"{time.time() - launched:8.2f} {line}")
+        log.flush()
 
 
 def _kill_one(url: str, after: int, killed: dict) -> None:

@@ -67,12 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto",
                    help="alias (h100), canonical name, 'auto' (this GPU, or cpu without one) or 'cpu'")
     s.add_argument("--kernel", default=None,
-                   help="kernel family: matmul (default), grouped_matmul or moe_matmul")
+                   help="kernel family: matmul (default), grouped_matmul, moe_matmul, moe_gated_matmul, matmul_bias or "
+                        "gated_matmul")
     s.add_argument("--dtype", action="append", help="fp16, bf16 or fp32 (repeatable; default fp16)")
     s.add_argument("--layout", action="append",
                    help="operand layout, A then B: nn (row-major) or nt (B = w.t()); repeatable; default nn")
     s.add_argument("--shape", action="append",
-                   help="MxNxK (repeatable); a group (grouped_matmul, moe_matmul) joins GEMMs with '+': 128x128x128+64x64x64")
+                   help="MxNxK (repeatable); a group (grouped_matmul, moe_matmul, moe_gated_matmul: N the output's "
+                        "width) joins GEMMs with '+': 128x128x128+64x64x64")
     s.add_argument("--corpus", choices=CORPUS_PARTS, default=None,
                    help="the real-model corpus (benchmarks/corpus/models.json) or one part of its split, or "
                         "unseen: the models outside it (benchmarks/corpus/unseen.json); --dtype narrows it")
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--lease", type=float, default=None,
                    help="seconds a claimed job stays this worker's without a heartbeat (default 60)")
     w.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
+    w.add_argument("--after-go", action="store_true", help=argparse.SUPPRESS)  # search --gpus's: tuner/gpu_workers.py
 
     st = with_db(sub.add_parser("status", help="the fleet: jobs queued, running, done, failed; workers"))
     st.add_argument("--all", action="store_true", help="list every job, not only queued and running ones")
@@ -179,9 +182,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    started = []
     try:
         if args.command in ("search", "worker", "verify"):
             _prepare_device(args.device)
+        if args.command == "search":
+            from .gpu_workers import started_early
+
+            # --gpus: the workers start up (gated) while this process imports and checks its input.
+            started = args.started_workers = started_early(args)
         from . import commands  # imports kernels (and so triton) only now
 
         from .workers import import_user_modules
@@ -201,9 +210,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         if args.command == "worker":  # `search --gpus` stops its workers so, once its jobs are finished
-            print("worker stopped: a job it held is queued again, its finished trials kept", file=sys.stderr)
+            # A job it held was given back, with a warning that names it (tuner/fleet.py _give_back).
+            print("worker stopped", file=sys.stderr)
         elif args.command == "stamp":  # it writes once, at the end
             print("interrupted: nothing was stored; run the same command again", file=sys.stderr)
         else:
             print("interrupted: finished trials are saved; run the same command again to resume", file=sys.stderr)
         return 130
+    finally:
+        if started:  # the ones never let go on (the run stopped first) end here; the others were stopped
+            from .gpu_workers import call_off
+
+            call_off(started)

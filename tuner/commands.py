@@ -19,6 +19,7 @@ from . import fleet_commands
 from .fleet import WorkerHooks
 from .fleet_commands import (check_size, gpu_list, lease_seconds, problems_from_file, recorded_problems,
                              search_through_queue, start_gpu_workers)
+from .gpu_workers import wait_for_go
 from .workers import CheckPool
 from db.queue import Job, JobQueue, JobSpec
 
@@ -57,7 +58,7 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
         shapes = args.shape
     elif spec.name == "grouped_matmul":
         shapes = tuple((suites.GROUPS_CPU if device.is_cpu else suites.GROUPS_GPU).values())
-    elif spec.name == "moe_matmul":
+    elif spec.name in ("moe_matmul", "moe_gated_matmul"):  # the gated one's N: the output's width
         shapes = tuple((suites.MOE_CPU if device.is_cpu else suites.MOE_GPU).values())
     else:
         shapes = suites.DENSE_CPU if device.is_cpu else suites.DENSE_GPU
@@ -266,6 +267,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if pool:
         pool.start()
     try:
+        if args.after_go and not wait_for_go():
+            return 0  # the run that started this worker stopped before it needed it
         with _open_store(args.db) as store:
             hooks = _print_hooks(store)
             hooks.tune_options["pool"] = pool

@@ -5,7 +5,7 @@ A worker claims a job for its device kind under a lease and renews the lease fro
 while ``tune_problem`` runs; the job's Optuna study lives in the same database, so a job whose worker
 died (lease run out) is resumed by the next worker where it stopped: finished trials stay and count
 towards the budget, interrupted ones are asked again. ``spawn_gpu_workers`` starts one worker process
-per GPU of this host, each pinned by ``CUDA_VISIBLE_DEVICES``.
+per GPU of this host, each pinned by ``CUDA_VISIBLE_DEVICES`` (tuner/gpu_workers.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import logging
 import os
 import secrets
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +27,7 @@ from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 
 from .autotune_search import Key, load_kernel, search_kernel
 from .errors import DeviceFault, is_device_fault
+from .gpu_workers import child_visible_devices, parse_gpus, spawn_gpu_workers, started_s_ago  # noqa: F401 - re-exported
 from .search import Budget, NoWinner, optuna_storage, tune_problem
 
 log = logging.getLogger(__name__)
@@ -234,60 +233,3 @@ def _tune_user_kernel(job: Job, device: kernels.DeviceInfo, store: Store,
                                trials=job.spec.budget_trials or 40, seed=job.spec.options.get("seed"),
                                isolated=hooks.tune_options.get("pool") is not None)
     return outcome.record, outcome.error
-
-
-def parse_gpus(text: str, visible: int | None) -> list[str]:
-    """``all`` or ``0,2``: the indices, among the ``visible`` GPUs this process sees, to start workers on
-    (ValueError names a bad one: not a number, repeated, or past the GPUs visible). ``visible`` None: CPU
-    workers (``--device cpu``), where an index only labels a worker and is not checked against a GPU."""
-    if text == "all":
-        if not visible:
-            raise ValueError("--gpus all found no GPU on this host; pass --device cpu without --gpus, "
-                             "or run where GPUs are visible")
-        return [str(index) for index in range(visible)]
-    indices = [part.strip() for part in text.split(",") if part.strip()]
-    if not indices or not all(part.isdigit() for part in indices):
-        raise ValueError(f"--gpus {text!r} must be 'all' or GPU indices such as 0,2")
-    if len(set(map(int, indices))) != len(indices):
-        raise ValueError(f"--gpus {text!r} names a GPU twice; name each once (two workers on one GPU time each other)")
-    missing = [] if visible is None else [index for index in indices if int(index) >= visible]
-    if missing:
-        raise ValueError(f"--gpus {text!r}: this process sees {visible} GPU(s), numbered from 0, so "
-                         f"{', '.join(missing)} is not one; pass --gpus all or indices under {visible}")
-    return [str(int(index)) for index in indices]
-
-
-def child_visible_devices(gpu: str, parent: str | None) -> str:
-    """The CUDA_VISIBLE_DEVICES of the worker for ``gpu``, an index among the GPUs this process sees: where
-    this process itself sees a subset (its own CUDA_VISIBLE_DEVICES, e.g. "2,3"), index 0 is that list's
-    first entry, not the host's GPU 0."""
-    if parent is None or not parent.strip():
-        return gpu
-    entries = [entry.strip() for entry in parent.split(",") if entry.strip()]
-    index = int(gpu)
-    return entries[index] if index < len(entries) else gpu
-
-
-# When ``spawn_gpu_workers`` started the process (a Unix time): the worker says how long its start-up took.
-SPAWNED_AT_ENV = "TUNER_SPAWNED_AT"
-
-
-def started_s_ago() -> float | None:
-    """Seconds since this process was spawned as a GPU worker (None when it was not)."""
-    try:
-        return time.time() - float(os.environ[SPAWNED_AT_ENV])
-    except (KeyError, ValueError):
-        return None
-
-
-def spawn_gpu_workers(url: str, gpus: Sequence[str], device_arg: str, extra: Sequence[str] = (),
-                      log_dir: str | None = None) -> list[subprocess.Popen]:
-    """One ``python -m tuner worker`` process per GPU, each seeing only its GPU (CUDA_VISIBLE_DEVICES)."""
-    processes = []
-    for gpu in gpus:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=child_visible_devices(gpu, os.environ.get("CUDA_VISIBLE_DEVICES")),
-                   **{SPAWNED_AT_ENV: repr(time.time())})
-        argv = [sys.executable, "-m", "tuner", "worker", "--db", url, "--device", device_arg, *extra]
-        out = open(os.path.join(log_dir, f"worker-gpu{gpu}.log"), "w") if log_dir else None
-        processes.append(subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT if out else None))
-    return processes

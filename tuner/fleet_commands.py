@@ -17,11 +17,12 @@ import kernels
 from db import Store
 from db.store import default_url
 from db._plausible import MAX_DIM, MAX_GEMMS
-from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
+from db.queue import Job, JobQueue, JobSpec
 from db.recorded import recorded
 
 from .errors import DEVICE_FAULT_EXIT, UserError
-from .fleet import WorkerHooks, job_specs, parse_gpus, run_worker, spawn_gpu_workers, started_s_ago
+from .fleet import WorkerHooks, job_specs, run_worker
+from .gpu_workers import gpu_list, lease_seconds, say_go, spawn_gpu_workers, started_s_ago, worker_flags  # noqa: F401
 from .search import Budget
 
 # How often `search --gpus` prints the queue's state while its workers run.
@@ -37,29 +38,6 @@ def check_size(problem: kernels.Problem, *, limits: bool = True) -> None:
     if limits and (max(max(shape) for shape in problem.shapes) > MAX_DIM or len(problem.shapes) > MAX_GEMMS):
         raise ValueError(f"{problem.key[:60]!r} is beyond the sizes a record may hold (each of M, N, K up to "
                          f"{MAX_DIM}, up to {MAX_GEMMS} GEMMs)")
-
-
-def lease_seconds(args: argparse.Namespace) -> float:
-    """--lease, checked (finite, > 0), or the default when not given."""
-    if args.lease is None:
-        return DEFAULT_LEASE_S
-    if not (math.isfinite(args.lease) and args.lease > 0):
-        raise UserError(f"--lease {args.lease:g}: give the seconds a claimed job stays a worker's without a "
-                        f"heartbeat, a finite number above 0 (default {DEFAULT_LEASE_S:.0f})")
-    return args.lease
-
-
-def gpu_list(args: argparse.Namespace) -> list[str] | None:
-    """--gpus as GPU indices (None without it), checked against the GPUs this host has."""
-    if not args.gpus:
-        return None
-    import torch
-
-    try:
-        on_cpu = str(getattr(args, "device", "")).strip().lower() == "cpu"  # indices label CPU workers
-        return parse_gpus(args.gpus, None if on_cpu else torch.cuda.device_count())
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
 
 
 MAX_WEIGHT = 1e12  # a problem's share of the work; far above any real ratio, far below float overflow
@@ -166,10 +144,13 @@ class GpuWorkers:
     are finished. A worker that a candidate's GPU fault ended (``DEVICE_FAULT_EXIT``) is replaced while the
     run's jobs need it."""
 
-    def __init__(self, url: str, gpus: list[str], device_arg: str, extra: list[str]) -> None:
+    def __init__(self, url: str, gpus: list[str], device_arg: str, extra: list[str],
+                 started: list[subprocess.Popen] | None = None) -> None:
         self.url, self.gpus, self.device_arg = url, gpus, device_arg
         self.extra = [*extra, "--wait"]
-        self.processes = dict(zip(gpus, spawn_gpu_workers(url, gpus, device_arg, self.extra)))
+        if started:  # started gated by the CLI before its imports (tuner/gpu_workers.py): now they may go on
+            say_go(started)
+        self.processes = dict(zip(gpus, started or spawn_gpu_workers(url, gpus, device_arg, self.extra)))
         self.restarts = dict.fromkeys(gpus, 0)
         self.codes: dict[str, int] = {}
         print(f"started {len(gpus)} worker(s) on GPU(s) {','.join(gpus)}", flush=True)
@@ -217,12 +198,13 @@ class GpuWorkers:
 
 
 def start_gpu_workers(args: argparse.Namespace) -> GpuWorkers | None:
-    """``search --gpus``'s workers, started now (None without --gpus)."""
+    """``search --gpus``'s workers (None without --gpus): the ones the CLI started gated (``args.started_workers``),
+    let go on, or started now."""
     gpus = gpu_list(args)
     if not gpus:
         return None
-    extra = ["--lease", str(lease_seconds(args))] + (["--workers", str(args.workers)] if args.workers is not None else [])
-    return GpuWorkers(args.db or default_url(), gpus, args.device, extra)
+    return GpuWorkers(args.db or default_url(), gpus, args.device, worker_flags(args),
+                      getattr(args, "started_workers", None))
 
 
 def _unfinished(queue: JobQueue, ids: set[int]) -> bool:

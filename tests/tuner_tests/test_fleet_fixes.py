@@ -202,3 +202,51 @@ def test_two_workers_with_one_host_pid_and_gpu_get_two_names(monkeypatch) -> Non
     first, second = worker_name(device), worker_name(device)
     assert first != second
     assert first.rsplit(":", 1)[1] == second.rsplit(":", 1)[1] == "0", "the GPU stays last"
+
+
+# search --gpus starts its workers first, gated ---------------------------------------------------------------
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_workers_started_before_a_bad_problems_file_is_read_touch_no_database_and_end(tmp_path: Path) -> None:
+    # The run starts its workers before it reads --problems (their start-up overlaps its own); a typo there must
+    # still create nothing, and the workers, never let go on, must end by themselves.
+    db = tmp_path / "never.db"
+    bad = tmp_path / "problems.txt"
+    bad.write_text("matmul fp16:nn:16x16\n")
+    done = subprocess.run([sys.executable, "-m", "tuner", "search", "--device", "cpu", "--gpus", "0,1",
+                           "--problems", str(bad), "--db", f"sqlite:///{db}"], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--problems" in done.stderr, done.stderr
+    deadline = time.monotonic() + 120
+    while _processes_naming(str(db)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_naming(str(db)) == [], "the gated workers outlived the run that started them"
+    assert not db.exists() and not list(tmp_path.glob("never.db*"))
+
+
+def test_a_gated_worker_opens_its_database_only_once_told_to_go(tmp_path: Path) -> None:
+    from tuner.gpu_workers import say_go, spawn_gpu_workers
+
+    db = tmp_path / "gated.db"
+    worker, = spawn_gpu_workers(f"sqlite:///{db}", ["0"], "cpu", ["--workers", "0"], gated=True)
+    try:
+        # Ungated, a worker with nothing queued creates its database and exits within its start-up (seconds).
+        with pytest.raises(subprocess.TimeoutExpired):
+            worker.wait(timeout=20)
+        assert not db.exists()
+        say_go([worker])
+        assert worker.wait(timeout=120) == 0  # no --wait: nothing queued, so it stops at once
+        assert db.exists()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
