@@ -21,6 +21,8 @@ from .gemm import MATMUL, check_operands, matmul_with
 from . import gemm
 from . import moe
 from .moe import MOE_MATMUL, moe_matmul_with
+from . import moe_gated
+from .moe_gated import MOE_GATED_MATMUL, moe_gated_matmul_with
 from ._record_mode import RECORDER as _REC, env_wants_recording
 from ._refresh import REFRESHER as _REFRESHER, env_ttl_s
 from . import _autotune, _autotune_core
@@ -32,6 +34,7 @@ __all__ = [
     "CPU", "alias_of", "clear_cache", "current_device", "described_device", "interpreter_enabled", "explain",
     "get_kernel", "grouped_matmul",
     "grouped_matmul_with", "is_baseline", "matmul", "matmul_with", "moe_matmul", "moe_matmul_with", "parse_shape",
+    "MOE_GATED_MATMUL", "moe_gated_matmul", "moe_gated_matmul_with",
     "recording", "refresh_every", "resolve_device", "use_database", "validate_record", "dispatch_mode", "EAGER", "GRAPH", "MODES",
 ]
 
@@ -52,8 +55,8 @@ def get_kernel(name: str) -> KernelSpec:
 
 # kernels.matmul's whole path, first call and repeated, is one module: kernels/_plans.py (its docstring).
 from ._plans import matmul  # noqa: E402
-# kernels.grouped_matmul's and kernels.moe_matmul's: kernels/_grouped_dispatch.py.
-from ._grouped_dispatch import grouped_matmul, moe_matmul  # noqa: E402
+# kernels.grouped_matmul's, kernels.moe_matmul's and kernels.moe_gated_matmul's: kernels/_grouped_dispatch.py.
+from ._grouped_dispatch import grouped_matmul, moe_gated_matmul, moe_matmul  # noqa: E402
 _COMPILING = _plans._COMPILING  # Dynamo folds it to True while it traces (kernels/_plans.py)
 # What scripts/host_cost.py and tests read (the plan dict, the nothing-tuned shortcut, the C++ path).
 _PLANS = _plans._PLANS

@@ -6,8 +6,8 @@ here (``monkeypatch.setattr(kernels._eager, "matmul", spy)``) sees every call an
 
 from __future__ import annotations
 
-from ._grouped_dispatch import grouped_matmul, moe_matmul
+from ._grouped_dispatch import grouped_matmul, moe_gated_matmul, moe_matmul
 from ._plans import matmul
 from .epilogue import gated_matmul, matmul_bias
 
-__all__ = ["gated_matmul", "grouped_matmul", "matmul", "matmul_bias", "moe_matmul"]
+__all__ = ["gated_matmul", "grouped_matmul", "matmul", "matmul_bias", "moe_gated_matmul", "moe_matmul"]

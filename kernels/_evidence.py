@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _plans, moe
+from . import _plans, moe, moe_gated
 from ._device import current_device
 from ._families import KERNELS
 from ._modes import MODES
@@ -73,17 +73,19 @@ class Evidence:
         whose modules take our path on every call."""
         return None if self.everywhere else route_of(spec, n, k)
 
-    def moe_runs_a_kernel(self, w: torch.Tensor) -> bool:
+    def moe_runs_a_kernel(self, w: torch.Tensor, gated: bool = False) -> bool:
         """Whether dispatch runs a ``moe_matmul`` config other than its baseline for expert weights ``w`` (as
-        ``moe_matmul`` takes them, [E, K, N]) at any routed row count of ``rows``, in either mode."""
+        ``moe_matmul`` takes them, [E, K, N]) at any routed row count of ``rows``, in either mode; with
+        ``gated``, a ``moe_gated_matmul`` config for the gate/up weights ``w`` [E, K, 2I]."""
         if RECORDER.on or self.everywhere or w.device.type != "cuda":
             return True  # on the CPU kernels/hf.py's experts_forward decides per call, as before
         if w.dtype not in DTYPE_NAMES:
             return False
-        key = ("moe_matmul", tuple(w.shape), moe.weight_layout(w), w.dtype, w.device)
+        family = moe_gated if gated else moe
+        key = (family.KERNEL, tuple(w.shape), moe.weight_layout(w), w.dtype, w.device)
         found = self._found.get(key)
         if found is None:
-            found = self._found[key] = any(not is_baseline(moe.resolve(moe.key_of(rows, w, mode)))
+            found = self._found[key] = any(not is_baseline(family.resolve(family.key_of(rows, w, mode)))
                                            for rows in self.rows for mode in MODES)
         return found
 

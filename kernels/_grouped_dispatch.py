@@ -1,4 +1,5 @@
-"""The eager bodies of ``kernels.grouped_matmul`` and ``kernels.moe_matmul``: config lookup, then one launch.
+"""The eager bodies of ``kernels.grouped_matmul``, ``kernels.moe_matmul`` and ``kernels.moe_gated_matmul``:
+config lookup, then one launch.
 
 Their operators (kernels/ops.py) call these; these reach the operators through ``torch.ops.triton_tuner``
 (registered when the package loads), so neither module imports the other's caller.
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _device, _modes, grouped, moe
+from . import _device, _modes, grouped, moe, moe_gated
 from ._device import current_device
 from ._plans import OUT_WITH_GRAD
 from ._record_mode import RECORDER as _REC
@@ -20,7 +21,8 @@ from .dispatch import DISPATCHER
 from .grouped import GROUPED_MATMUL
 from .moe import MOE_MATMUL
 
-__all__ = ["grouped_matmul", "moe_matmul", "traced_grouped_matmul", "traced_moe_matmul"]
+__all__ = ["grouped_matmul", "moe_gated_matmul", "moe_matmul", "traced_grouped_matmul", "traced_moe_gated_matmul",
+           "traced_moe_matmul"]
 
 _COMPILING = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
 _GRAD_ENABLED = torch.is_grad_enabled
@@ -102,6 +104,30 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     return moe.launch(config, x, w, offsets, out)
 
 
+def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """silu(x @ w_gate) * (x @ w_up) per expert in one launch: ``moe_matmul``'s operands with w [E, K, 2N], the
+    gate's N columns then the up's (``gate_up_proj.transpose(1, 2)`` of a transformers experts module), and
+    an [T, N] output. Rows at or past ``offsets[-1]`` are not written. The host never reads ``offsets``.
+
+    It has no backward of its own: operands that require grad, in grad mode, take the unfused operators
+    (``kernels.ops.moe_matmul``, whose backward is tuned, then torch's gating). Under torch.compile the call
+    is its operator, ``torch.ops.triton_tuner.moe_gated_matmul`` (it zeroes the rows past ``offsets[-1]``).
+    """
+    if _COMPILING():  # traced: an operator, not this body
+        return traced_moe_gated_matmul(x, w, offsets)
+    if not moe_gated.operands_ok(x, w, offsets):
+        moe_gated.check_operands(x, w, offsets)
+    if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph
+        return _unfused_gated(x, w, offsets)
+    if x.device.type == "cpu" and not _device.INTERPRETED:
+        return moe_gated.launch(BASELINE, x, w, offsets)
+    key = moe_gated.dispatch_key(x, w, _modes.current(x.is_cuda))
+    config = moe_gated.resolve(key)
+    if _REC.on:
+        _REC.counts[key] += 1
+    return moe_gated.launch(config, x, w, offsets)
+
+
 # What the two functions are when Dynamo traces them: the operators, whose fakes give the graph its shapes, so
 # no Python body with locks or caches is traced. The compiled graph then runs each operator, which calls the
 # function eagerly.
@@ -117,3 +143,15 @@ def traced_moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
         return torch.ops.triton_tuner.moe_matmul(x, w, offsets)
     torch.ops.triton_tuner.moe_matmul_out(x, w, offsets, out)
     return out
+
+
+def traced_moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The fused operator, or where a gradient is wanted the unfused ones (the fused one has no backward)."""
+    if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():
+        return _unfused_gated(x, w, offsets)
+    return torch.ops.triton_tuner.moe_gated_matmul(x, w, offsets)
+
+
+def _unfused_gated(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``moe_matmul``'s operator (a tuned backward; rows past ``offsets[-1]`` zero) and torch's gating."""
+    return moe_gated.gating(torch.ops.triton_tuner.moe_matmul(x, w, offsets))  # registered by kernels/ops.py

@@ -3,9 +3,12 @@
 transformers 5 keeps a MoE model's routed experts as 3-D ``gate_up_proj`` [E, 2I, H] and ``down_proj``
 [E, H, I] Parameters of one ``...Experts`` module, whose forward it picks by name from
 ``transformers.integrations.moe.ExpertsInterface`` (``model.set_experts_implementation(name)``). We
-register ``experts_forward`` there as ``"triton_tuner"``: both expert GEMMs run as one ``moe_matmul``
-launch each, the SiLU gating as one pass over their output (``kernels.epilogue.silu_mul``), and the rows
-are sorted by expert on the device (``kernels._routing.sort_by_expert``: no host sync, CUDA-graph safe).
+register ``experts_forward`` there as ``"triton_tuner"``: the gate/up product and its SiLU gating run as one
+``moe_gated_matmul`` launch where dispatch runs a Triton config for it (kernels/moe_gated.py), else as one
+``moe_matmul`` launch and one gating pass over its output (``kernels.epilogue.silu_mul``); the down product as
+one ``moe_matmul`` launch; the rows are sorted by expert on the device (``kernels._routing.sort_by_expert``:
+no host sync, CUDA-graph safe). Where dispatch runs none of our kernels for a call, transformers' own
+"grouped_mm" implementation runs it (``_path``).
 
 ``kernels.patch(model)`` calls ``patch_experts`` when transformers is imported; everything else of a
 transformers model (its ``nn.Linear`` layers, SiLU-gated MLPs, query/key/value projections, DeepSeek's
@@ -22,7 +25,7 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.integrations import moe as _hf_moe
 
-from . import _device, _modes, moe, ops
+from . import _device, _modes, moe, moe_gated, ops
 from ._evidence import Evidence
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
@@ -74,27 +77,34 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
 
     ``hidden_states`` [T, H], ``top_k_index`` [T, k] each token's experts, ``top_k_weights`` [T, k] their
     weights: ExpertsInterface's signature. Calls our path cannot compute (see ``_takes``) run
-    transformers' "grouped_mm" implementation."""
+    transformers' "grouped_mm" implementation; so do the calls ``_path`` gives to it."""
     if not _takes(self, hidden_states):
         return _stock(self, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
     # moe_matmul takes w as [E, K, N] of any strides: transformers stores [E, N, K] unless is_transposed.
     gate_up_w = self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2)
     down_w = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)
-    if not torch.compiler.is_compiling() and not _REC.on and \
-            not _runs_ours(hidden_states, tokens * top_k, gate_up_w, down_w):
+    # Traced or differentiated: the unfused operators. The fused kernel has no backward; and the choice between
+    # it and them reads dispatch's host-side tables, which a traced graph must not (a traced call always takes
+    # our path, deciding nothing), and where its baseline won, the fused operator would run torch's silu and
+    # multiply eagerly, outside the graph Inductor fuses them into.
+    compiling = torch.compiler.is_compiling()
+    wants_grad = torch.is_grad_enabled() and (
+        hidden_states.requires_grad or gate_up_w.requires_grad or down_w.requires_grad)
+    traced = compiling or wants_grad
+    path = _UNFUSED if compiling else _path(hidden_states, tokens * top_k, gate_up_w, down_w, not wants_grad)
+    if path is _STOCK_PATH:
         return _stock(self, hidden_states, top_k_index, top_k_weights)
     experts = self.gate_up_proj.shape[0]
     perm, position, offsets, _ = sort_by_expert(top_k_index.reshape(-1), experts)
     rows = hidden_states[perm // top_k]
     # all_rows: the offsets end at T * k (every row is routed), so no output fill is needed.
-    gate_up = ops.moe_matmul_call(rows, gate_up_w, offsets, True)
-    if torch.compiler.is_compiling() or (gate_up.requires_grad and torch.is_grad_enabled()):
-        # silu_mul is a launch of its own, with no backward and nothing Dynamo traces: torch's ops here.
-        half = gate_up.shape[-1] // 2
-        h = nn.functional.silu(gate_up[:, :half]) * gate_up[:, half:]
+    if path is _FUSED:
+        h = ops.moe_gated_matmul_call(rows, gate_up_w, offsets, True)  # one launch: [S, I], no [S, 2I] written
     else:
-        h = silu_mul(gate_up)  # one pass over [S, 2I] on the GPU, where torch's chunk, silu and mul are three
+        gate_up = ops.moe_matmul_call(rows, gate_up_w, offsets, True)
+        # silu_mul is a launch of its own, with no backward and nothing Dynamo traces: torch's ops there.
+        h = moe_gated.gating(gate_up) if traced else silu_mul(gate_up)  # one pass over [S, 2I] on the GPU
     down = ops.moe_matmul_call(h, down_w, offsets, True)
     # Back to (token, slot) order by a gather and summed over each token's k rows (no atomics), in the
     # weights' dtype as transformers' own implementations sum (float32 where the router gives float32).
@@ -102,18 +112,47 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     return (slots * top_k_weights.unsqueeze(-1)).sum(1).to(hidden_states.dtype)
 
 
-def _runs_ours(x: torch.Tensor, rows: int, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> bool:
-    """Whether dispatch runs a Triton config for either expert GEMM of a call routing ``rows`` rows (tokens
-    times k). Where both are its baseline, ``torch._grouped_mm``, transformers' own "grouped_mm" implementation
-    runs the same GEMMs with less host work, so it runs instead: the never-slower rule, per problem. On the
-    shipped H100 and H200 tables every expert GEMM of Qwen3-30B-A3B and DeepSeek-V2-Lite is the baseline, and
-    our path around it ran those models at 0.82-0.93x of vanilla in several eager settings and 0.87-0.90x on the
-    H200 (scripts/bench_models.py, 2026-11-28, docs/PYTORCH.md). The record mode and a traced call always take
-    our path (the first notes the problems, the second must not read host-side tables). Two lookups of
-    dispatch's cache a call, cleared with it (``kernels.clear_cache``)."""
+# The three ways an eager call computes the experts (``_path``).
+_FUSED = "fused"  # moe_gated_matmul for the gate/up product and its gating, then moe_matmul for the down one
+_UNFUSED = "unfused"  # moe_matmul, silu_mul, moe_matmul
+_STOCK_PATH = "stock"  # transformers' own "grouped_mm" implementation
+
+
+def _path(x: torch.Tensor, rows: int, gate_up_w: torch.Tensor, down_w: torch.Tensor, fusable: bool) -> str:
+    """How an eager call routing ``rows`` rows (tokens times k) runs, per problem, by what dispatch runs for it:
+
+    - fused, where ``fusable`` (no gradient wanted) and dispatch runs a Triton config for the fused gate/up
+      problem (``moe_gated_matmul``): its record beat its baseline, ``torch._grouped_mm`` then torch's gating,
+      which is what the unfused path's parts run where they are not tuned either. Not yet measured on a GPU
+      against a tuned unfused path.
+    - else stock, where both expert GEMMs (``moe_matmul``) are its baseline, ``torch._grouped_mm``: transformers'
+      own "grouped_mm" implementation runs the same GEMMs with less host work, so it runs instead (the
+      never-slower rule, per problem). On the shipped H100 and H200 tables every expert GEMM of Qwen3-30B-A3B
+      and DeepSeek-V2-Lite is the baseline, and our path around it ran those models at 0.82-0.93x of vanilla
+      in several eager settings and 0.87-0.90x on the H200 (scripts/bench_models.py, 2026-11-28,
+      docs/PYTORCH.md).
+    - else unfused: ``moe_matmul``, ``silu_mul``, ``moe_matmul``.
+
+    Record mode never takes the stock path (the calls must be counted) and counts the gate/up product's other
+    form too, so that ``search --recorded`` tunes both. Lookups of dispatch's cache, cleared with it
+    (``kernels.clear_cache``)."""
     mode = _modes.current(x.is_cuda)
-    return not (is_baseline(moe.resolve(moe.key_of(rows, gate_up_w, mode)))
-                and is_baseline(moe.resolve(moe.key_of(rows, down_w, mode))))
+    fused_key = moe_gated.key_of(rows, gate_up_w, mode)
+    fused = not is_baseline(moe_gated.resolve(fused_key)) and fusable
+    if _REC.on:
+        if fused:
+            gate_up_key = moe.key_of(rows, gate_up_w, mode)
+            moe.resolve(gate_up_key)  # notes the key in record mode
+            _REC.counts[gate_up_key] += 1
+        else:
+            _REC.counts[fused_key] += 1
+        return _FUSED if fused else _UNFUSED
+    if fused:
+        return _FUSED
+    if is_baseline(moe.resolve(moe.key_of(rows, gate_up_w, mode))) and \
+            is_baseline(moe.resolve(moe.key_of(rows, down_w, mode))):
+        return _STOCK_PATH
+    return _UNFUSED
 
 
 def _experts_modules(model: nn.Module) -> list[nn.Module]:
@@ -123,7 +162,7 @@ def _experts_modules(model: nn.Module) -> list[nn.Module]:
 
 
 def _expert_weights(experts: list[nn.Module]) -> list[torch.Tensor]:
-    """Each experts module's two weights as ``moe_matmul`` takes them ([E, K, N] views)."""
+    """Each experts module's two weights as ``moe_matmul`` takes them ([E, K, N] views): gate/up, then down."""
     return [w if m.is_transposed else w.transpose(1, 2) for m in experts for w in (m.gate_up_proj, m.down_proj)]
 
 
@@ -136,11 +175,11 @@ def patch_experts(model: nn.Module, evidence: Evidence | None = None) -> bool:
     """Switch a transformers model's routed experts to ``"triton_tuner"``, keeping the implementation it had for
     ``unpatch_experts``; False (nothing changed) for a model without experts it can switch, whose experts
     run an implementation other than transformers' generic ones, or where dispatch runs
-    ``torch._grouped_mm`` for every expert GEMM at every routed row count (``evidence``): there
-    transformers' own implementations run the same GEMMs at less host time, and its ``generate`` switches
-    "grouped_mm" to "batched_mm" for decoding, which a renamed implementation would keep from happening (on
-    an H200 with no table, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0, ``scripts/bench_models.py
-    --no-shipped --control``: MoE decode at batch 1 0.79x of vanilla)."""
+    ``torch._grouped_mm`` for every expert GEMM (the fused gate/up one too) at every routed row count
+    (``evidence``): there transformers' own implementations run the same GEMMs at less host time, and its
+    ``generate`` switches "grouped_mm" to "batched_mm" for decoding, which a renamed implementation would keep
+    from happening (on an H200 with no table, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0,
+    ``scripts/bench_models.py --no-shipped --control``: MoE decode at batch 1 0.79x of vanilla)."""
     setter = getattr(model, "set_experts_implementation", None)
     experts = _experts_modules(model) if setter is not None else []
     if not experts or not model._can_set_experts_implementation():
@@ -149,7 +188,9 @@ def patch_experts(model: nn.Module, evidence: Evidence | None = None) -> bool:
         log.info("kernels.patch leaves the experts on %r, chosen for this model", model.config._experts_implementation)
         return False
     evidence = evidence or Evidence()
-    if not any(evidence.moe_runs_a_kernel(w) for w in _expert_weights(experts)):
+    gate_up_weights = _expert_weights(experts)[::2]
+    if not any(evidence.moe_runs_a_kernel(w) for w in _expert_weights(experts)) and \
+            not any(evidence.moe_runs_a_kernel(w, gated=True) for w in gate_up_weights):
         log.info("kernels.patch leaves the experts on %r: dispatch runs torch._grouped_mm for all their GEMMs here",
                  model.config._experts_implementation)
         return False

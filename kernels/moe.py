@@ -29,6 +29,7 @@ from ._check import LOUD, hard_split
 from ._device import current_device, interpreter_enabled
 from ._launch import DirectLaunch, LruCache
 from ._modes import MODES
+from ._record_mode import RECORDER as _REC
 from .dispatch import DISPATCHER
 from ._spec import Config, DeviceInfo, KernelSpec, Problem, is_baseline
 from . import grouped
@@ -69,8 +70,10 @@ SPACE = dataclasses.replace(grouped.SPACE, constraints=(_tiles_fit_tokens, _num_
 @triton.jit
 def _moe_kernel(x_ptr, w_ptr, c_ptr, offs_ptr, T, E, N, K, stride_xm, stride_xk, stride_we, stride_wk, stride_wn,
                 stride_cm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                X_K_UNIT: tl.constexpr, W_K_UNIT: tl.constexpr, W_N_UNIT: tl.constexpr, ALIGNED: tl.constexpr):
-    """Program p takes tiles p, p + num_programs, ... of all experts in order (expert-major, then M, then N)."""
+                X_K_UNIT: tl.constexpr, W_K_UNIT: tl.constexpr, W_N_UNIT: tl.constexpr, ALIGNED: tl.constexpr,
+                GATED: tl.constexpr):
+    """Program p takes tiles p, p + num_programs, ... of all experts in order (expert-major, then M, then N).
+    N is the output's width: with GATED, w holds 2N columns, the gate's then the up's."""
     if X_K_UNIT:
         stride_xk = 1
     if W_K_UNIT:
@@ -97,12 +100,44 @@ def _moe_kernel(x_ptr, w_ptr, c_ptr, offs_ptr, T, E, N, K, stride_xm, stride_xk,
             local = tile - tiles_before
             offs_m = row_start + (local // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
             offs_n = (local % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-            tile_product(x_ptr, w_expert, c_ptr, offs_m, offs_n, row_end, N, K, stride_xm, stride_xk, stride_wk,
-                         stride_wn, stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
+            if GATED:
+                _gated_tile(x_ptr, w_expert, c_ptr, offs_m, offs_n, row_end, N, K, stride_xm, stride_xk, stride_wk,
+                            stride_wn, stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                tile_product(x_ptr, w_expert, c_ptr, offs_m, offs_n, row_end, N, K, stride_xm, stride_xk, stride_wk,
+                             stride_wn, stride_cm, BLOCK_M, BLOCK_N, BLOCK_K)
             tile += tl.num_programs(0)
         tiles_before += expert_tiles
         row_start = row_end
         w_expert += stride_we
+
+
+@triton.jit
+def _gated_tile(x_ptr, w_ptr, c_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, stride_cm,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """C[offs_m, offs_n] = silu(X @ W[:, offs_n]) * (X @ W[:, N + offs_n]): ``tile_product`` with the gate's and
+    the up's columns of one tile in the same program, so each x tile is loaded once for both and the [T, 2N]
+    product never reaches memory. Rows >= M and columns >= N are masked; C's column stride is 1."""
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    gate_ptrs = w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn
+    up_ptrs = gate_ptrs + N * stride_wn
+    mask_m = offs_m[:, None] < M
+    mask_n = offs_n[None, :] < N
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        x = tl.load(x_ptrs, mask=mask_m & (offs_k[None, :] < k_left), other=0.0)
+        mask_w = (offs_k[:, None] < k_left) & mask_n
+        gate = tl.dot(x, tl.load(gate_ptrs, mask=mask_w, other=0.0), gate)
+        up = tl.dot(x, tl.load(up_ptrs, mask=mask_w, other=0.0), up)
+        x_ptrs += BLOCK_K * stride_xk
+        gate_ptrs += BLOCK_K * stride_wk
+        up_ptrs += BLOCK_K * stride_wk
+    out = gate * tl.sigmoid(gate) * up  # in fp32, rounded once, as the dense gated epilogue
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=mask_m & mask_n)
 
 
 # -------------------------------------------------------------------------------------------- operands
@@ -170,11 +205,19 @@ def _check_problem(problem: Problem) -> None:
 def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """Launch ``config`` on operands ``operands_ok`` passed. Rows at or past ``offsets[-1]`` are not written."""
+    return run_tiles(config, x, w, offsets, out, gated=False)
+
+
+def run_tiles(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None,
+              gated: bool) -> torch.Tensor:
+    """``_moe_kernel`` over the experts' tiles of a fresh or given ``out``: [T, N], or with ``gated``
+    silu(x @ w[:, :, :N]) * (x @ w[:, :, N:]), [T, N] for w [E, K, 2N] (``moe_gated_matmul``, kernels/moe_gated.py)."""
     if x.device.type == "cpu" and not interpreter_enabled():
-        raise ValueError("moe_matmul got CPU tensors, but Triton kernels run on the GPU; move them with .cuda(), "
+        name = "moe_gated_matmul" if gated else KERNEL
+        raise ValueError(f"{name} got CPU tensors, but Triton kernels run on the GPU; move them with .cuda(), "
                          "or set TRITON_INTERPRET=1 before triton is imported to run the interpreter")
     tokens, k = x.shape
-    experts, _, n = w.shape
+    experts, n = w.shape[0], w.shape[2] // 2 if gated else w.shape[2]
     if out is None:
         out = torch.empty((tokens, n), dtype=x.dtype, device=x.device)
     elif out.shape != (tokens, n) or out.dtype != x.dtype or out.stride(1) != 1 or overlapping(out):
@@ -186,17 +229,18 @@ def run_checked(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch
     # Triton specializes a launch on its integers and on each tensor's dtype and 16-byte alignment;
     # a key holding all of them names calls that one compiled kernel serves alike (x, w and out share
     # one dtype; offsets may be int32 or int64).
-    key = (config, x.dtype, offsets.dtype, x.device, *args[4:], x.data_ptr() % 16, w.data_ptr() % 16,
+    key = (gated, config, x.dtype, offsets.dtype, x.device, *args[4:], x.data_ptr() % 16, w.data_ptr() % 16,
            out.data_ptr() % 16, offsets.data_ptr() % 16)
-    LAUNCHES.get_or_make(key, lambda: _prepare(config, x, w, out, offsets))(*args)
+    LAUNCHES.get_or_make(key, lambda: _prepare(config, x, w, out, offsets, gated))(*args)
     return out
 
 
-def _prepare(config: Config, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, offsets: torch.Tensor
-             ) -> DirectLaunch:
-    """The grid and constexprs of ``config`` for operands like these."""
+def _prepare(config: Config, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, offsets: torch.Tensor,
+             gated: bool) -> DirectLaunch:
+    """The grid and constexprs of ``config`` for operands like these (N: the output's width)."""
     tokens, k = x.shape
-    experts, _, n = w.shape
+    experts = w.shape[0]
+    n = out.shape[1]
     values = config.as_dict()
     block_m, block_n = int(values["BLOCK_M"]), int(values["BLOCK_N"])
     # The host does not know the split; each expert adds at most one partial row of tiles.
@@ -204,16 +248,18 @@ def _prepare(config: Config, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor
     sxm, sxk = x.stride()
     swe, swk, swn = w.stride()
     x_k_unit = sxk == 1 or k <= 1
-    w_n_unit = swn == 1 or n <= 1
+    w_n_unit = swn == 1 or w.shape[2] <= 1
     w_k_unit = not w_n_unit and (swk == 1 or k <= 1)
     strides = [out.stride(0)] + [s for s, unit in ((sxm, False), (sxk, x_k_unit), (swe, False), (swk, w_k_unit),
                                                    (swn, w_n_unit)) if not unit]
+    # n a multiple of 8 keeps a gated kernel's up half (N columns in) on 16-byte boundaries too.
     aligned = (all(t.data_ptr() % 16 == 0 for t in (x, w, out)) and n % _VECTOR == 0 and k % _VECTOR == 0
                and all(s % _VECTOR == 0 for s in strides))
     grid = (max(1, min(int(values["NUM_SM"]), most_tiles)),)
     return DirectLaunch(_moe_kernel, grid, dict(
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=values["BLOCK_K"], X_K_UNIT=x_k_unit, W_K_UNIT=w_k_unit,
-        W_N_UNIT=w_n_unit, ALIGNED=aligned, num_warps=values["num_warps"], num_stages=values["num_stages"]))
+        W_N_UNIT=w_n_unit, ALIGNED=aligned, GATED=gated, num_warps=values["num_warps"],
+        num_stages=values["num_stages"]))
 
 
 # Ready launches of run_checked, by config and everything Triton specializes on (see there).
@@ -234,9 +280,11 @@ def resolve(key: tuple) -> Config:
     """The config dispatch runs for ``key`` (``dispatch_key``): the cached answer, else the tables' rule."""
     config = DISPATCHER.cached(key)
     if config is None:
-        device = key[0]
+        device = current_device(key[0])
         problem = balanced_problem(_DTYPE_NAMES[key[1]], "n" + key[6], *key[2:6])
-        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, current_device(device), key[-1])
+        config = DISPATCHER.resolve(key, MOE_MATMUL, problem, device, key[-1])
+        if _REC.on:  # a caller that asks first (kernels/hf.py) leaves the call itself a cached key: note it here
+            _REC.seen(key, KERNEL, problem, device)
     return config
 
 
@@ -304,11 +352,15 @@ def make_inputs(problem: Problem, torch_device: object, seed: int) -> tuple:
     return x, w, ends.to(dtype=torch.int32, device=torch_device), tuple(ends.tolist())
 
 
-def check_inputs(problem: Problem, torch_device: object, seed: int) -> tuple:
+def check_inputs(problem: Problem, torch_device: object, seed: int, halves: int = 1) -> tuple:
     """Inputs that expose an MoE kernel's misses (kernels/_check.py): the problem's tokens split with an empty
     first expert, a one-row expert and an empty one before the last (``hard_split``); x's last K column, last
     row and the last expert's rows loud, and each expert's last K row and last column; the offsets the last
-    elements of their buffer, after a value no expert ends at (a read one before them takes it)."""
+    elements of their buffer, after a value no expert ends at (a read one before them takes it).
+
+    ``halves=2``: w's columns are a gated kernel's gate then up halves (kernels/moe_gated.py), and only the
+    gate's last column is made loud, not the last K row, as ``loud_edges`` does for the dense gated kernel:
+    silu(g) * u multiplies two loud sums."""
     _, n, k = problem.shapes[0]
     tokens, experts = sum(m for m, _, _ in problem.shapes), len(problem.shapes)
     rows = hard_split(tokens, experts)
@@ -316,7 +368,8 @@ def check_inputs(problem: Problem, torch_device: object, seed: int) -> tuple:
     ends = torch.tensor(rows).cumsum(0)
     last = int(ends[-2]) if experts > 1 else 0
     with torch.no_grad():
-        for t in (x[:, -1:], x[-1:], x[last:], w[:, -1:, :], w[:, :, -1:]):
+        edges = (w[:, -1:, :], w[:, :, -1:]) if halves == 1 else (w[:, :, n // 2 - 1:n // 2],)
+        for t in (x[:, -1:], x[-1:], x[last:], *edges):
             t.mul_(LOUD)
     buffer = torch.full((experts + 1,), tokens + 7, dtype=torch.int32, device=torch_device)
     buffer[1:] = ends.to(dtype=torch.int32, device=torch_device)

@@ -105,7 +105,8 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
     MLP (see ``FusedMLP``) computes its gate and up projections in one ``gated_matmul`` launch. With
     ``fuse_qkv``, the query, key and value projections of each attention module run as one GEMM wherever the
     model calls them on one input (see ``SharedInput``). A transformers 5 MoE model's routed experts switch
-    to the ``"triton_tuner"`` experts implementation (kernels/hf.py): one ``moe_matmul`` per expert GEMM.
+    to the ``"triton_tuner"`` experts implementation (kernels/hf.py): one ``moe_gated_matmul`` for the gate/up
+    product with its SiLU gating where dispatch runs a Triton config for it, one ``moe_matmul`` per other GEMM.
     """
     evidence = Evidence(everywhere=everywhere)
     # The MLPs first: the check runs each one's own forward on torch's Linears.

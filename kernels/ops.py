@@ -12,7 +12,9 @@ problems carry the layout letters ``t``). ``moe_matmul``'s backward: the tokens'
 ``moe_matmul`` over the transposed experts; the experts' gradient, X_e^T @ dY_e per expert, is one
 ``grouped_matmul`` over the experts' row ranges, which the host must know, so it reads ``offsets`` (one
 device sync) and cannot be captured in a CUDA graph. ``gated_matmul``'s backward recomputes the gate/up
-product and runs three tuned ``matmul`` problems (see ``_gated_backward``).
+product and runs three tuned ``matmul`` problems (see ``_gated_backward``). ``moe_gated_matmul`` has no
+backward: ``kernels.moe_gated_matmul`` and kernels/hf.py take the unfused ``moe_matmul`` and torch's gating
+where a gradient is wanted.
 
 CUDA graphs (``torch.compile(mode="reduce-overhead")``, or ``torch.cuda.graph`` by hand): the first eager
 call of a signature on a GPU also runs the graph winner once (``_call``), so a capture finds it resolved
@@ -29,6 +31,7 @@ import torch
 
 from . import _eager  # the public functions' eager bodies, looked up per call (a test may spy on one)
 from . import _modes
+from . import moe as _moe
 from ._record_mode import RECORDER as _REC
 from .dispatch import DISPATCHER as _DISPATCHER
 from ._grouped_dispatch import traced_grouped_matmul, traced_moe_matmul
@@ -36,7 +39,7 @@ from ._grouped_dispatch import traced_grouped_matmul, traced_moe_matmul
 NAMESPACE = "triton_tuner"
 
 __all__ = ["NAMESPACE", "gated_matmul", "gated_matmul_call", "grouped_matmul", "linear", "linear_call", "matmul",
-           "matmul_out", "moe_matmul", "moe_matmul_call", "moe_matmul_out",
+           "matmul_out", "moe_gated_matmul", "moe_gated_matmul_call", "moe_matmul", "moe_matmul_call", "moe_matmul_out",
            "moe_weight_grad", "warm_for_capture"]
 
 
@@ -184,6 +187,29 @@ def _check_moe_shapes(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -
             or offsets.shape[0] != w.shape[0]:
         raise ValueError(f"triton_tuner::moe_matmul takes x [T, K], w [E, K, N], offsets [E]; got "
                          f"{tuple(x.shape)}, {tuple(w.shape)}, {tuple(offsets.shape)}")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::moe_gated_matmul", mutates_args=())
+def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    """silu(x @ w[e][:, :N]) * (x @ w[e][:, N:]) for the rows of expert e, w [E, K, 2N], in one launch. Rows at
+    or past ``offsets[-1]`` are zero, as ``moe_matmul``'s (``all_rows=True`` skips that: every row routed).
+    Forward only: ``kernels.moe_gated_matmul`` traces the unfused operators where a gradient is wanted."""
+    return _moe_gated_matmul(x, w, offsets, all_rows)
+
+
+def _moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    if w.dim() != 3 or x.dim() != 2:
+        _check_moe_shapes(x, w, offsets)  # the error that names the shapes, before w.shape[2] is read
+    out = _call(_eager.moe_gated_matmul, x, w, offsets)
+    if all_rows or x.shape[0] == 0:
+        return out
+    return out.masked_fill_(~_moe._routed(x, offsets)[:, None], 0.0)  # on the device: no host sync
+
+
+@moe_gated_matmul.register_fake
+def _(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
+    _check_moe_shapes(x, w, offsets)
+    return x.new_empty((x.shape[0], w.shape[2] // 2))
 
 
 # cudagraph_unsafe: it reads offsets on the host (a sync, which a capture forbids); Inductor's graph
@@ -345,6 +371,11 @@ def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * x_shape[0] * x_shape[1] * w_shape[2]
 
 
+@_flops(torch.ops.triton_tuner.moe_gated_matmul)
+def _(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * x_shape[0] * x_shape[1] * w_shape[2]  # both halves of the stacked weight
+
+
 # ------------------------------------------------------------------------------------ under torch.compile
 
 # What the public functions are when Dynamo traces them (their first line asks ``torch.compiler.is_dynamo_compiling``):
@@ -440,6 +471,14 @@ def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all
     if _direct(x, w, offsets) and (x.is_cuda or x.is_cpu):
         return _moe_matmul(x, w, offsets, all_rows)
     return moe_matmul(x, w, offsets, all_rows)
+
+
+def moe_gated_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                          all_rows: bool = False) -> torch.Tensor:
+    """``moe_gated_matmul``, direct where ``_direct`` allows, as ``moe_matmul_call``."""
+    if _direct(x, w, offsets) and (x.is_cuda or x.is_cpu):
+        return _moe_gated_matmul(x, w, offsets, all_rows)
+    return moe_gated_matmul(x, w, offsets, all_rows)
 
 
 # ------------------------------------------------------------------------------------------------ capture

@@ -57,6 +57,7 @@ MORE = [
     ("grouped_matmul", "bf16:nn:" + "+".join(["1024x1024x1024"] * 4), 30),
     ("grouped_matmul", "bf16:nt:" + "+".join(f"{m}x1536x4096" for m in (128, 384, 1000, 2048)), 30),
     ("moe_matmul", "fp16:nt:" + "+".join(["512x1536x4096"] * 8), 30),
+    ("moe_gated_matmul", "bf16:nt:" + "+".join(["512x768x2048"] * 8), 30),  # margin: gated_matmul's until measured
     ("matmul_bias", "fp16:nt:512x4096x4096", 20), ("matmul_bias", "bf16:nt:512x4096x4096", 20),
     ("matmul_bias", "fp32:nt:512x4096x4096", 20), ("matmul_bias", "bf16:nt:1x4096x4096", 15),
     ("gated_matmul", "fp16:nt:512x14336x4096", 20), ("gated_matmul", "bf16:nt:512x14336x4096", 20),

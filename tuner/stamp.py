@@ -78,7 +78,7 @@ class Stamp:
 
 def stampable(record: Record) -> str | None:
     """Why ``record`` cannot be stamped, or None. Only eager records of a kernel whose public call the
-    timing can pin (matmul, matmul_bias, gated_matmul, moe_matmul) are: grouped_matmul's dispatch caches
+    timing can pin (matmul, matmul_bias, gated_matmul, moe_matmul, moe_gated_matmul) are: grouped_matmul's dispatch caches
     its launches by operand address, so no timing of it is the user's call."""
     if record.mode != EAGER:
         return "a graph record (its time is the GPU's, from a CUDA-graph replay)"

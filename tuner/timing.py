@@ -535,12 +535,15 @@ def _public(spec: KernelSpec) -> tuple[Callable[..., Any], Callable[[tuple], Any
     None (grouped_matmul, whose dispatch caches launches by operand address; a test's stand-in spec)."""
     if kernels.KERNELS.get(spec.name) is not spec:
         return None
-    from kernels import _plans, epilogue, moe
+    from kernels import _plans, epilogue, moe, moe_gated
 
     if spec.name == "matmul":
         return (lambda configs, x, graph: _plans.pinning(configs, *x[:2], graph=graph)), lambda x: kernels.matmul(*x)
     if spec.name == "moe_matmul":  # the device offsets, as a user passes them (x[3] holds them on the host)
         return (lambda configs, x, graph: moe.pinning(configs, *x[:2])), lambda x: kernels.moe_matmul(*x[:3])
+    if spec.name == "moe_gated_matmul":
+        return ((lambda configs, x, graph: moe_gated.pinning(configs, *x[:2])),
+                lambda x: kernels.moe_gated_matmul(*x[:3]))
     if spec.name in ("matmul_bias", "gated_matmul"):
         public = getattr(kernels, spec.name)
         return (lambda configs, x, graph: epilogue.pinning(spec, configs, *x[:2], graph=graph)), lambda x: public(*x)
@@ -550,10 +553,10 @@ def _public(spec: KernelSpec) -> tuple[Callable[..., Any], Callable[[tuple], Any
 @contextlib.contextmanager
 def public_call(spec: KernelSpec, config: Config, inputs: tuple) -> Iterator[Callable[[tuple], Any]]:
     """The call a user makes for this kernel, with ``config`` forced: ``kernels.matmul(a, b)`` through
-    its call plan (kernels/_plans.py), or ``kernels.matmul_bias``, ``kernels.gated_matmul`` and
-    ``kernels.moe_matmul`` through their signature lookup, so its host time is the user's; grouped_matmul's
-    ``grouped_matmul_with`` (its dispatch caches launches by operand address; and a test's stand-in
-    spec, its own ``run``)."""
+    its call plan (kernels/_plans.py), or ``kernels.matmul_bias``, ``kernels.gated_matmul``,
+    ``kernels.moe_matmul`` and ``kernels.moe_gated_matmul`` through their signature lookup, so its host time
+    is the user's; grouped_matmul's ``grouped_matmul_with`` (its dispatch caches launches by operand address;
+    and a test's stand-in spec, its own ``run``)."""
     with public_calls(spec, [config], inputs) as ((call, install),):
         if install is not None:
             install()

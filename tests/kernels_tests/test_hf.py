@@ -209,9 +209,9 @@ def test_experts_decline_what_they_cannot_compute_and_run_transformers_grouped_m
 
 
 def test_experts_whose_gemms_both_dispatch_to_the_baseline_run_transformers_grouped_mm(monkeypatch) -> None:
-    """The never-slower rule: where dispatch runs torch._grouped_mm for both expert GEMMs (no record says our
-    kernel wins), transformers' own implementation runs them with less host work around them. Pinning one GEMM
-    to a Triton config brings our path back."""
+    """The never-slower rule: where dispatch runs torch._grouped_mm for both expert GEMMs and for the fused
+    gate/up product (no record says our kernel wins), transformers' own implementation runs them with less host
+    work around them. Pinning one GEMM to a Triton config brings our (unfused) path back."""
     from transformers.integrations.moe import grouped_mm_experts_forward
 
     model = build(MOE["qwen3_moe"], torch.float16)
@@ -227,7 +227,9 @@ def test_experts_whose_gemms_both_dispatch_to_the_baseline_run_transformers_grou
                                                              device=rows.device)),
         kernels.current_device(x.device))
     with kernels.moe.pinning([kernels.BASELINE], rows, gate_up_w) as (gate_up_baseline,), \
+            kernels.moe_gated.pinning([kernels.BASELINE], rows, gate_up_w) as (fused_baseline,), \
             kernels.moe.pinning([kernels.BASELINE, triton_config], middle, down_w) as (down_baseline, down_triton):
+        fused_baseline()  # the fused gate/up problem's too: the rule covers all three
         gate_up_baseline()
         down_baseline()
         with torch.no_grad():
@@ -238,6 +240,63 @@ def test_experts_whose_gemms_both_dispatch_to_the_baseline_run_transformers_grou
             got = hf.experts_forward(experts, x, index, weights)
         assert ours == [1]
         assert relative_error(got, grouped_mm_experts_forward(experts, x, index, weights)) < TOLERANCE[torch.float16]
+
+
+# A small tile of the fused MoE kernel's space, valid for the tiny experts here (the interpreter's time grows
+# with the tile).
+FUSED_TILE = kernels.Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=4, num_warps=2, num_stages=2)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_experts_run_the_fused_gate_up_kernel_with_the_config_stored_for_it(name: str, db_url: str,
+                                                                            monkeypatch) -> None:
+    """A stored Triton record for the fused gate/up problem: one moe_gated_matmul launch with that config (no
+    gating pass), then moe_matmul for the down product, and the result is transformers' own."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    from db import Store
+    from kernels import moe_gated
+    from test_dispatch import make_record
+
+    model = build(MOE[name], torch.float16)
+    model.set_experts_implementation(hf.IMPLEMENTATION)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 7, 2, seed=8)
+    inner, hidden = experts.down_proj.shape[-1], x.shape[1]
+    problem = moe_gated.balanced_problem("fp16", "nt", 14, experts.num_experts, inner, hidden)
+    device = kernels.current_device(x.device)
+    assert moe_gated.SPACE.violation(FUSED_TILE, problem, device) is None
+    with Store(db_url) as store:
+        store.put(make_record(device, problem.key, FUSED_TILE, kernel="moe_gated_matmul"))
+    kernels.clear_cache()
+    launched, gated = [], []
+    real = moe_gated.run_checked
+    monkeypatch.setattr(moe_gated, "run_checked", lambda config, *args: launched.append(config) or real(config, *args))
+    monkeypatch.setattr(hf, "silu_mul", lambda c: gated.append(c) or hf.moe_gated.gating(c))
+    with torch.no_grad():
+        got = experts(x, index, weights)
+        want = grouped_mm_experts_forward(experts, x, index, weights)
+    assert launched == [FUSED_TILE] and not gated
+    assert got.dtype == torch.float16 and relative_error(got, want) < TOLERANCE[torch.float16]
+
+
+def test_experts_whose_fused_problem_dispatches_to_the_baseline_run_the_unfused_kernels(monkeypatch) -> None:
+    """The fused kernel runs only where dispatch runs a Triton config for its problem: pinned to its baseline,
+    the gate/up product is moe_matmul and the gating pass, as before the fused kernel."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    model = build(MOE["mixtral"], torch.float16)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 5, 2, seed=9)
+    rows = x.new_empty((10, x.shape[1]))
+    gate_up_w = experts.gate_up_proj.transpose(1, 2)
+    gated = []
+    monkeypatch.setattr(hf, "silu_mul", lambda c: gated.append(c.shape) or hf.moe_gated.gating(c))
+    with kernels.moe_gated.pinning([kernels.BASELINE], rows, gate_up_w) as (fused_baseline,), torch.no_grad():
+        fused_baseline()
+        got = hf.experts_forward(experts, x, index, weights)
+    assert gated == [(10, gate_up_w.shape[2])]
+    assert relative_error(got, grouped_mm_experts_forward(experts, x, index, weights)) < TOLERANCE[torch.float16]
 
 
 def test_importing_kernels_and_patching_a_torch_model_never_import_transformers() -> None:
@@ -283,19 +342,22 @@ def recorder_off() -> Iterator[None]:
 
 @pytest.mark.usefixtures("recorder_off")
 def test_record_mode_counts_every_kernel_a_patched_moe_model_runs(tmp_path: Path) -> None:
-    """Qwen2-MoE runs all four: biased q/k/v (matmul_bias), the shared expert (gated_matmul), o_proj and
-    the routers (matmul), the routed experts (moe_matmul, both GEMMs)."""
+    """Qwen2-MoE runs all five: biased q/k/v (matmul_bias), the shared expert (gated_matmul), o_proj and
+    the routers (matmul), the routed experts (moe_gated_matmul for the gate/up product, moe_matmul for the
+    down one, and the unfused gate/up problem counted beside the fused one)."""
     model = kernels.patch(build(MOE["qwen2_moe"], torch.float16), everywhere=True)
     path = tmp_path / "recorded.db"
     with kernels.recording(f"sqlite:///{path}"):
         for _ in range(2):
             logits(model, tokens())
     found = _recorded(path)
-    assert set(found) == {"matmul", "matmul_bias", "gated_matmul", "moe_matmul"}
+    assert set(found) == {"matmul", "matmul_bias", "gated_matmul", "moe_matmul", "moe_gated_matmul"}
     assert found["matmul_bias"] == [("fp16:nt:8x64x32", 2)]  # q (32) + k (16) + v (16), stacked
     assert found["gated_matmul"] == [("fp16:nt:8x64x32", 2)]  # the shared expert, 2 x 32 wide
     # The experts' two GEMMs: 16 routed rows over 4 experts, gate/up [32 -> 64] and down [32 -> 32].
     assert [(key.split(":")[0], calls) for key, calls in found["moe_matmul"]] == [("fp16", 2), ("fp16", 2)]
+    # The fused gate/up product: its problem is counted whichever form ran (the other one is, too).
+    assert found["moe_gated_matmul"] == [("fp16:nt:" + "+".join(["4x32x32"] * 4), 2)]
 
 
 @pytest.mark.slow

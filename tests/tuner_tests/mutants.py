@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels import Config, KernelSpec, Problem, epilogue, gemm, grouped, moe
+from kernels import Config, KernelSpec, Problem, epilogue, gemm, grouped, moe, moe_gated
 from kernels._gemm_triton import _grouped_tile, _store_tile, _tile_dot
 
 
@@ -253,6 +253,27 @@ MOE_MUTANTS = [
 ]
 
 
+# -------------------------------------------------------------------------------------- moe_gated_matmul
+
+def _moe_gate_up_swapped(config: Config, inputs: tuple) -> torch.Tensor:
+    """The fused MoE kernel reading the up half as the gate and the gate half as the up."""
+    x, w, offsets = inputs[:3]
+    half = w.shape[2] // 2
+    return moe_gated.run_checked(config, x, torch.cat([w[:, :, half:], w[:, :, :half]], dim=2), offsets)
+
+
+def _moe_gated_ends_one_short(config: Config, inputs: tuple) -> torch.Tensor:
+    x, w, offsets = inputs[:3]
+    return moe_gated.run_checked(config, x, w, offsets - 1)
+
+
+MOE_GATED_MUTANTS = [
+    Mutant("moe_gated_matmul", "gate and up swapped", _moe_gate_up_swapped, _GROUPED, _MOE, _MOE_GPU, _GROUPED_GPU),
+    Mutant("moe_gated_matmul", "every end row one short", _moe_gated_ends_one_short, _GROUPED, _MOE, _MOE_GPU,
+           _GROUPED_GPU),
+]
+
+
 # ----------------------------------------------------------------------------------- the fused epilogues
 
 def _epilogue_launch(m_short: int = 0, n_short: int = 0, k_short: int = 0, swap: bool = False):
@@ -299,4 +320,4 @@ EPILOGUE_MUTANTS = [
            "nt:513x14336x4096", _EPILOGUE_GPU),
 ]
 
-MUTANTS = MATMUL_MUTANTS + GROUPED_MUTANTS + MOE_MUTANTS + EPILOGUE_MUTANTS
+MUTANTS = MATMUL_MUTANTS + GROUPED_MUTANTS + MOE_MUTANTS + MOE_GATED_MUTANTS + EPILOGUE_MUTANTS

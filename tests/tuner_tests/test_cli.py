@@ -145,6 +145,19 @@ def test_moe_search_tunes_an_expert_group(tmp_path) -> None:
     assert (record.kernel, record.problem_key) == ("moe_matmul", f"fp16:nn:{group}")
 
 
+def test_moe_gated_search_tunes_the_fused_gate_up_product(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'moe_gated.db'}"
+    group = "16x32x32+0x32x32+8x32x32"  # N: the output's width (the gate's); the weights hold 2N = 64 columns
+    done = tuner(tmp_path, "search", "--kernel", "moe_gated_matmul", *SEARCH_ON, "--layout", "nt", "--shape", group,
+                 "--trials", "2", "--seed", "0", "--db", url)
+    assert done.returncode == 0, done.stderr
+    records = _records(url)
+    assert {(r.kernel, r.problem_key) for r in records} == {("moe_gated_matmul", f"fp16:nt:{group}")}
+    assert {r.mode for r in records} == {"eager", "graph"}
+    listed = tuner(tmp_path, "list", "--kernel", "moe_gated_matmul", "--db", url)
+    assert listed.returncode == 0 and "moe_gated_matmul" in listed.stdout, listed.stderr
+
+
 @pytest.mark.skipif(ON_GPU, reason="this machine has the GPU the test pretends is missing")
 def test_gpu_device_without_gpu_exits_2_pointing_to_device_cpu(tmp_path) -> None:
     url = f"sqlite:///{tmp_path / 'never.db'}"

@@ -51,7 +51,8 @@ def test_every_family_has_each_kind_of_mutant() -> None:
     missed, a group's or expert's offset off by one, gate and up swapped, a bias added twice."""
     bugs = {(m.kernel, m.bug) for m in MUTANTS}
     families = {kernel for kernel, _ in bugs}
-    assert families == {"matmul", "grouped_matmul", "moe_matmul", "matmul_bias", "gated_matmul"}
+    assert families == {"matmul", "grouped_matmul", "moe_matmul", "matmul_bias", "gated_matmul", "moe_gated_matmul"}
+    assert ("moe_gated_matmul", "gate and up swapped") in bugs
     text = " | ".join(bug for _, bug in bugs)
     for kind in ("last K tile dropped", "last K element dropped", "last row skipped", "last column skipped",
                  "split-K sum misses a slice", "offset off by one", "offsets read one element early",
@@ -68,7 +69,8 @@ _SAME_NUMBERS = {"num_warps", "num_stages", "GROUP_SIZE_M", "FLATTEN", "EPILOGUE
 VALID = [("matmul", "fp16:nn:33x40x80"), ("matmul", "fp32:nn:33x40x80"), ("matmul", "fp16:nt:1x40x300"),
          ("matmul", "fp32:nt:1x40x300"),
          ("matmul", "fp16:nn:20x24x37"), ("grouped_matmul", "fp16:nn:16x32x48+20x40x64+9x24x40"),
-         ("moe_matmul", "fp16:nt:" + "+".join(["5x32x64"] * 5)), ("matmul_bias", "fp16:nn:33x40x80"),
+         ("moe_matmul", "fp16:nt:" + "+".join(["5x32x64"] * 5)),
+         ("moe_gated_matmul", "fp16:nt:" + "+".join(["5x32x64"] * 5)), ("matmul_bias", "fp16:nn:33x40x80"),
          ("matmul_bias", "fp32:nt:1x40x300"), ("gated_matmul", "fp16:nn:17x24x48"),
          ("gated_matmul", "fp32:nn:17x24x48")]
 
