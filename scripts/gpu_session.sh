@@ -142,8 +142,10 @@ verify)
     # Several processes where pytest-xdist is there (../shared/gpu/wheels.sh pytest-xdist execnet): the suites
     # took more than 290 s in one (2026-11-28).
     parallel=(); $py -c "import xdist" 2>/dev/null && parallel=(-n 8)
-    $py -m pytest -q "${parallel[@]}" tests/kernels_tests tests/tuner_tests tests/autotune_tests -p no:cacheprovider -rfs \
-        2>&1 | tail -60 | tee -a "$log"
+    # Stopped at VERIFY_S with SIGINT, pytest still prints which tests failed (a SIGTERM'd run printed only its
+    # progress dots, 2026-11-28); the JUnit file names each failure and its message.
+    timeout -s INT "${VERIFY_S:-420}" $py -m pytest -q "${parallel[@]}" tests/kernels_tests tests/tuner_tests \
+        tests/autotune_tests -p no:cacheprovider -rfs --junitxml "$out/verify-junit.xml" 2>&1 | tail -60 | tee -a "$log"
     $py scripts/host_cost.py --json "$out/host_cost.json" 2>&1 | tee -a "$log" ;;
 live)
     for shape in ${LIVE_SHAPES:-16x4096x4096 1000x1000x1000}; do

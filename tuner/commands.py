@@ -76,7 +76,7 @@ def _problems(args: argparse.Namespace, device: kernels.DeviceInfo) -> list[kern
             spec.check_problem(problem)
             check_size(problem)
         except ValueError as exc:
-            raise UserError(f"--shape {_short_key(text, len(problem.shapes))}: {exc}") from None
+            raise UserError(f"--shape {_short_key(text)}: {exc}") from None
         problems.append(problem)
     return problems
 
@@ -480,7 +480,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = [("device", "kernel", "problem", "mode", "ms", "TFLOP/s", "cuBLAS ms", "speed-up", "bound", "trials",
              "config")]
     for r in records:
-        rows.append((r.device_alias, r.kernel, _short_key(r.problem_key, len(r.shapes)), r.mode,
+        rows.append((r.device_alias, r.kernel, _short_key(r.problem_key), r.mode,
                      f"{r.time_ms:.4f}", f"{r.tflops:.1f}",
                      f"{r.cublas_ms:.4f}" if r.cublas_ms else "-", f"{r.speedup:.2f}x" if r.speedup else "-",
                      baseline_bound(r, graph_baseline_ms.get(r.key[:3])), str(r.trials),
@@ -539,7 +539,7 @@ def _list_untuned(args: argparse.Namespace) -> int:
     total = sum(p.work for p in found) or 1.0
     print(f"{'device':<28}  {'kernel':<14}  {'problem':<40}  {'calls':>10}  share of work")
     for p in found:
-        print(f"{p.key.device_name:<28}  {p.key.kernel:<14}  {_short_key(p.key.problem_key, 0):<40}  "
+        print(f"{p.key.device_name:<28}  {p.key.kernel:<14}  {_short_key(p.key.problem_key):<40}  "
               f"{p.calls:>10}  {100 * p.work / total:5.1f}%")
     return 0
 
@@ -551,9 +551,9 @@ def _alias(device_name: str) -> str:
         return device_name
 
 
-def _short_key(key: str, gemms: int, width: int = 48) -> str:
-    """Grouped keys list every GEMM; a table row shows the start and the count."""
-    return key if len(key) <= width else f"{key[:width - 16]}... ({gemms} GEMMs)"
+def _short_key(key: str, width: int = 48) -> str:
+    """Grouped keys list every GEMM (joined by '+'); a table row shows the start and the count."""
+    return key if len(key) <= width else f"{key[:width - 16]}... ({key.count('+') + 1} GEMMs)"
 
 
 def cmd_export(args: argparse.Namespace) -> int:

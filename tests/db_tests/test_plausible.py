@@ -47,6 +47,19 @@ def test_a_time_faster_than_the_devices_peak_is_implausible() -> None:
     assert plausibility_problems(make_record(time_ms=1e-300, tflops=1e300))
 
 
+def test_an_empty_experts_weights_are_not_counted_as_read() -> None:
+    # A decode step of a 128-expert model: 8 rows routed to 8 experts, 120 experts empty. Measured on an H200 at
+    # 0.033 ms (2026-11-28), where reading all 128 experts' weights would take 0.168 ms.
+    shapes = ((1, 1536, 2048),) * 8 + ((0, 1536, 2048),) * 120
+    key = "bf16:nt:" + "+".join(f"{m}x{n}x{k}" for m, n, k in shapes)
+    decode = dict(kernel="moe_matmul", dtype="bf16", layout="nt", shapes=shapes, problem_key=key,
+                  device_name="NVIDIA H200", device_alias="h200", config={}, triton_config=None, triton_ms=None)
+    assert plausibility_problems(make_record(**decode, time_ms=0.0333, cublas_ms=0.0333)) == []
+    # Still bounded by the weights of the experts that have rows: 8 x 6.3 MB at 4.8 TB/s is 10.5 us.
+    [problem] = plausibility_problems(make_record(**decode, time_ms=0.0005, cublas_ms=0.0333))
+    assert "time_ms" in problem and "H200" in problem
+
+
 def test_an_unknown_gpu_gets_peaks_above_every_known_one() -> None:
     assert peak_of("Some Future GPU 9000") is UNKNOWN
     assert all(UNKNOWN.half_tflops > p.half_tflops and UNKNOWN.bandwidth_gbs > p.bandwidth_gbs for p in PEAKS)

@@ -47,3 +47,13 @@ def test_the_lines_between_host_and_gpu_and_a_record_without_its_graph_twin() ->
     assert baseline_bound(_record(HOST_BOUND, "eager", 0.009, short_call), short_call) == "host"
     assert baseline_bound(_record(HOST_BOUND, "eager", 0.009, short_call), None) == "-", "no graph record"
     assert baseline_bound(_record(HOST_BOUND, "graph", 0.009, short_call), short_call) == "-"
+
+
+def test_a_long_grouped_key_is_shown_by_its_start_and_its_gemm_count() -> None:
+    # A decode step of a 128-expert model, as record mode keys it (list --untuned once printed "(0 GEMMs)").
+    from tuner.commands import _short_key
+
+    key = "bf16:nt:" + "+".join(["1x1536x2048"] * 8 + ["0x1536x2048"] * 120)
+    shown = _short_key(key)
+    assert shown.startswith("bf16:nt:1x1536x2048+") and shown.endswith("... (128 GEMMs)") and len(shown) < 60
+    assert _short_key("fp16:nn:16x32x32") == "fp16:nn:16x32x32"
