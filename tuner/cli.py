@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", default="tpe", help="tpe (default), random, gp or cmaes")
     s.add_argument("--seed", type=int, default=None, help="sampler seed, for reproducible searches")
     s.add_argument("--workers", type=int, default=None,
-                   help="processes that compile and check candidates in parallel on a GPU (0: in-process)")
+                   help="processes that compile and check candidates in parallel on a GPU (default: --ahead, as many "
+                        "as are ever in flight; 0: in-process)")
     s.add_argument("--no-shipped", action="store_true",
                    help="do not start from the tables shipped in the package (with a fresh --db: what the "
                         "search finds by itself, for measuring it)")
@@ -114,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--device", default="auto", help="alias, canonical name, 'auto' or 'cpu' (as for search)")
     w.add_argument("--wait", action="store_true", help="keep waiting for new jobs instead of exiting")
     w.add_argument("--workers", type=int, default=None,
-                   help="processes that compile and check candidates in parallel on a GPU (0: in-process)")
+                   help="processes that compile and check candidates in parallel on a GPU (default 4, a search's "
+                        "default --ahead; 0: in-process)")
     w.add_argument("--lease", type=float, default=None,
                    help="seconds a claimed job stays this worker's without a heartbeat (default 60)")
     w.add_argument("--max-jobs", type=int, default=None, help="stop after this many jobs")
@@ -169,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--kernel", default=None, help="only this kernel's records")
     vf.add_argument("--no-shipped", action="store_true", help="leave the shipped tables out")
     vf.add_argument("--workers", type=int, default=None,
-                    help="processes that compile and check in parallel on a GPU (default: as the search; 0: in-process)")
+                    help="processes that compile and check in parallel on a GPU (default: the cores less two, up to 14; 0: in-process)")
 
     im = with_db(sub.add_parser("import", help="read tuned records from a JSON file"))
     im.add_argument("file")

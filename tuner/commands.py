@@ -14,13 +14,13 @@ from db.store import check_on_conflict
 
 from . import suites
 from .errors import UserError
-from .search import SAMPLERS, Budget, Progress, SearchStats, make_sampler
+from .search import DEFAULT_AHEAD, SAMPLERS, Budget, Progress, SearchStats, make_sampler
 from . import fleet_commands
 from .fleet import WorkerHooks
 from .fleet_commands import (check_size, gpu_list, lease_seconds, problems_from_file, recorded_problems,
                              search_through_queue, start_gpu_workers)
 from .gpu_workers import wait_for_go
-from .workers import CheckPool
+from .workers import CheckPool, search_workers
 from db.queue import Job, JobQueue, JobSpec
 
 
@@ -125,7 +125,8 @@ def cmd_search(args: argparse.Namespace) -> int:
              else _recorded(args.db, device) if args.recorded else (_problems(args, device), None))
     if not named[0]:
         return 0
-    pool = None if device.is_cpu or args.workers == 0 or args.gpus else CheckPool(args.workers or None)
+    in_process = device.is_cpu or args.workers == 0 or args.gpus
+    pool = None if in_process else CheckPool(args.workers or search_workers(args.ahead))
     if pool:
         pool.start()  # the workers import torch and triton while the database and study open
     workers = start_gpu_workers(args)  # likewise: each GPU's worker starts up while this run enqueues
@@ -263,7 +264,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     lease_seconds(args)  # before the database is opened: a bad flag creates nothing
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
-    pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or None)
+    # A job may carry a larger --ahead than the default; `search --gpus` passes its own as --workers.
+    pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or search_workers(DEFAULT_AHEAD))
     if pool:
         pool.start()
     try:

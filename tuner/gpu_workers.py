@@ -54,8 +54,11 @@ def gpu_list(args: argparse.Namespace) -> list[str] | None:
 
 
 def worker_flags(args: argparse.Namespace) -> list[str]:
-    """The flags a run passes on to its workers."""
-    return ["--lease", str(lease_seconds(args))] + (["--workers", str(args.workers)] if args.workers is not None else [])
+    """The flags a run passes on to its workers: its lease, and its --workers, else its --ahead as the compile
+    processes each worker starts (a search keeps no more than --ahead candidates compiling)."""
+    ahead = getattr(args, "ahead", None)
+    workers = args.workers if args.workers is not None else None if ahead is None else max(1, ahead)
+    return ["--lease", str(lease_seconds(args))] + (["--workers", str(workers)] if workers is not None else [])
 
 
 def parse_gpus(text: str, visible: int | None) -> list[str]:

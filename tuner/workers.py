@@ -167,6 +167,14 @@ def default_workers() -> int:
     return max(1, min(14, (os.cpu_count() or 2) - 2))
 
 
+def search_workers(ahead: int) -> int:
+    """Compile processes a search needs: it keeps at most ``ahead`` candidates compiling (tuner/search.py), so
+    more would sit idle, each one more Python with torch and a CUDA context to start. On a 4-GPU H200 host, four
+    fleet workers of 15 processes each started at once, and their first jobs waited 16-21 s for compiles against
+    8 s on one GPU (docs/FLEET.md, 2026-11-28). Batch checks (``tuner verify``) keep ``default_workers``."""
+    return max(1, min(default_workers(), ahead))
+
+
 def import_user_modules() -> None:
     """Import the modules named by ``TUNER_IMPORT`` (comma-separated): modules that register kernels of
     their own in ``kernels.KERNELS``, so that ``--problems`` files and the fleet's jobs can name them. Every

@@ -250,3 +250,19 @@ def test_a_gated_worker_opens_its_database_only_once_told_to_go(tmp_path: Path) 
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def test_search_gpus_gives_each_worker_as_many_compile_processes_as_it_keeps_candidates_in_flight() -> None:
+    import argparse
+
+    from tuner.gpu_workers import worker_flags
+    from tuner.workers import default_workers, search_workers
+
+    def flags(**given) -> list[str]:
+        return worker_flags(argparse.Namespace(**{"lease": None, "workers": None, "ahead": 4, **given}))
+
+    assert flags() == ["--lease", "60.0", "--workers", "4"]  # the search's --ahead, not a pool per core
+    assert flags(ahead=8) == ["--lease", "60.0", "--workers", "8"]
+    assert flags(workers=0, ahead=8) == ["--lease", "60.0", "--workers", "0"]  # the user's --workers wins
+    assert flags(ahead=None) == ["--lease", "60.0"]  # a run without --ahead (a user kernel's): the worker's default
+    assert search_workers(4) == min(4, default_workers()) and search_workers(100) == default_workers()
