@@ -120,7 +120,8 @@ models)
     $py scripts/bench_models.py --control --no-shipped --quick --out "$out/models-no-table" 2>&1 | tail -25 | tee -a "$log" ;;
 record-tune)
     # One model recorded as bench_models runs it (MODEL, default Qwen2.5-7B: every setting but the static cache),
-    # every recorded problem tuned on this GPU (TUNE_BUDGET per problem, default 12 trials), then the model timed
+    # every recorded problem tuned on this GPU (or on GPUS, e.g. 0,1, through the fleet's workers; TUNE_BUDGET per
+    # problem, default 12 trials), then the model timed
     # again against vanilla with the database: the "record and tune one model in 10 minutes" and its
     # tuned decode rows. The database is $out's (or DB), so that a later call can carry it.
     model=${MODEL:-Qwen2.5-7B}
@@ -129,7 +130,8 @@ record-tune)
         --rounds 1 --out "$out/record" > "$out/record.log" 2>&1
     recorded=$(date +%s)
     $py -m tuner list --untuned --db "$db" 2>&1 | tail -40 | tee -a "$log"
-    $py -m tuner search --recorded --db "$db" --budget "${TUNE_BUDGET:-12}" 2>&1 | tail -20 | tee -a "$log"
+    $py -m tuner search --recorded --db "$db" --budget "${TUNE_BUDGET:-12}" ${GPUS:+--gpus "$GPUS"} 2>&1 | tail -20 \
+        | tee -a "$log"
     echo "record $((recorded - started)) s, tune $(( $(date +%s) - recorded )) s" | tee -a "$log"
     $py -m tuner export --db "$db" -o "$out/$stage.json" | tee -a "$log"
     TUNER_DB="$db" $py scripts/bench_models.py --models "$model" --control --out "$out/tuned" 2>&1 | tail -25 \
