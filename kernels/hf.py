@@ -18,7 +18,10 @@ this module, nor transformers.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -32,7 +35,7 @@ from ._spec import is_baseline
 from .epilogue import silu_mul
 from ._routing import sort_by_expert
 
-__all__ = ["IMPLEMENTATION", "experts_forward", "patch_experts", "register", "unpatch_experts"]
+__all__ = ["IMPLEMENTATION", "experts_forward", "patch_experts", "register", "stock_implementation", "unpatch_experts"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,8 @@ IMPLEMENTATION = "triton_tuner"  # the name users pass to set_experts_implementa
 _DTYPES = (torch.float16, torch.bfloat16)  # what moe_matmul takes
 _SILU = (nn.SiLU, SiLUActivation)
 _BEFORE = "_triton_tuner_experts_before"  # a patched model's own implementation, kept in its __dict__
+_DECODING = "_triton_tuner_decoding"  # set on an experts module while generate decodes (``_decoding``)
+_DECODE_HOOK = "_optimize_model_for_decode"  # GenerationMixin's context for its decode steps
 
 
 def register() -> None:
@@ -50,8 +55,35 @@ def register() -> None:
 
 def _stock(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
            top_k_weights: torch.Tensor) -> torch.Tensor:
-    """transformers' default experts implementation ("grouped_mm"), for the calls ``experts_forward`` declines."""
-    return _hf_moe.grouped_mm_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    """What vanilla runs for the calls ``experts_forward`` declines: transformers' default experts implementation,
+    "grouped_mm", which its ``generate`` switches to "batched_mm" for the decode steps (``_decoding``)."""
+    return stock_implementation(bool(module.__dict__.get(_DECODING)), hidden_states.device.type)(
+        module, hidden_states, top_k_index, top_k_weights)
+
+
+def stock_implementation(decoding: bool, device_type: str) -> Callable[..., torch.Tensor]:
+    """transformers' choice for a model on "grouped_mm": "batched_mm" in ``generate``'s decode steps off the CPU
+    (``GenerationMixin._optimize_model_for_decode``), else "grouped_mm". A patched model's name, "triton_tuner",
+    keeps ``generate`` from switching, so the calls that fall back switch here; with "grouped_mm" kept in decode
+    a switched model ran MoE decode at batch 1 at 0.79x of vanilla (H200, 2026-11-28, docs/PYTORCH.md)."""
+    if decoding and device_type != "cpu":
+        return _hf_moe.batched_mm_experts_forward
+    return _hf_moe.grouped_mm_experts_forward
+
+
+@contextlib.contextmanager
+def _decoding(model: nn.Module) -> Iterator[None]:
+    """A patched model's ``_optimize_model_for_decode``: transformers' own, and the experts modules told that
+    ``generate`` is decoding, so that the calls they fall back on run what vanilla would (``_stock``)."""
+    experts = _experts_modules(model)
+    with type(model)._optimize_model_for_decode(model):
+        for module in experts:
+            module.__dict__[_DECODING] = True
+        try:
+            yield
+        finally:
+            for module in experts:
+                module.__dict__.pop(_DECODING, None)
 
 
 def _takes(module: nn.Module, x: torch.Tensor) -> bool:
@@ -197,11 +229,14 @@ def patch_experts(model: nn.Module, evidence: Evidence | None = None) -> bool:
     register()
     model.__dict__.setdefault(_BEFORE, model.get_experts_implementation())
     setter(IMPLEMENTATION)
+    if hasattr(type(model), _DECODE_HOOK):  # a generative model: its decode steps fall back as vanilla's would
+        model.__dict__[_DECODE_HOOK] = functools.partial(_decoding, model)
     return True
 
 
 def unpatch_experts(model: nn.Module) -> None:
     """Give a model ``patch_experts`` switched its own experts implementation back."""
     before = model.__dict__.pop(_BEFORE, None)
+    model.__dict__.pop(_DECODE_HOOK, None)
     if before is not None:
         model.set_experts_implementation(before)

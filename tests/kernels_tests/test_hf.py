@@ -129,6 +129,34 @@ def test_patch_puts_routed_experts_on_moe_matmul_and_keeps_the_logits(name: str)
     assert model.config._experts_implementation == before
 
 
+def test_calls_that_fall_back_run_what_vanilla_runs_in_each_phase_of_generate() -> None:
+    """transformers' generate runs "batched_mm" for its decode steps off the CPU where the model is on
+    "grouped_mm"; a patched model's name keeps it from switching, so the experts' fallback switches itself."""
+    from transformers.integrations.moe import batched_mm_experts_forward, grouped_mm_experts_forward
+
+    assert hf.stock_implementation(True, "cuda") is batched_mm_experts_forward
+    assert hf.stock_implementation(False, "cuda") is grouped_mm_experts_forward  # prefill, or a plain forward
+    assert hf.stock_implementation(True, "cpu") is grouped_mm_experts_forward  # generate keeps grouped_mm there
+
+    model = build(MOE["qwen3_moe"], torch.float16)
+    vanilla_ids = _generate(model)
+    kernels.patch(model, everywhere=True)
+    experts = model.model.layers[0].mlp.experts
+    phases: list[bool] = []
+    experts.register_forward_pre_hook(lambda module, args: phases.append(bool(module.__dict__.get(hf._DECODING))))
+    patched_ids = _generate(model)
+    assert phases[0] is False and phases[1:] and all(phases[1:]), phases  # the prompt, then every decode step
+    assert hf._DECODING not in experts.__dict__  # told only while generate decodes
+    assert patched_ids.shape == vanilla_ids.shape == (1, 10)  # the prompt and 4 new tokens, both ways
+    kernels.unpatch(model)
+    assert "_optimize_model_for_decode" not in model.__dict__
+
+
+def _generate(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(tokens(length=6), max_new_tokens=4, do_sample=False)
+
+
 def _experts_inputs(experts: torch.nn.Module, tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, experts.gate_up_proj.shape[-1], generator=gen).to(experts.gate_up_proj)
