@@ -121,7 +121,7 @@ models)
 record-tune)
     # One model recorded as bench_models runs it (MODEL, default Qwen2.5-7B: every setting but the static cache),
     # every recorded problem tuned on this GPU (or on GPUS, e.g. 0,1, through the fleet's workers; TUNE_BUDGET per
-    # problem, default 12 trials), then the model timed
+    # problem, default 12 trials), then the model timed (PROFILE=1: profiled too)
     # again against vanilla with the database: the "record and tune one model in 10 minutes" and its
     # tuned decode rows. The database is $out's (or DB), so that a later call can carry it.
     model=${MODEL:-Qwen2.5-7B}
@@ -134,8 +134,9 @@ record-tune)
         | tee -a "$log"
     echo "record $((recorded - started)) s, tune $(( $(date +%s) - recorded )) s" | tee -a "$log"
     $py -m tuner export --db "$db" -o "$out/$stage.json" | tee -a "$log"
-    TUNER_DB="$db" $py scripts/bench_models.py --models "$model" --control --out "$out/tuned" 2>&1 | tail -25 \
-        | tee -a "$log" ;;
+    # PROFILE=1: torch.profiler's tables of one call of each column per setting (where a cell's time goes).
+    TUNER_DB="$db" $py scripts/bench_models.py --models "$model" --control ${PROFILE:+--profile} --out "$out/tuned" \
+        2>&1 | tail -25 | tee -a "$log" ;;
 calibrate)
     $py scripts/calibrate_check.py --budget-s "${CAL_BUDGET:-270}" ${CAL_ARGS:-} --out "$out/cal" 2>&1 | tail -70 \
         | tee -a "$log"
