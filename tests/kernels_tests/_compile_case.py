@@ -95,9 +95,10 @@ def _inputs(name: str, rows: int) -> tuple:
         return ([_rand(rows, 16), _rand(2 * rows, 8)], [_rand(16, 12), _rand(8, 20)])
     if name in ("autotune", "autotune_hook"):
         return (_rand(rows, 300),)
-    if name in ("moe_matmul", "moe_matmul_out"):  # three experts; every row routed (offsets[-1] = T)
+    if name in ("moe_matmul", "moe_matmul_out", "moe_gated_matmul"):  # three experts; every row routed
         ends = torch.tensor([rows // 3, rows // 2, rows], dtype=torch.int32, device=DEVICE)
-        return (_rand(rows, 16), _rand(3, 16, 12), ends)
+        width = 24 if name == "moe_gated_matmul" else 12  # the fused one: 12 gate columns, then 12 up columns
+        return (_rand(rows, 16), _rand(3, 16, width), ends)
     raise ValueError(f"unknown case {name!r}")
 
 
@@ -132,7 +133,11 @@ def _reference(name: str, args: tuple) -> object:
         return torch.nn.functional.silu(gate) * up
     x, w, ends = args
     starts = [0] + ends.tolist()[:-1]
-    return torch.cat([x[s:e] @ w[i] for i, (s, e) in enumerate(zip(starts, ends.tolist()))])
+    product = torch.cat([x[s:e] @ w[i] for i, (s, e) in enumerate(zip(starts, ends.tolist()))])
+    if name == "moe_gated_matmul":
+        gate, up = product.chunk(2, dim=1)
+        return torch.nn.functional.silu(gate) * up
+    return product
 
 
 def _check(name: str, got: object, args: tuple, where: str) -> None:

@@ -1,6 +1,6 @@
 """The public functions inside ``torch.compile(fullgraph=True)`` (issue 43): ``kernels.matmul`` (and its ``out=``),
-``matmul_bias``, ``gated_matmul``, ``grouped_matmul`` and ``moe_matmul`` (and its ``out=``), and on a GPU a
-``kernels.autotune``'d user kernel.
+``matmul_bias``, ``gated_matmul``, ``grouped_matmul``, ``moe_matmul`` (and its ``out=``) and ``moe_gated_matmul``,
+and on a GPU a ``kernels.autotune``'d user kernel.
 
 Each case runs in a fresh process (tests/kernels_tests/_compile_case.py), so that no eager call made before it
 (by this test or another) hides what a first call compiled does: Dynamo's explain counts 0 graph breaks, the
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASE = Path(__file__).with_name("_compile_case.py")
 # Each public function, with the out= forms beside the call they belong to.
 FUNCTIONS = {"matmul": ["matmul", "matmul_out"], "matmul_bias": ["matmul_bias"], "gated_matmul": ["gated_matmul"],
-             "grouped_matmul": ["grouped_matmul"], "moe_matmul": ["moe_matmul", "moe_matmul_out"]}
+             "grouped_matmul": ["grouped_matmul"], "moe_matmul": ["moe_matmul", "moe_matmul_out"],
+             "moe_gated_matmul": ["moe_gated_matmul"]}
 EVERY_CALL = [name for names in FUNCTIONS.values() for name in names]
 CASE_LIMIT_S = 600  # a case took 7-11 s on the 2-core CPU machine (torch 2.13.0+cpu, 2026-11-28), unloaded
 
