@@ -250,4 +250,7 @@ def test_a_user_kernels_keys_are_tuned_by_the_fleet_each_once(tmp_path: Path) ->
     assert sorted(job.spec.problem_key for job in jobs) == [f"n={n};float32,float32" for n in (20, 24, 40)]
     assert all(job.spec.kernel == target and job.state == "done" and job.attempts == 1 for job in jobs), jobs
     assert sorted(r.problem_key.split("@")[0] for r in records) == [f"n={n};float32,float32" for n in (20, 24, 40)]
-    assert len(workers) == 2 and sum(w.jobs_done for w in workers) == 3
+    # Both workers take jobs as soon as the run lets them go; on a loaded machine one may finish the three tiny keys
+    # before the other is through its start-up, and the run then stops that one before it registers.
+    assert 1 <= len(workers) <= 2 and sum(w.jobs_done for w in workers) == 3
+    assert {w.name.rsplit(":", 1)[1] for w in workers} <= {"0", "1"}
