@@ -65,7 +65,8 @@ def stock_implementation(decoding: bool, device_type: str) -> Callable[..., torc
     """transformers' choice for a model on "grouped_mm": "batched_mm" in ``generate``'s decode steps off the CPU
     (``GenerationMixin._optimize_model_for_decode``), else "grouped_mm". A patched model's name, "triton_tuner",
     keeps ``generate`` from switching, so the calls that fall back switch here; with "grouped_mm" kept in decode
-    a switched model ran MoE decode at batch 1 at 0.79x of vanilla (H200, 2026-11-28, docs/PYTORCH.md)."""
+    a switched model ran MoE decode at batch 1 at 0.79x of vanilla (H200, no table, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0,
+    ``scripts/bench_models.py --no-shipped --control``; docs/PYTORCH.md)."""
     if decoding and device_type != "cpu":
         return _hf_moe.batched_mm_experts_forward
     return _hf_moe.grouped_mm_experts_forward
@@ -161,8 +162,8 @@ def _path(x: torch.Tensor, rows: int, gate_up_w: torch.Tensor, down_w: torch.Ten
       own "grouped_mm" implementation runs the same GEMMs with less host work, so it runs instead (the
       never-slower rule, per problem). On the shipped H100 and H200 tables every expert GEMM of Qwen3-30B-A3B
       and DeepSeek-V2-Lite is the baseline, and our path around it ran those models at 0.82-0.93x of vanilla
-      in several eager settings and 0.87-0.90x on the H200 (scripts/bench_models.py, 2026-11-28,
-      docs/PYTORCH.md).
+      in several eager settings and 0.87-0.90x on the H200 (``scripts/bench_models.py``, 2026-11-28,
+      torch 2.11.0+cu130, triton 3.6.0; docs/PYTORCH.md).
     - else unfused: ``moe_matmul``, ``silu_mul``, ``moe_matmul``.
 
     Record mode never takes the stock path (the calls must be counted) and counts the gate/up product's other

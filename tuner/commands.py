@@ -17,9 +17,9 @@ from .errors import UserError
 from .search import DEFAULT_AHEAD, SAMPLERS, Budget, Progress, SearchStats, make_sampler
 from . import fleet_commands
 from .fleet import WorkerHooks
-from .fleet_commands import (check_size, gpu_list, lease_seconds, problems_from_file, recorded_problems,
-                             search_through_queue, start_gpu_workers)
-from .gpu_workers import wait_for_go
+from .fleet_commands import (check_size, problems_from_file, recorded_problems, search_through_queue,
+                             start_gpu_workers)
+from .gpu_workers import gpu_list, lease_seconds, wait_for_go
 from .workers import CheckPool, search_workers
 from db.queue import Job, JobQueue, JobSpec
 

@@ -27,7 +27,6 @@ from db.queue import DEFAULT_LEASE_S, Job, JobQueue, JobSpec
 
 from .autotune_search import Key, load_kernel, search_kernel
 from .errors import DeviceFault, is_device_fault
-from .gpu_workers import child_visible_devices, parse_gpus, spawn_gpu_workers, started_s_ago  # noqa: F401 - re-exported
 from .search import Budget, NoWinner, optuna_storage, tune_problem
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from db.recorded import recorded
 
 from .errors import DEVICE_FAULT_EXIT, UserError
 from .fleet import WorkerHooks, job_specs, run_worker
-from .gpu_workers import gpu_list, lease_seconds, say_go, spawn_gpu_workers, started_s_ago, worker_flags  # noqa: F401
+from .gpu_workers import gpu_list, lease_seconds, say_go, spawn_gpu_workers, started_s_ago, worker_flags
 from .search import Budget
 
 # How often `search --gpus` prints the queue's state while its workers run.

@@ -3,7 +3,7 @@
 Torch-free but for counting GPUs, so that ``python -m tuner search --gpus`` starts its workers before it imports
 kernels, triton and optuna: a worker's start-up (Python, torch, the CUDA context, its compile workers) then
 overlaps the run's own instead of following it. On a 4-GPU H200 host each side took about 9-12 s, one after the
-other, before a run's first claim (docs/FLEET.md, 2026-11-28). Workers started so early are *gated*: they import
+other, before a run's first claim (docs/FLEET.md, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0, ``gpu_session.sh fleet-scale``). Workers started so early are *gated*: they import
 and start up, then wait for the run's word (a line on their stdin) before they open the database, so that a run
 that stops on bad input (a typo in --problems) creates nothing; a run that ends without the word closes their
 stdin and they exit.

@@ -171,7 +171,7 @@ def search_workers(ahead: int) -> int:
     """Compile processes a search needs: it keeps at most ``ahead`` candidates compiling (tuner/search.py), so
     more would sit idle, each one more Python with torch and a CUDA context to start. On a 4-GPU H200 host, four
     fleet workers of 15 processes each started at once, and their first jobs waited 16-21 s for compiles against
-    8 s on one GPU (docs/FLEET.md, 2026-11-28). Batch checks (``tuner verify``) keep ``default_workers``."""
+    8 s on one GPU (docs/FLEET.md, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0, ``gpu_session.sh fleet-scale``). Batch checks (``tuner verify``) keep ``default_workers``."""
     return max(1, min(default_workers(), ahead))
 
 
@@ -228,8 +228,8 @@ def _ready() -> bool:
 def _end_pool(pool: ProcessPoolExecutor) -> None:
     """Kill a pool's processes, then shut it down. Nothing in them needs an orderly exit (Triton writes its
     on-disk cache by rename, a compile lock is released by the OS), while that exit is slow: each one is a
-    Python with torch and a CUDA context, and a hung compile would never return at all. A fleet run's last
-    5 s were its workers stopping, each with its 15 such processes (docs/FLEET.md, 2026-11-28, H200)."""
+    Python with torch and a CUDA context, and a hung compile would never return at all. (A fleet run's exit did
+    not get shorter for it on H200s: that was the interpreter's teardown, tuner/__main__.py.)"""
     for process in list((getattr(pool, "_processes", None) or {}).values()):
         process.kill()
     pool.shutdown(wait=True, cancel_futures=True)
@@ -509,15 +509,13 @@ class TimingWorker:
             self._restart()
             raise WorkerLost(f"no result within {self.timeout_s:.0f} s") from None
 
-    def _restart(self) -> None:
-        if self._pool is not None:
-            _end_pool(self._pool)
-        self._pool = None
-
     def close(self) -> None:
+        """End the process; the next call starts a fresh one (also how a dead or hung one is replaced)."""
         if self._pool is not None:
             _end_pool(self._pool)
             self._pool = None
+
+    _restart = close
 
 
 class IsolatedBench:

@@ -166,14 +166,14 @@ def test_a_gpu_fault_stops_the_worker_rather_than_failing_the_job() -> None:
     ("0,x", 4, "must be 'all' or GPU indices"),
 ])
 def test_gpus_past_what_this_process_sees_are_refused_by_name(text, visible, message) -> None:
-    from tuner.fleet import parse_gpus
+    from tuner.gpu_workers import parse_gpus
 
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_gpus(text, visible)
 
 
 def test_gpus_on_gpus_and_as_labels_of_cpu_workers() -> None:
-    from tuner.fleet import parse_gpus
+    from tuner.gpu_workers import parse_gpus
 
     assert parse_gpus("all", 2) == ["0", "1"]
     assert parse_gpus("1, 0", 2) == ["1", "0"]
@@ -182,7 +182,7 @@ def test_gpus_on_gpus_and_as_labels_of_cpu_workers() -> None:
 
 def test_a_worker_sees_the_gpu_its_index_names_among_this_processs_own() -> None:
     """With CUDA_VISIBLE_DEVICES=2,3 here, --gpus 0 is the host's GPU 2: index 0 of what this process sees."""
-    from tuner.fleet import child_visible_devices
+    from tuner.gpu_workers import child_visible_devices
 
     assert child_visible_devices("0", "2,3") == "2"
     assert child_visible_devices("1", " 2, 3 ") == "3"
