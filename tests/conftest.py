@@ -16,11 +16,18 @@ if not HAS_GPU:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Where a GPU is present triton compiles for it, so a test of CPU tensors under the interpreter cannot run;
+    # nor can one that faults a kernel on purpose in the test process: after an illegal address the process's
+    # CUDA context is gone, and every later GPU test of the same pytest worker fails (a GPU run of 2026-11-28:
+    # 105 failures, most of them that one cascade).
     if HAS_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (this machine has none)")
+        skip = pytest.mark.skip(reason="runs under Triton's interpreter; CI and GPU-less machines run it")
+        marker = "interpreter"
+    else:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (this machine has none)")
+        marker = "gpu"
     for item in items:
-        if "gpu" in item.keywords:
+        if marker in item.keywords:
             item.add_marker(skip)
 
 

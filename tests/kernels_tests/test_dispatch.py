@@ -192,7 +192,9 @@ def test_matmul_runs_the_stored_config(db_url, put, device, torch_device) -> Non
 def test_matmul_of_untuned_problem_runs_the_nearest_config(db_url, put, torch_device) -> None:
     put("fp16:nn:16x32x64", SPLITK)  # a graph record 1.2x over cuBLAS: evidence on a GPU too
     kernels.use_database(db_url, use_shipped=False)
-    a, b = _inputs(17, 33, 70, torch_device, seed=1)
+    # K stays 64: on a GPU a K of 70 fills the record's 32-wide K blocks worse than where it won, and the
+    # evidence rule then runs cuBLAS (test_modes.py; an H200 did, 2026-11-28).
+    a, b = _inputs(17, 33, 64, torch_device, seed=1)
     _assert_right(kernels.matmul(a, b), a, b)
     assert _ran(a, b) == SPLITK
 

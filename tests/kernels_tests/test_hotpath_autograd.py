@@ -16,7 +16,9 @@ import kernels
 from db import Store
 from kernels import _plans
 
-FP32_TOLERANCE = 1e-4  # relative L2 error; the interpreter's fp32 dot is exact to ~1e-7 (test_autograd.py)
+# Relative L2 error: the interpreter's fp32 dot is exact to ~1e-7 (test_autograd.py); on a GPU the Triton kernels
+# take fp32 operands through TF32 (kernels/gemm.py, _dot_precision), 8e-4 here on an H200 (2026-11-28).
+FP32_TOLERANCE = 1e-4 if torch.device(DEVICE).type == "cpu" else 3e-3
 FP16_TOLERANCE = 1e-2  # relative L2 error of fp16 outputs; the interpreter measures ~3e-4 (test_autograd.py)
 KEY = "fp32:nn:16x32x64"  # M x N x K of the operands below
 

@@ -434,10 +434,11 @@ def _cuda_kernels(call) -> list[str]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
 @pytest.mark.parametrize("rows", [8, 32, 128])
-def test_a_matmul_bias_signature_on_addmm_runs_the_kernel_torch_addmm_runs(native, rows: int) -> None:
+def test_a_matmul_bias_signature_on_addmm_runs_one_kernel_as_torch_addmm_does(native, rows: int) -> None:
     """Qwen2.5-72B's stacked q/k/v: at 8 and 32 rows cublasLt's heuristic gave our kept plan a split-K kernel and
     its reduction, where torch.addmm runs one kernel (0.92-0.95x torch.addmm on the H100). A plan that wants
-    workspace is refused: at::addmm serves the signature, with torch's kernel; elsewhere the kept plan runs."""
+    workspace is refused: at::addmm serves the signature, with torch's kernel; elsewhere the kept plan runs, one
+    kernel, though not always torch's tile (128 rows on an H200, 2026-11-28: 80x128 where torch ran 160x64)."""
     from kernels import BASELINE, epilogue
 
     a = torch.randn(rows, 8192, device="cuda", dtype=torch.bfloat16)
@@ -446,8 +447,10 @@ def test_a_matmul_bias_signature_on_addmm_runs_the_kernel_torch_addmm_runs(nativ
     with epilogue.pinning(kernels.MATMUL_BIAS, [BASELINE], a, b) as (install,):
         install()
         kernels.matmul_bias(a, b, bias)  # learnt: addmm in both modes, put in C++
-        ours = _cuda_kernels(lambda: native.try_addmm(a, b, bias))
-        assert ours == _cuda_kernels(lambda: torch.addmm(bias, a, b)), ours
+        ours, torchs = _cuda_kernels(lambda: native.try_addmm(a, b, bias)), _cuda_kernels(lambda: torch.addmm(bias, a, b))
+        assert len(ours) == len(torchs) == 1, (ours, torchs)
+        if rows < 128:  # the refused split-K plan: at::addmm ran, torch's own kernel
+            assert ours == torchs, (ours, torchs)
         torch.testing.assert_close(native.try_addmm(a, b, bias), torch.addmm(bias, a, b), atol=0.5, rtol=2e-2)
     torch.cuda.synchronize()
 
@@ -546,7 +549,7 @@ def _start_builder(directory: Path) -> subprocess.Popen:
     import sys
 
     child = subprocess.Popen([sys.executable, "-c", _MARKED_BUILDER, str(directory)], stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert child.stdout.readline().strip() == "building"
     return child
 

@@ -223,9 +223,9 @@ def test_a_module_patched_in_eval_mode_keeps_its_dropout_in_train_mode() -> None
     module = _patched_mlp(FeedForward().eval())
     x = torch.randn(16, 8, device=DEVICE)
     module.train().requires_grad_(False)
-    rng = torch.get_rng_state()
+    torch.manual_seed(7)  # seeds the GPU's generator too, which dropout draws from there
     got = module(x)
-    torch.set_rng_state(rng)
+    torch.manual_seed(7)
     want = FeedForward.forward(module, x)
     assert torch.equal(got == 0, want == 0) and bool((got == 0).any())
     module.eval()
@@ -246,6 +246,8 @@ def test_a_module_patched_in_train_mode_without_dropout_stays_fused_in_both_mode
     monkeypatch.setattr(kernels._eager, "gated_matmul", spy)  # where the operators look it up, per call
     x = torch.randn(3, 16, device=DEVICE)
     with torch.no_grad():
+        module(x)  # on a GPU a signature's first call runs once more, in graph mode (ops._call): not counted
+        calls.clear()
         module(x)
         module.eval()
         module(x)

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_autotune.py"), *args], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=120)
 

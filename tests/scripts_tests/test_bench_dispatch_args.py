@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_dispatch.py"), *args,
                            "--db", f"sqlite:///{tmp_path / 'none.db'}", "--key", "fp16:nt:64x64x64"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

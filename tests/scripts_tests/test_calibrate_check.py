@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "TRITON_INTERPRET": "1"}
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "calibrate_check.py"), "--out", str(tmp_path / "o"),
                            *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 

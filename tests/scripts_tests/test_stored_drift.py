@@ -61,7 +61,7 @@ def _bench_json(tmp_path: Path, rows: list[dict]) -> Path:
 
 def _script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "stored_drift.py"), *args], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
 
 
 def test_each_record_is_put_down_to_the_side_that_moved(tmp_path: Path, table: Path) -> None:
