@@ -90,6 +90,10 @@ class Autotuner(KernelInterface):
         self._triton_configs = list(configs)
         # A triton.Config's own pre_hook runs before each launch of that config, as Triton runs it.
         self._config_hooks = {as_config(c): c.pre_hook for c in configs if getattr(c, "pre_hook", None)}
+        # The same hooks by position, for a compiled graph: a trace-time constant names its config's hook by index
+        # (a function returned as one cannot be guarded by Dynamo: torch 2.11, an H200 run of 2026-11-28).
+        self._hooks = tuple(self._config_hooks.values())
+        self._hook_index = {config: at for at, config in enumerate(self._config_hooks)}
         self.space = space
         self.prune_configs_by = dict(prune_configs_by or {})
         self.reset_to_zero = list(reset_to_zero or [])
@@ -140,18 +144,19 @@ class Autotuner(KernelInterface):
         every = {**nargs, **kwargs}
         tensors = [a for a in every.values() if isinstance(a, torch.Tensor)]
         key = tuple(_specialized(every[k]) for k in self.keys if k in every) + tuple(str(t.dtype) for t in tensors)
-        pairs, hook = _config_while_tracing(self.serial, key, tensors[0].device if tensors else None)
+        pairs, hook_at = _config_while_tracing(self.serial, key, tensors[0].device if tensors else None)
         # A dict built here, not the constant one: Dynamo (torch 2.11) cannot guard a constant dict's keys.
         meta = dict(kwargs)
         for name, value in pairs:
             meta[name] = value
-        if hook is not None:
-            hook({**nargs, **meta})
+        if hook_at >= 0:
+            self._hooks[hook_at]({**nargs, **meta})
         return self.fn.run(*args, grid=grid, warmup=False, **meta)
 
     def config_while_tracing(self, key_values: tuple, device: torch.device | None
-                             ) -> tuple[tuple[tuple[str, Any], ...], Callable | None]:
-        """The config a compiled graph bakes in for a key, and its ``triton.Config`` pre-hook: the cached or stored
+                             ) -> tuple[tuple[tuple[str, Any], ...], int]:
+        """The config a compiled graph bakes in for a key, and its ``triton.Config`` pre-hook's place in ``_hooks``
+        (-1: none): the cached or stored
         one, else the nearest or the default. Nothing is timed (there are no real tensors while Dynamo traces), and an
         untuned key's choice is not cached, so the key's next eager call still tunes it."""
         config = self.cache.get(key_values)
@@ -159,7 +164,7 @@ class Autotuner(KernelInterface):
             with self._lock:
                 config = self.cache.get(key_values) or self._untimed(key_values, current_device(device))
         self.best_config = config
-        return tuple(config.as_dict().items()), self._config_hooks.get(config)
+        return tuple(config.as_dict().items()), self._hook_index.get(config, -1)
 
     def _untimed(self, key_values: tuple, device: DeviceInfo) -> Config:
         key = self.key_of(key_values)
@@ -306,7 +311,19 @@ class Autotuner(KernelInterface):
 
         try:
             return median_ms(self._timer()(call, quantiles=(0.5, 0.2, 0.8)))
-        except Exception as exc:  # a config that cannot compile or run is skipped, as Triton skips one out of resources
+        except Exception as exc:
+            # A GPU fault cannot be skipped as a bad config is: the process's CUDA context is gone with it, and
+            # every later candidate, and the user's next call, would fail on it.
+            if _cuda_context_lost():
+                raise AutotuneError(
+                    f"{self.name}: timing config {config} in this process failed ({_first_line(exc)}) and left the "
+                    "process's CUDA context lost: the GPU faulted (an illegal address or a device-side assert, in "
+                    "this config or a launch before it), so every later CUDA call in this process fails and nothing "
+                    "was stored. Restart the process; to tune with such a config among the candidates, run the "
+                    "search out of process: `python -m tuner search --kernel MODULE:NAME --problems FILE` (the "
+                    "decorator needs inputs=) checks and times each candidate in a worker process, where a fault "
+                    "costs that candidate only") from exc
+            # a config that cannot compile or run is skipped, as Triton skips one out of resources
             _logger.warning("%s: config %s failed and is skipped: %s", self.name, config, _first_line(exc))
             for n, value in saved.items():
                 full[n].copy_(value)
@@ -469,6 +486,19 @@ def _device_of(args: tuple, kwargs: dict) -> DeviceInfo:
     return current_device()
 
 
+def _cuda_context_lost() -> bool:
+    """Whether this process's CUDA context took a sticky fault (an illegal address, a device-side assert), after
+    which every CUDA call in the process fails: a bare synchronize tells. A context never started (the
+    interpreter's CPU runs) has nothing to lose, and asking would start one."""
+    if not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error of a bare synchronize is the context's
+        return True
+    return False
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -481,7 +511,7 @@ def _specialized(value: Any) -> Any:
 
 @torch.compiler.assume_constant_result
 def _config_while_tracing(serial: int, key_values: tuple, device: torch.device | None
-                          ) -> tuple[tuple[tuple[str, Any], ...], Callable | None]:
+                          ) -> tuple[tuple[tuple[str, Any], ...], int]:
     # Dynamo runs this at trace time and bakes its answer into the graph, as a constant: locks, dict lookups and
     # database reads stay out of the traced code.
     return _ALL[serial].config_while_tracing(key_values, device)

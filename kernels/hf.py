@@ -33,7 +33,7 @@ from ._evidence import Evidence
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
 from .epilogue import silu_mul
-from ._routing import sort_by_expert
+from ._routing import combine, sort_by_expert
 
 __all__ = ["IMPLEMENTATION", "experts_forward", "patch_experts", "register", "stock_implementation", "unpatch_experts"]
 
@@ -139,10 +139,12 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         # silu_mul is a launch of its own, with no backward and nothing Dynamo traces: torch's ops there.
         h = moe_gated.gating(gate_up) if traced else silu_mul(gate_up)  # one pass over [S, 2I] on the GPU
     down = ops.moe_matmul_call(h, down_w, offsets, True)
-    # Back to (token, slot) order by a gather and summed over each token's k rows (no atomics), in the
-    # weights' dtype as transformers' own implementations sum (float32 where the router gives float32).
-    slots = down[position].view(tokens, top_k, down.shape[-1])
-    return (slots * top_k_weights.unsqueeze(-1)).sum(1).to(hidden_states.dtype)
+    if traced:
+        # Back to (token, slot) order by a gather and summed over each token's k rows (no atomics), in the
+        # weights' dtype as transformers' own implementations sum (float32 where the router gives float32).
+        slots = down[position].view(tokens, top_k, down.shape[-1])
+        return (slots * top_k_weights.unsqueeze(-1)).sum(1).to(hidden_states.dtype)
+    return combine(down, position, top_k_weights, hidden_states.dtype)  # the same sum in float32, one launch
 
 
 # The three ways an eager call computes the experts (``_path``).
@@ -241,3 +243,6 @@ def unpatch_experts(model: nn.Module) -> None:
     model.__dict__.pop(_DECODE_HOOK, None)
     if before is not None:
         model.set_experts_implementation(before)
+
+
+register()  # importing this module makes "triton_tuner" a name set_experts_implementation takes

@@ -1,12 +1,16 @@
-"""kernels.autotune under the interpreter: each mode, the lookup order, a changed source, and every bad input.
+"""kernels.autotune on the GPU where there is one, else under the interpreter: each mode, the lookup order, a
+changed source, every bad input, and a GPU fault while tuning.
 
-The timer is a test double (``_kernels.FakeTimer``): there is no GPU timer on the CPU. The database is a real
-SQLite file per test, and the kernels are real Triton kernels run by the interpreter.
+The timer is a test double (``_kernels.FakeTimer``): there is no GPU timer on the CPU, and it lets a test decide
+which candidate is fastest. The database is a real SQLite file per test, and the kernels are real Triton kernels.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,8 @@ from kernels import AutotuneError, Config, Space
 
 from . import _kernels
 from ._kernels import CONFIGS, DEVICE, FakeTimer, call, scale
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tuner(db_url: str, timer: FakeTimer, **options) -> kernels.Autotuner:
@@ -178,7 +184,10 @@ def test_space_with_no_valid_config_says_so_and_stores_nothing(db_url) -> None:
 
 @triton.jit
 def _faulty(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)  # BLOCK must be a power of two: 24 and 48 fault
+    # BLOCK must be a power of two: 24 and 48 fail as Triton builds them (tl.arange refuses them), before anything
+    # reaches the GPU, so on a GPU too these tests leave the process's CUDA context sound. A fault on the GPU
+    # itself is the subject of the two tests after these.
+    offs = tl.arange(0, BLOCK)
     tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
 
 
@@ -196,6 +205,75 @@ def test_one_faulting_config_is_skipped(db_url) -> None:
     x, y = call(tuner, 10)
     torch.testing.assert_close(y, 2 * x)
     assert [r.config["BLOCK"] for r in _records(db_url)] == [16]
+
+
+@pytest.mark.interpreter
+def test_a_config_whose_timing_loses_the_cuda_context_ends_the_tuning_with_an_error_naming_it(db_url,
+                                                                                             monkeypatch) -> None:
+    """A GPU fault is not skipped as a config that fails to build is: it takes the process's CUDA context with it.
+    The lost context is stood in for by torch's own functions (a context that is started, and a synchronize that
+    fails as it does after an illegal address), so this runs under the interpreter only: on a GPU the stand-in
+    would hide the real context from the test's own tensors. The real fault is the next test's, in a process of
+    its own."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+
+    def lost_context_synchronize(device=None) -> None:
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lost_context_synchronize)
+    timer = FakeTimer()
+    tuner = kernels.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 24}),
+                                      triton.Config({"BLOCK": 32})], key=["n"], do_bench=timer, db=db_url,
+                             mode="on")(_faulty)
+    with pytest.raises(AutotuneError, match=r"timing config BLOCK: 24\b.*CUDA context lost.*python -m tuner search"):
+        call(tuner, 10)
+    assert timer.calls == 1  # BLOCK=16 timed; nothing after the fault
+    assert _records(db_url) == [] and tuner.cache == {}
+
+
+# Stores 4 TiB past y for BLOCK=32 (an illegal address); BLOCK=16 is sound and is timed first.
+_FAULT_ON_THE_GPU = """
+import os, sys
+import torch, triton, triton.language as tl
+import kernels
+
+@triton.jit
+def scale_far(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    values = 2 * tl.load(x_ptr + offs, mask=mask)
+    if BLOCK == 32:
+        tl.store(y_ptr + offs + (1 << 40), values, mask=mask)
+    else:
+        tl.store(y_ptr + offs, values, mask=mask)
+
+tuner = kernels.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"],
+                         db=sys.argv[1], mode="on", name="tests.scale_far")(scale_far)
+x = torch.randn(100, device="cuda")
+y = torch.empty_like(x)
+try:
+    tuner[lambda meta: (triton.cdiv(100, meta["BLOCK"]),)](x, y, 100)
+except kernels.AutotuneError as exc:
+    print(exc, flush=True)
+    os._exit(3)  # the context is lost: no teardown of it can run
+print("no error", flush=True)
+"""
+
+
+@pytest.mark.gpu
+def test_a_real_gpu_fault_while_tuning_names_the_config_and_the_out_of_process_search(db_url, tmp_path) -> None:
+    # In a process of its own: the fault ends that process's CUDA context, which this pytest worker's GPU tests
+    # need (a GPU run of 2026-11-28 lost every later test of a worker to one in-process fault). From a file, as
+    # triton.jit reads the kernel's source.
+    script = tmp_path / "fault_on_the_gpu.py"
+    script.write_text(_FAULT_ON_THE_GPU)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    done = subprocess.run([sys.executable, str(script), db_url], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert re.search(r"timing config BLOCK: 32\b.*CUDA context lost.*python -m tuner search", done.stdout), done.stdout
+    assert _records(db_url) == []
 
 
 def test_a_bad_mode_is_refused() -> None:

@@ -353,8 +353,9 @@ def _recorded(path: Path) -> dict[str, list[tuple[str, int]]]:
 def _tuner(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TUNER_DB", "TUNER_RECORD")}
     env.update(PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
-               XDG_CACHE_HOME=str(tmp_path / "cache"), TRITON_INTERPRET="1",
-               TUNER_DB=f"sqlite:///{tmp_path / 'unused-default.db'}")
+               XDG_CACHE_HOME=str(tmp_path / "cache"), TUNER_DB=f"sqlite:///{tmp_path / 'unused-default.db'}")
+    if not torch.cuda.is_available():  # the CPU's tuner runs kernels under the interpreter; a GPU's compiles them
+        env["TRITON_INTERPRET"] = "1"
     return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
 

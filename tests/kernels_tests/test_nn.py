@@ -305,6 +305,33 @@ def test_route_counting_sort_gives_the_stable_sort_of_torch(monkeypatch, experts
     assert torch.equal(counted.perm[counted.position], torch.arange(tokens * top_k))  # position inverts perm
 
 
+@pytest.mark.parametrize("experts,tokens,top_k", [(3, 1, 1), (4, 7, 2), (128, 1, 8), (128, 16, 8), (200, 5, 3)])
+def test_decode_sizes_are_ranked_in_one_launch_as_torch_sorts_them(experts, tokens, top_k) -> None:
+    """Below _COUNTING_ROWS rows, eagerly, sort_by_expert is one Triton launch (_rank_kernel): the same stable
+    order, places, counts and offsets as torch.sort and a count; 128 and 200 experts span several programs."""
+    torch.manual_seed(experts + tokens)
+    flat = torch.topk(torch.randn(tokens, experts), top_k, dim=-1).indices.reshape(-1).to(DEVICE)
+    assert kernels._routing._ranking(flat, experts)
+    perm, position, offsets, counts = kernels._routing.sort_by_expert(flat, experts)
+    assert torch.equal(perm, torch.sort(flat, stable=True).indices)
+    assert torch.equal(perm[position], torch.arange(tokens * top_k, device=flat.device))
+    want = torch.bincount(flat, minlength=experts)
+    assert torch.equal(counts, want) and torch.equal(offsets, torch.cumsum(want, 0).to(torch.int32))
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float32, torch.float16])
+def test_combine_sums_each_tokens_rows_by_their_weights_in_float32(weights_dtype) -> None:
+    torch.manual_seed(3)
+    tokens, top_k, hidden = 5, 3, 1100  # two column blocks, the second one partial
+    rows = torch.randn(tokens * top_k, hidden, device=DEVICE, dtype=torch.float16)
+    position = torch.randperm(tokens * top_k).to(DEVICE)
+    weights = torch.softmax(torch.randn(tokens, top_k), -1).to(DEVICE, weights_dtype)
+    got = kernels._routing.combine(rows, position, weights, torch.float16)
+    want = (rows[position].view(tokens, top_k, hidden).float() * weights.float().unsqueeze(-1)).sum(1)
+    assert got.dtype == torch.float16 and got.shape == (tokens, hidden)
+    assert (got.float() - want).abs().max() <= 1e-2 * want.abs().max()
+
+
 def test_moe_block_takes_no_tokens_and_its_combine_keeps_gradients() -> None:
     torch.manual_seed(6)
     block = kernels.nn.MoE(16, 24, experts=4, top_k=2, device=DEVICE, dtype=torch.float16)
