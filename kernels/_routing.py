@@ -91,16 +91,17 @@ def _rank_kernel(expert_ptr, perm_ptr, position_ptr, counts_ptr, offsets_ptr, ro
         tl.store(position_ptr + mine, place, mask=live)
         tl.store(perm_ptr + place, mine.to(tl.int64), mask=live)
     else:
-        expert = (pid - row_programs) * BLOCK + lanes
+        # Named apart from the branch above: compiled Triton wants a name to keep one type across branches.
+        counted = (pid - row_programs) * BLOCK + lanes
         up_to = tl.zeros([BLOCK], dtype=tl.int64)
         count = tl.zeros([BLOCK], dtype=tl.int64)
         for start in range(0, rows, BLOCK):
             theirs = start + lanes
             other = tl.load(expert_ptr + theirs, mask=theirs < rows, other=experts)
-            up_to += tl.sum((other[None, :] <= expert[:, None]).to(tl.int64), axis=1)
-            count += tl.sum((other[None, :] == expert[:, None]).to(tl.int64), axis=1)
-        tl.store(counts_ptr + expert, count, mask=expert < experts)
-        tl.store(offsets_ptr + expert, up_to.to(tl.int32), mask=expert < experts)
+            up_to += tl.sum((other[None, :] <= counted[:, None]).to(tl.int64), axis=1)
+            count += tl.sum((other[None, :] == counted[:, None]).to(tl.int64), axis=1)
+        tl.store(counts_ptr + counted, count, mask=counted < experts)
+        tl.store(offsets_ptr + counted, up_to.to(tl.int32), mask=counted < experts)
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
