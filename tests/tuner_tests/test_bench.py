@@ -130,6 +130,7 @@ def test_exception_in_run_is_an_error_with_its_reason() -> None:
     assert measurement.reason == "RuntimeError: launch failed: grid too large"
 
 
+@pytest.mark.interpreter
 def test_a_gpu_fault_in_run_ends_the_measurement_with_device_fault() -> None:
     # A fault breaks the process's CUDA context: the search cannot go on in it, so measure raises rather than
     # calling it one candidate's error. The error is PyTorch's text for one (a real fault needs a GPU).

@@ -63,6 +63,7 @@ def tuned(tmp_path_factory) -> str:
 
 # 1. A search run again takes its new budget and options --------------------------------------------------
 
+@pytest.mark.interpreter
 def test_search_again_gives_a_still_queued_problem_the_new_trials_and_seed(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
     problem = kernels.Problem.from_key("matmul", KEY)
@@ -131,6 +132,7 @@ def test_a_budget_of_no_time_or_of_nan_seconds_is_a_value_error() -> None:
 
 # 4. list and export match --device and --kernel as the database holds them ---------------------------------
 
+@pytest.mark.interpreter
 def test_list_matches_the_device_in_any_case(tuned: str, tmp_path: Path) -> None:
     done = tuner(tmp_path, "list", "--device", "CPU", "--kernel", "MatMul", "--db", tuned)
     assert done.returncode == 0 and KEY in done.stdout, done.stdout + done.stderr
@@ -141,6 +143,7 @@ def test_list_matches_the_device_in_any_case(tuned: str, tmp_path: Path) -> None
     (["--kernel", "conv"], "--kernel conv: no such kernel"),
     (["--kernel", "grouped_matmul"], "no record in"),
 ])
+@pytest.mark.interpreter
 def test_export_of_no_matching_record_exits_2_and_leaves_the_file(args, message, tuned: str, tmp_path: Path) -> None:
     keep = tmp_path / "keep.json"
     keep.write_text('{"mine": true}\n')
@@ -151,6 +154,7 @@ def test_export_of_no_matching_record_exits_2_and_leaves_the_file(args, message,
         assert "cpu (cpu)" in done.stderr  # the devices that have records
 
 
+@pytest.mark.interpreter
 def test_export_matches_the_device_and_kernel_in_any_case(tuned: str, tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     done = tuner(tmp_path, "export", "--device", "CPU", "--kernel", "MATMUL", "-o", str(out), "--db", tuned)
@@ -219,6 +223,7 @@ def test_stamp_refuses_a_wait_that_is_not_a_finite_number_of_seconds(value: str,
 
 @pytest.mark.parametrize("command", [["search", "--device", "cpu", "--corpus", "held_out"],
                                      ["explain", "--device", "h100", "--corpus", "unseen"]])
+@pytest.mark.interpreter
 def test_corpus_outside_a_checkout_says_where_the_corpus_lives(command, tmp_path: Path) -> None:
     """An installed package has kernels/, tuner/ and db/ (pyproject's packages) but not benchmarks/: the
     packages are copied alone, as pip would install them, and run from there."""

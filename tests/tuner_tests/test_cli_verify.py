@@ -32,6 +32,7 @@ def _database(tmp_path: Path, *records) -> str:
     return url
 
 
+@pytest.mark.interpreter
 def test_right_winners_pass_and_the_exit_code_is_0(tmp_path: Path, capsys) -> None:
     url = _database(tmp_path, _cpu_record("fp16"), _cpu_record("fp16", "eager"),
                     _cpu_record("fp32", config=BASELINE.as_dict()))
@@ -43,6 +44,7 @@ def test_right_winners_pass_and_the_exit_code_is_0(tmp_path: Path, capsys) -> No
     assert row[:5] == ["database", "matmul", "2", "1", "0"]
 
 
+@pytest.mark.interpreter
 def test_a_wrong_winner_is_named_and_the_exit_code_is_1(tmp_path: Path, capsys) -> None:
     url = _database(tmp_path, _cpu_record("fp16"), _cpu_record("bf16"))
     assert main(["verify", "--device", "cpu", "--db", url, "--no-shipped"]) == 1
@@ -64,18 +66,21 @@ def test_a_gpu_this_machine_lacks_is_a_user_error(tmp_path: Path, capsys) -> Non
     assert "--device cpu" in err and "Traceback" not in err
 
 
+@pytest.mark.interpreter
 def test_a_missing_database_is_a_user_error(tmp_path: Path, capsys) -> None:
     assert main(["verify", "--device", "cpu", "--db", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "none.db").exists()
 
 
+@pytest.mark.interpreter
 def test_nothing_stored_is_said(tmp_path: Path, capsys) -> None:
     url = _database(tmp_path, make_record(16, 32, 64))  # an H100 record: not this machine's
     assert main(["verify", "--device", "cpu", "--db", url, "--no-shipped"]) == 0
     assert "no stored winner for cpu; nothing to verify" in capsys.readouterr().out
 
 
+@pytest.mark.interpreter
 def test_without_a_database_the_shipped_tables_alone_are_read_and_nothing_is_created(tmp_path: Path, capsys,
                                                                                       monkeypatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

@@ -49,6 +49,7 @@ def _measured(url: str, key: str) -> int:
 
 
 @pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
+@pytest.mark.interpreter
 def test_search_on_two_workers_tunes_every_problem_once(backend_url: str, tmp_path: Path) -> None:
     # --gpus 0,1 on the CPU: two worker processes, each given its own CUDA_VISIBLE_DEVICES, share the queue.
     shapes = [arg for shape in SHAPES for arg in ("--shape", shape)]
@@ -78,6 +79,7 @@ def _wait_for(condition, timeout: float = 120.0, explain=lambda: "") -> None:
 
 
 @pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
+@pytest.mark.interpreter
 def test_killed_workers_job_is_finished_by_another_without_repeating_trials(backend_url: str,
                                                                             tmp_path: Path) -> None:
     key, trials = "fp16:nn:16x32x32", 16  # room to kill it mid-study even when its trials run fast
@@ -145,6 +147,7 @@ def test_status_shows_jobs_and_workers(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.parametrize("backend_url", BACKENDS, indirect=True)
+@pytest.mark.interpreter
 def test_recorded_workload_is_tuned_then_dispatched(backend_url: str, tmp_path: Path) -> None:
     workload = (
         "import torch, kernels\n"
@@ -176,6 +179,7 @@ def test_recorded_workload_is_tuned_then_dispatched(backend_url: str, tmp_path: 
     assert choice.source == "database"
 
 
+@pytest.mark.interpreter
 def test_problems_file_lists_every_bad_line_and_creates_no_database(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     listing = tmp_path / "model.txt"
@@ -188,6 +192,7 @@ def test_problems_file_lists_every_bad_line_and_creates_no_database(tmp_path: Pa
     assert not db.exists()
 
 
+@pytest.mark.interpreter
 def test_jobs_with_and_without_eager_passes_are_tuned(tmp_path: Path) -> None:
     """A job queued now carries eager_passes to tune_problem; one queued by a version before the option (no
     such key) gets tune_problem's default. Both finish, in this process's worker loop."""
@@ -207,6 +212,7 @@ def test_jobs_with_and_without_eager_passes_are_tuned(tmp_path: Path) -> None:
         assert {(r.problem_key, r.mode) for r in store.records()} == {(p.key, m) for p in (new, old) for m in kernels.MODES}
 
 
+@pytest.mark.interpreter
 def test_search_on_gpus_stops_its_workers_once_its_own_jobs_are_finished(tmp_path: Path) -> None:
     # The workers start before the run enqueues (their start-up overlaps its own) and wait for jobs, so the run
     # stops them when its jobs are done. A job another run queued is not this run's: it stays queued, no

@@ -55,6 +55,7 @@ def _assert_good_jobs_done_once(jobs: dict, records: list) -> None:
         (f"fp16:nn:{s}", mode) for s in GOOD for mode in kernels.MODES)
 
 
+@pytest.mark.interpreter
 def test_a_job_that_faults_every_worker_is_handed_on_and_fails_with_the_reason(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fleet.db'}"
     done = _search(tmp_path, url, gpu=False)

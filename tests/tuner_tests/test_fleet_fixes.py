@@ -65,6 +65,7 @@ def test_read_only_fleet_command_leaves_an_old_database_byte_identical(command, 
 # A bad job -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.interpreter
 def test_a_job_for_an_unknown_kernel_fails_with_its_error_and_the_worker_goes_on(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'fleet.db'}"
     good = kernels.Problem.from_key("matmul", "fp16:nn:16x32x32")

@@ -34,6 +34,7 @@ def _cases() -> list:
     return cases
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("mutant, dtype", _cases())
 def test_the_search_rejects_the_mutant_and_passes_its_unbroken_config(mutant: Mutant, dtype: str) -> None:
     problem, config = mutant.cpu_case(dtype)
@@ -83,6 +84,7 @@ def _distinct(configs: list[Config]) -> list[Config]:
     return list(chosen.values())
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("kernel, key", VALID, ids=[f"{k} {p[:40]}" for k, p in VALID])
 def test_no_valid_config_of_the_space_is_rejected(kernel: str, key: str) -> None:
     spec = kernels.get_kernel(kernel)

@@ -161,7 +161,9 @@ def test_a_gpu_bound_cublas_winner_is_stamped_at_par(device) -> None:
 
 def test_only_eager_records_of_this_device_with_a_pinnable_call_are_stamped(device) -> None:
     tiled = MATMUL.default_config(PROBLEM, device).as_dict()
-    other = dataclasses.replace(_record(device, tiled), device_name="NVIDIA H200", device_alias="h200")
+    # Another GPU than this one (on an H200, the H200 is this device: 2026-11-28).
+    name, alias = ("NVIDIA H100 80GB HBM3", "h100") if device.alias == "h200" else ("NVIDIA H200", "h200")
+    other = dataclasses.replace(_record(device, tiled), device_name=name, device_alias=alias)
     grouped = dataclasses.replace(_record(device, tiled), kernel="grouped_matmul")
     assert "graph record" in stampable(_record(device, tiled, mode="graph"))
     assert "cannot be pinned" in stampable(grouped)

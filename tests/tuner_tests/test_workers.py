@@ -121,6 +121,7 @@ def test_hung_candidate_times_out_and_the_pool_recovers(pool, monkeypatch) -> No
     assert pool.check(MATMUL_PROBLEM, [GOOD])[GOOD].status == "ok", "the pool was rebuilt"
 
 
+@pytest.mark.interpreter
 def test_candidate_queued_behind_hung_ones_is_still_checked(pool, monkeypatch) -> None:
     monkeypatch.setattr(workers, "_check_in_worker", _hang_on_stage_4_or_5)
     monkeypatch.setattr(pool, "timeout_s", 1.0)
