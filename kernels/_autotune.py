@@ -27,7 +27,7 @@ from triton.runtime.jit import KernelInterface
 from ._autotune_core import (DEFAULT_TOLERANCE, AutotuneError, Key, Launch, Space, as_config, candidates,
                              make_record, median_ms, problem_key, source_hash, split_problem_key,
                              version_stamp)
-from ._device import current_device
+from ._device import cuda_context_lost, current_device
 from .dispatch import DISPATCHER, _database_records, table_documents, table_records
 from ._spec import LAUNCH_OPTIONS, Config, DeviceInfo
 
@@ -314,7 +314,7 @@ class Autotuner(KernelInterface):
         except Exception as exc:
             # A GPU fault cannot be skipped as a bad config is: the process's CUDA context is gone with it, and
             # every later candidate, and the user's next call, would fail on it.
-            if _cuda_context_lost():
+            if cuda_context_lost():
                 raise AutotuneError(
                     f"{self.name}: timing config {config} in this process failed ({_first_line(exc)}) and left the "
                     "process's CUDA context lost: the GPU faulted (an illegal address or a device-side assert, in "
@@ -484,19 +484,6 @@ def _device_of(args: tuple, kwargs: dict) -> DeviceInfo:
         if isinstance(value, torch.Tensor):
             return current_device(value.device)
     return current_device()
-
-
-def _cuda_context_lost() -> bool:
-    """Whether this process's CUDA context took a sticky fault (an illegal address, a device-side assert), after
-    which every CUDA call in the process fails: a bare synchronize tells. A context never started (the
-    interpreter's CPU runs) has nothing to lose, and asking would start one."""
-    if not torch.cuda.is_initialized():
-        return False
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - any error of a bare synchronize is the context's
-        return True
-    return False
 
 
 def _capturing() -> bool:

@@ -118,3 +118,18 @@ def resolve_device(requested: str) -> DeviceInfo:
         return here
     raise ValueError(f"--device {requested} does not match this GPU, {here.name} ({here.alias}); "
                      f"pass --device {here.alias} or run on a {requested}")
+
+
+def cuda_context_lost() -> bool:
+    """Whether this process's CUDA context took a sticky fault (an illegal address, a device-side assert), after
+    which every CUDA call in the process fails: a bare synchronize tells. A context never started (the
+    interpreter's CPU runs) has nothing to lose, and asking would start one."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return False
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - any error of a bare synchronize is the context's
+        return True
+    return False

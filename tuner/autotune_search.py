@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +27,8 @@ from kernels._autotune_core import (AutotuneError, Key, Launch, make_record, out
                                     split_problem_key)
 
 from .search import optuna_storage
-from .workers import TimingWorker, WorkerLost
+from .errors import device_faulted
+from .workers import CANDIDATE_FAULT_EXIT, TimingWorker, WorkerLost
 
 _logger = logging.getLogger(__name__)
 
@@ -155,6 +158,7 @@ def evaluate(target: str, key_text: str, config_text: str, tuner: kernels.Autotu
 
     Runs in the timing worker (or in process, given ``tuner``); the key's inputs and expected outputs are made
     once per process. Raises AutotuneError where no config yields an expected output."""
+    in_worker = tuner is None
     tuner = tuner or load_kernel(target)
     prepared = _PREPARED.get((target, key_text))
     if prepared is None:
@@ -168,10 +172,30 @@ def evaluate(target: str, key_text: str, config_text: str, tuner: kernels.Autotu
     _restore(launch, pristine)
     wrong = _check(tuner, config, launch, expected)
     if wrong:
+        _stop_if_the_gpu_faulted(tuner.name, config, wrong, in_worker=in_worker)
         _logger.warning("%s %s: config %s is skipped: %s", tuner.name, key_text, config, wrong)
         return float("inf")
     _restore(launch, pristine)
-    return tuner.bench(config, launch.args, dict(launch.kwargs), launch.grid)
+    try:
+        return tuner.bench(config, launch.args, dict(launch.kwargs), launch.grid)
+    except AutotuneError as exc:  # a fault while timing: Autotuner.bench names it (kernels/_autotune.py)
+        if in_worker:
+            _stop_if_the_gpu_faulted(tuner.name, config, str(exc).splitlines()[0], in_worker=True)
+        raise
+
+
+def _stop_if_the_gpu_faulted(name: str, config: Any, error: str, in_worker: bool) -> None:
+    """A config that faulted the GPU while checked or timed is not a wrong config to skip: the process's CUDA
+    context is gone, and every later candidate would fail in it. The timing worker exits (its parent scores the
+    candidate as lost and starts a sound worker); in process, the search stops with the config named."""
+    if not device_faulted():
+        return
+    if in_worker:
+        print(f"worker {os.getpid()}: {name} config {config} left the GPU faulted ({error}); this worker "
+              "exits", file=sys.stderr, flush=True)
+        os._exit(CANDIDATE_FAULT_EXIT)
+    raise AutotuneError(f"{name}: checking config {config} in this process faulted the GPU ({error}); its CUDA "
+                        "context is lost. Restart, and search in worker processes (leave out --workers 0)")
 
 
 def _space_points(tuner: kernels.Autotuner, key: Key) -> list:

@@ -20,17 +20,9 @@ class DeviceFault(RuntimeError):
 def device_faulted() -> bool:
     """Whether this process's CUDA context took a sticky fault. PyTorch raises the fault as an error and the
     process lives on, but every later CUDA call in it fails; a bare synchronize tells."""
-    import torch
+    from kernels._device import cuda_context_lost
 
-    import kernels
-
-    if not torch.cuda.is_available() or kernels.interpreter_enabled():
-        return False
-    try:
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - any error of a bare synchronize is the context's
-        return True
-    return False
+    return cuda_context_lost()
 
 
 def is_device_fault(exc: BaseException) -> bool:

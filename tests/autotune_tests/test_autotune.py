@@ -432,3 +432,26 @@ def test_a_symbolic_key_value_is_specialized_under_dynamo_and_each_value_traces_
         torch.testing.assert_close(compiled(torch.ones(n)), torch.full((n,), 2.0 * n))
     assert seen == [3, 5]
     assert _specialized(True) is True and _specialized("x") == "x"
+
+
+@pytest.mark.interpreter
+def test_a_config_that_faults_the_gpu_while_checked_stops_an_in_process_search_with_it_named(monkeypatch) -> None:
+    """``python -m tuner search --workers 0`` checks each candidate in its own process: a fault there is not a wrong
+    config to skip (every later candidate would fail in the lost context). The lost context is stood in for as in
+    the test above (torch's own functions; interpreter only); BLOCK=24 fails as Triton builds it, and the check
+    that follows finds the context gone. In a timing worker the worker exits instead (tuner/workers.py's exit
+    code, which its parent reads as a lost candidate)."""
+    from tuner.autotune_search import evaluate
+
+    tuner = kernels.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 24})], key=["n"],
+                             inputs=_kernels.inputs, do_bench=FakeTimer(), mode="off",
+                             name="tests.autotune_tests.faulty_in_search")(_faulty)
+    assert evaluate("unused", "n=10;float32,float32", "BLOCK: 16, num_warps: 4, num_stages: 3", tuner) == 1.0
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+
+    def lost_context_synchronize(device=None) -> None:
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lost_context_synchronize)
+    with pytest.raises(AutotuneError, match=r"checking config BLOCK: 24\b.*CUDA context is lost.*--workers 0"):
+        evaluate("unused", "n=10;float32,float32", "BLOCK: 24, num_warps: 4, num_stages: 3", tuner)
