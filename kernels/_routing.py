@@ -159,10 +159,13 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor, d
     """``sum_k weights[t, k] * rows[position[t * k + k']]`` per token t, in float32, returned in ``dtype``: [T, H].
 
     ``rows`` [T * k, H] the experts' outputs in sorted order, ``position`` [T * k] each (token, slot)'s row there,
-    ``weights`` [T, k]. One Triton launch where the operands allow it, else torch's ops (the same sum)."""
+    ``weights`` [T, k]. One Triton launch where the operands allow it; traced, with a gradient wanted (the launch
+    has no backward) or on other operands, torch's gather and sum (no atomics), in the weights' dtype as
+    transformers' own implementations sum (float32 where the router gives float32)."""
     tokens, top_k = weights.shape
     hidden = rows.shape[1]
-    if torch.compiler.is_compiling() or not (
+    wants_grad = torch.is_grad_enabled() and (rows.requires_grad or weights.requires_grad)
+    if torch.compiler.is_compiling() or wants_grad or not (
             _on_triton(rows) and rows.stride(1) == 1 and weights.is_contiguous() and position.is_contiguous()
             and tokens > 0 and _aligned(rows, position, weights)):
         slots = rows[position].view(tokens, top_k, hidden)

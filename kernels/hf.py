@@ -65,8 +65,8 @@ def stock_implementation(decoding: bool, device_type: str) -> Callable[..., torc
     """transformers' choice for a model on "grouped_mm": "batched_mm" in ``generate``'s decode steps off the CPU
     (``GenerationMixin._optimize_model_for_decode``), else "grouped_mm". A patched model's name, "triton_tuner",
     keeps ``generate`` from switching, so the calls that fall back switch here; with "grouped_mm" kept in decode
-    a switched model ran MoE decode at batch 1 at 0.79x of vanilla (H200, no table, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0,
-    ``scripts/bench_models.py --no-shipped --control``; docs/PYTORCH.md)."""
+    a switched model ran MoE decode at batch 1 at 0.79x of vanilla (H200, no table, 2026-11-28, torch
+    2.11.0+cu130, triton 3.6.0, ``scripts/bench_models.py --no-shipped --control``; docs/PYTORCH.md)."""
     if decoding and device_type != "cpu":
         return _hf_moe.batched_mm_experts_forward
     return _hf_moe.grouped_mm_experts_forward
@@ -139,12 +139,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         # silu_mul is a launch of its own, with no backward and nothing Dynamo traces: torch's ops there.
         h = moe_gated.gating(gate_up) if traced else silu_mul(gate_up)  # one pass over [S, 2I] on the GPU
     down = ops.moe_matmul_call(h, down_w, offsets, True)
-    if traced:
-        # Back to (token, slot) order by a gather and summed over each token's k rows (no atomics), in the
-        # weights' dtype as transformers' own implementations sum (float32 where the router gives float32).
-        slots = down[position].view(tokens, top_k, down.shape[-1])
-        return (slots * top_k_weights.unsqueeze(-1)).sum(1).to(hidden_states.dtype)
-    return combine(down, position, top_k_weights, hidden_states.dtype)  # the same sum in float32, one launch
+    return combine(down, position, top_k_weights, hidden_states.dtype)  # back to (token, slot) order, summed over k
 
 
 # The three ways an eager call computes the experts (``_path``).

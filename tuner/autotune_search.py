@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ from kernels._autotune_core import (AutotuneError, Key, Launch, make_record, out
 
 from .search import optuna_storage
 from .errors import device_faulted
-from .workers import CANDIDATE_FAULT_EXIT, TimingWorker, WorkerLost
+from .workers import TimingWorker, WorkerLost, exit_if_device_faulted
 
 _logger = logging.getLogger(__name__)
 
@@ -186,16 +184,14 @@ def evaluate(target: str, key_text: str, config_text: str, tuner: kernels.Autotu
 
 def _stop_if_the_gpu_faulted(name: str, config: Any, error: str, in_worker: bool) -> None:
     """A config that faulted the GPU while checked or timed is not a wrong config to skip: the process's CUDA
-    context is gone, and every later candidate would fail in it. The timing worker exits (its parent scores the
-    candidate as lost and starts a sound worker); in process, the search stops with the config named."""
-    if not device_faulted():
-        return
+    context is gone, and every later candidate would fail in it. The timing worker exits as the check pool's do
+    (its parent scores the candidate as lost and starts a sound worker); in process, the search stops with the
+    config named."""
     if in_worker:
-        print(f"worker {os.getpid()}: {name} config {config} left the GPU faulted ({error}); this worker "
-              "exits", file=sys.stderr, flush=True)
-        os._exit(CANDIDATE_FAULT_EXIT)
-    raise AutotuneError(f"{name}: checking config {config} in this process faulted the GPU ({error}); its CUDA "
-                        "context is lost. Restart, and search in worker processes (leave out --workers 0)")
+        exit_if_device_faulted(f"{name} config {config}", error)
+    elif device_faulted():
+        raise AutotuneError(f"{name}: checking config {config} in this process faulted the GPU ({error}); its "
+                            "CUDA context is lost. Restart, and search in worker processes (leave out --workers 0)")
 
 
 def _space_points(tuner: kernels.Autotuner, key: Key) -> list:

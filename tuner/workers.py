@@ -72,7 +72,7 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
         with compiling_alone(kernel, problem, config_text):
             verdict = _verdict_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
     except Exception as exc:  # report, don't die: the parent decides what a failure means
-        _exit_if_device_faulted(f"checking {config_text}", exc)
+        exit_if_device_faulted(f"checking {config_text}", exc)
         return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
                         seconds=time.perf_counter() - start)
     finally:
@@ -154,7 +154,7 @@ def compiling_alone(kernel: str, problem: Problem, config_text: str,
 CANDIDATE_FAULT_EXIT = 70
 
 
-def _exit_if_device_faulted(doing: str, error: object) -> None:
+def exit_if_device_faulted(doing: str, error: object) -> None:
     """End this worker where the candidate just run left its GPU context faulted: the parent then reports the
     candidate ``crashed`` and starts a sound worker, instead of the later candidates failing here one by one."""
     if device_faulted():
@@ -439,7 +439,7 @@ def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: st
         return _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms,
                                                             checked_error=checked_error)
     except DeviceFault as fault:
-        _exit_if_device_faulted(f"timing {config_text}", fault)
+        exit_if_device_faulted(f"timing {config_text}", fault)
         raise
 
 
