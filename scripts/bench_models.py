@@ -436,8 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.no_shipped:
         kernels.use_database(use_shipped=False)  # the user's database (TUNER_DB) only
+    # A served model's process finds the C++ path built (it is cached per machine after the first process):
+    # wait for it, as every other benchmark here does, so that no timed call runs on the Python path while
+    # it builds (a fresh machine's first process spends 40-60 s so; docs/BENCHMARKS.md).
+    native = kernels._native.start(block=True) if torch.cuda.is_available() else "no GPU"
     device = kernels.current_device()
-    meta = {"shipped_tables": not args.no_shipped, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
+    meta = {"cxx_path": native, "shipped_tables": not args.no_shipped, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "triton": __import__("triton").__version__, "layers": args.layers, "rounds": args.rounds,
             "new_tokens": args.new_tokens, "argv": sys.argv[1:],
@@ -452,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, checks)
     (out / "bench_models.txt").write_text(text + "\n")
     print(f"{meta['gpu']}, torch {meta['torch']}, transformers {meta['transformers']}, triton {meta['triton']}, "
-          f"{args.layers} layers, {meta['date']}")
+          f"{args.layers} layers, C++ path {native}, {meta['date']}")
     print(text)
     return 0
 
