@@ -7,6 +7,8 @@ the steps between a router and ``moe_matmul``, and after it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -14,13 +16,14 @@ import triton.language as tl
 from . import _device
 from ._launch import DirectLaunch, LruCache
 
-__all__ = ["combine", "sort_by_expert"]
+__all__ = ["Sorted", "combine", "sort_by_expert"]
 
 # Rows are sorted by expert by counting (a running count per expert, one scan) rather than by torch.sort
 # where that pays: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's radix sort, eager
 # and compiled alike (scripts/probes/layer_profile.py, retired at 1996844, 2026-11-26, docs/BENCHMARKS.md). Under torch.compile the count's few steps fuse into a few kernels; run eagerly they are several
 # launches, which a decode step's handful of rows does not repay (there torch.sort is one or two), so eager
-# calls count only from _COUNTING_ROWS rows (a threshold between decode and prefill, not tuned). Past
+# calls count only from _COUNTING_ROWS rows (a threshold between decode and prefill, not tuned), and only
+# where one Triton program does not sort them (``_one_launch``, below: most eager calls). Past
 # _COUNTING_CELLS (many experts and many tokens) the [E, rows] count table outgrows a sort.
 _COUNTING_CELLS = 1 << 22
 _COUNTING_ROWS = 1024
@@ -30,12 +33,22 @@ def _counting(rows: int, experts: int) -> bool:
     return 0 < rows * experts <= _COUNTING_CELLS and (rows >= _COUNTING_ROWS or torch.compiler.is_compiling())
 
 
-def sort_by_expert(flat: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The (token, slot) rows ``flat`` [T * k] (each row's expert) sorted by expert, on the device (no host
-    sync, static sizes): (perm, position, offsets, counts) as ``_Routed`` names them."""
+class Sorted(NamedTuple):
+    """Routed rows sorted by expert. A row is a (token, slot) pair, ``token * top_k + slot``."""
+
+    perm: torch.Tensor  # [T * k] int64: the row at each sorted place
+    position: torch.Tensor  # [T * k] int64: each row's sorted place (perm's inverse)
+    offsets: torch.Tensor  # [E] int32: each expert's end place (what moe_matmul takes)
+    counts: torch.Tensor  # [E] int64: each expert's rows
+    token: torch.Tensor  # [T * k] int64: the token of the row at each sorted place (perm // top_k)
+
+
+def sort_by_expert(flat: torch.Tensor, experts: int, top_k: int = 1) -> Sorted:
+    """The rows ``flat`` [T * k] (each row's expert, ``top_k`` rows a token) sorted by expert, on the device (no
+    host sync, static sizes), stably (torch.sort's order)."""
     rows = flat.shape[0]
-    if _ranking(flat, experts):
-        return _rank_by_expert(flat, experts)
+    if _one_launch(flat, experts):
+        return _sort_in_one_launch(flat, experts, top_k)
     index = torch.arange(rows, device=flat.device)
     if _counting(rows, experts):
         # A stable counting sort: a row's place is its expert's start plus how many rows of that expert
@@ -53,55 +66,56 @@ def sort_by_expert(flat: torch.Tensor, experts: int) -> tuple[torch.Tensor, torc
             0, sorted_experts, torch.ones_like(sorted_experts))
         position = torch.empty_like(index).scatter_(0, perm, index)
     offsets = torch.cumsum(counts, 0).to(torch.int32)
-    return perm, position, offsets, counts
+    return Sorted(perm, position, offsets, counts, perm // top_k if top_k > 1 else perm)
 
 
-# ---------------------------------------------------------------------------------------------- decode sizes
+# ------------------------------------------------------------------------------------- one launch, eagerly
 
-# A decode step's few routed rows (up to _COUNTING_ROWS) are sorted by one Triton launch that ranks every row
-# against every other: eagerly, torch.sort and the count around it cost 112-123 us of host time per call on
-# the H200 box, as many launches (Qwen3-30B-A3B's 8 to 512 routed rows over 128 experts, 2026-11-28,
-# torch 2.11.0+cu130, triton 3.6.0), where the whole experts call of batched_mm took 142 us. The rows fit one
-# loop of RANK_BLOCK-wide compares per program; the work (rows x (rows + experts) compares) is nothing to the GPU.
-RANK_BLOCK = 64
-_RANKS = LruCache(capacity=64)
+# Up to _ONE_LAUNCH_ROWS routed rows (decode, and prefill up to a thousand tokens at k = 8) over up to
+# _ONE_LAUNCH_EXPERTS experts are sorted by one Triton program, eagerly: torch.sort and the count around it
+# cost 112-123 us of host time per call at decode sizes, and the counting sort's torch ops 180-270 us from
+# 1024 rows (H200, Qwen3-30B-A3B's 128 experts, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0;
+# docs/BENCHMARKS.md "The MoE decode step's host time"), where transformers' batched_mm took 125-145 us for
+# the whole experts call at one token. One program counts every expert's rows, then walks the rows in blocks,
+# keeping each expert's next free place: a stable counting sort whose passes are rows x experts compares.
+# Past those sizes the GPU time of one program outgrows the multi-launch sorts', and the host time of a step
+# that large hides behind its GPU time.
+_ONE_LAUNCH_ROWS = 8192
+_ONE_LAUNCH_EXPERTS = 512
+SORT_BLOCK = 64
+_SORTS = LruCache(capacity=64)
 
 
 @triton.jit
-def _rank_kernel(expert_ptr, perm_ptr, position_ptr, counts_ptr, offsets_ptr, rows, experts,
-                 BLOCK: tl.constexpr):
-    """Programs below cdiv(rows, BLOCK) place a block of rows: a row's place is the number of rows of a lower
-    expert, plus those of its own expert before it (a stable sort). The others count a block of experts'
-    rows (counts) and the rows up to each expert's end (offsets)."""
-    pid = tl.program_id(0)
-    row_programs = tl.cdiv(rows, BLOCK)
+def _sort_kernel(expert_ptr, perm_ptr, position_ptr, token_ptr, counts_ptr, offsets_ptr, rows, experts,
+                 TOP_K: tl.constexpr, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
+    """One program. Counts each expert's rows (counts, and the running ends: offsets), then gives each row its
+    place: its expert's start, plus the rows of its expert in earlier blocks, plus those before it in its own
+    block (stable). Writes position (row -> place), perm (place -> row) and token (place -> row // TOP_K)."""
     lanes = tl.arange(0, BLOCK)
-    if pid < row_programs:
-        mine = pid * BLOCK + lanes
+    bins = tl.arange(0, EXPERTS)  # EXPERTS: a power of two >= experts; rows past the end read as EXPERTS
+    counts = tl.zeros([EXPERTS], dtype=tl.int32)
+    for start in range(0, rows, BLOCK):
+        mine = start + lanes
+        expert = tl.load(expert_ptr + mine, mask=mine < rows, other=EXPERTS)
+        counts += tl.sum((expert[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    ends = tl.cumsum(counts, axis=0)
+    tl.store(counts_ptr + bins, counts.to(tl.int64), mask=bins < experts)
+    tl.store(offsets_ptr + bins, ends, mask=bins < experts)
+    free = ends - counts  # each expert's next free place
+    for start in range(0, rows, BLOCK):
+        mine = start + lanes
         live = mine < rows
-        expert = tl.load(expert_ptr + mine, mask=live, other=0)
-        place = tl.zeros([BLOCK], dtype=tl.int64)
-        for start in range(0, rows, BLOCK):
-            theirs = start + lanes
-            # Rows past the end read as expert ``experts``: after every real one, so never before a row.
-            other = tl.load(expert_ptr + theirs, mask=theirs < rows, other=experts)
-            before = (other[None, :] < expert[:, None]) | \
-                ((other[None, :] == expert[:, None]) & (theirs[None, :] < mine[:, None]))
-            place += tl.sum(before.to(tl.int64), axis=1)
+        expert = tl.load(expert_ptr + mine, mask=live, other=EXPERTS)
+        hit = expert[:, None] == bins[None, :]  # [BLOCK, EXPERTS]
+        first = tl.sum(tl.where(hit, free[None, :], 0), axis=1)  # free[expert]
+        earlier = tl.sum(((expert[None, :] == expert[:, None]) & (lanes[None, :] < lanes[:, None])).to(tl.int32),
+                         axis=1)
+        place = (first + earlier).to(tl.int64)
         tl.store(position_ptr + mine, place, mask=live)
         tl.store(perm_ptr + place, mine.to(tl.int64), mask=live)
-    else:
-        # Named apart from the branch above: compiled Triton wants a name to keep one type across branches.
-        counted = (pid - row_programs) * BLOCK + lanes
-        up_to = tl.zeros([BLOCK], dtype=tl.int64)
-        count = tl.zeros([BLOCK], dtype=tl.int64)
-        for start in range(0, rows, BLOCK):
-            theirs = start + lanes
-            other = tl.load(expert_ptr + theirs, mask=theirs < rows, other=experts)
-            up_to += tl.sum((other[None, :] <= counted[:, None]).to(tl.int64), axis=1)
-            count += tl.sum((other[None, :] == counted[:, None]).to(tl.int64), axis=1)
-        tl.store(counts_ptr + counted, count, mask=counted < experts)
-        tl.store(offsets_ptr + counted, up_to.to(tl.int32), mask=counted < experts)
+        tl.store(token_ptr + place, (mine // TOP_K).to(tl.int64), mask=live)
+        free += tl.sum(hit.to(tl.int32), axis=0)
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
@@ -113,24 +127,26 @@ def _on_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.is_cpu and _device.INTERPRETED)
 
 
-def _ranking(flat: torch.Tensor, experts: int) -> bool:
+def _one_launch(flat: torch.Tensor, experts: int) -> bool:
     # Asked first while tracing: a traced tensor has no address to check.
-    return (not torch.compiler.is_compiling() and 0 < flat.shape[0] < _COUNTING_ROWS and flat.dtype == torch.int64
-            and flat.is_contiguous() and _on_triton(flat) and _aligned(flat))
+    return (not torch.compiler.is_compiling() and 0 < flat.shape[0] <= _ONE_LAUNCH_ROWS
+            and 0 < experts <= _ONE_LAUNCH_EXPERTS and flat.dtype == torch.int64 and flat.is_contiguous()
+            and _on_triton(flat) and _aligned(flat))
 
 
-def _rank_by_expert(flat: torch.Tensor, experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sort_in_one_launch(flat: torch.Tensor, experts: int, top_k: int) -> Sorted:
     rows = flat.shape[0]
-    # One allocation for the three int64 outputs (perm, position, counts), each part 16-byte aligned.
+    # One allocation for the four int64 outputs (perm, position, token, counts), each part 16-byte aligned.
     span = -(-max(rows, experts) // 2) * 2
-    out = torch.empty(3 * span, dtype=torch.int64, device=flat.device)
-    perm, position, counts = out[:rows], out[span:span + rows], out[2 * span:2 * span + experts]
+    out = torch.empty(4 * span, dtype=torch.int64, device=flat.device)
+    perm, position, token = out[:rows], out[span:span + rows], out[2 * span:2 * span + rows]
+    counts = out[3 * span:3 * span + experts]
     offsets = torch.empty(experts, dtype=torch.int32, device=flat.device)
-    key = (rows, experts, flat.device)
-    launch = _RANKS.get_or_make(key, lambda: DirectLaunch(
-        _rank_kernel, (triton.cdiv(rows, RANK_BLOCK) + triton.cdiv(experts, RANK_BLOCK),), dict(BLOCK=RANK_BLOCK)))
-    launch(flat, perm, position, counts, offsets, rows, experts)
-    return perm, position, offsets, counts
+    key = (rows, experts, top_k, flat.device)
+    launch = _SORTS.get_or_make(key, lambda: DirectLaunch(_sort_kernel, (1,), dict(
+        TOP_K=top_k, BLOCK=SORT_BLOCK, EXPERTS=triton.next_power_of_2(experts), num_warps=4 if rows <= 512 else 16)))
+    launch(flat, perm, position, token, counts, offsets, rows, experts)
+    return Sorted(perm, position, offsets, counts, token)
 
 
 # ------------------------------------------------------------------------------------------------- combine

@@ -129,8 +129,9 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     if path is _STOCK_PATH:
         return _stock(self, hidden_states, top_k_index, top_k_weights)
     experts = self.gate_up_proj.shape[0]
-    perm, position, offsets, _ = sort_by_expert(top_k_index.reshape(-1), experts)
-    rows = hidden_states[perm // top_k]
+    routed = sort_by_expert(top_k_index.reshape(-1), experts, top_k)
+    offsets = routed.offsets
+    rows = hidden_states.index_select(0, routed.token)
     # all_rows: the offsets end at T * k (every row is routed), so no output fill is needed.
     if path is _FUSED:
         h = ops.moe_gated_matmul_call(rows, gate_up_w, offsets, True)  # one launch: [S, I], no [S, 2I] written
@@ -139,7 +140,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         # silu_mul is a launch of its own, with no backward and nothing Dynamo traces: torch's ops there.
         h = moe_gated.gating(gate_up) if traced else silu_mul(gate_up)  # one pass over [S, 2I] on the GPU
     down = ops.moe_matmul_call(h, down_w, offsets, True)
-    return combine(down, position, top_k_weights, hidden_states.dtype)  # back to (token, slot) order, summed over k
+    return combine(down, routed.position, top_k_weights, hidden_states.dtype)  # back to (token, slot) order, summed over k
 
 
 # The three ways an eager call computes the experts (``_path``).

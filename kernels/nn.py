@@ -750,8 +750,8 @@ def _route(logits: torch.Tensor, top_k: int) -> _Routed:
         raise ValueError(f"top_k must be in 1..{experts} (the number of experts); got {top_k}")
     gate, chosen = _top_k(logits, top_k)
     gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype).reshape(-1)
-    perm, position, offsets, counts = sort_by_expert(chosen.reshape(-1), experts)
-    return _Routed(perm, position, gate, offsets, counts)
+    routed = sort_by_expert(chosen.reshape(-1), experts)
+    return _Routed(routed.perm, routed.position, gate, routed.offsets, routed.counts)
 
 
 _MOE_DTYPES = (torch.float16, torch.bfloat16)

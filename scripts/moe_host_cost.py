@@ -93,13 +93,14 @@ def experts_cells(vanilla: torch.nn.Module, patched: torch.nn.Module, tokens: in
         call = lambda: forward(module, x, index, weights)  # noqa: E731
         call()
         cells[name] = dict(host_and_loop_us(call), graph_gpu_us=graph_gpu_us(call))
-    perm, position, offsets, _ = sort_by_expert(index.reshape(-1), experts)
-    sorted_rows = x[perm // top_k]
+    routed = sort_by_expert(index.reshape(-1), experts, top_k)
+    offsets, position = routed.offsets, routed.position
+    sorted_rows = x.index_select(0, routed.token)
     h = ops.moe_gated_matmul_call(sorted_rows, gate_up, offsets, True)
     out = ops.moe_matmul_call(h, down, offsets, True)
     pieces = {"_path": lambda: hf._path(x, rows, gate_up, down, True),
-              "sort_by_expert": lambda: sort_by_expert(index.reshape(-1), experts),
-              "gather rows": lambda: x[perm // top_k],
+              "sort_by_expert": lambda: sort_by_expert(index.reshape(-1), experts, top_k),
+              "gather rows": lambda: x.index_select(0, routed.token),
               "moe_gated_matmul_call": lambda: ops.moe_gated_matmul_call(sorted_rows, gate_up, offsets, True),
               "torch._grouped_mm gate_up": lambda: torch._grouped_mm(sorted_rows, gate_up, offs=offsets),
               "moe_matmul_call down": lambda: ops.moe_matmul_call(h, down, offsets, True),

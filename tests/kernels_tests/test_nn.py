@@ -305,18 +305,30 @@ def test_route_counting_sort_gives_the_stable_sort_of_torch(monkeypatch, experts
     assert torch.equal(counted.perm[counted.position], torch.arange(tokens * top_k))  # position inverts perm
 
 
-@pytest.mark.parametrize("experts,tokens,top_k", [(3, 1, 1), (4, 7, 2), (128, 1, 8), (128, 16, 8), (200, 5, 3)])
-def test_decode_sizes_are_ranked_in_one_launch_as_torch_sorts_them(experts, tokens, top_k) -> None:
-    """Below _COUNTING_ROWS rows, eagerly, sort_by_expert is one Triton launch (_rank_kernel): the same stable
-    order, places, counts and offsets as torch.sort and a count; 128 and 200 experts span several programs."""
+@pytest.mark.parametrize("experts,tokens,top_k", [(3, 1, 1), (4, 7, 2), (128, 1, 8), (128, 16, 8), (200, 5, 3),
+                                                   (8, 300, 2), (128, 130, 8), (512, 3, 8)])
+def test_eager_sizes_are_sorted_in_one_launch_as_torch_sorts_them(experts, tokens, top_k) -> None:
+    """Eagerly, up to _ONE_LAUNCH_ROWS rows and _ONE_LAUNCH_EXPERTS experts, sort_by_expert is one Triton program
+    (_sort_kernel): the same stable order, places, counts and offsets as torch.sort and a count, and each sorted
+    row's token. The sizes span one and many blocks of rows, experts not a power of two, and the most experts."""
     torch.manual_seed(experts + tokens)
     flat = torch.topk(torch.randn(tokens, experts), top_k, dim=-1).indices.reshape(-1).to(DEVICE)
-    assert kernels._routing._ranking(flat, experts)
-    perm, position, offsets, counts = kernels._routing.sort_by_expert(flat, experts)
-    assert torch.equal(perm, torch.sort(flat, stable=True).indices)
-    assert torch.equal(perm[position], torch.arange(tokens * top_k, device=flat.device))
+    assert kernels._routing._one_launch(flat, experts)
+    routed = kernels._routing.sort_by_expert(flat, experts, top_k)
+    assert torch.equal(routed.perm, torch.sort(flat, stable=True).indices)
+    assert torch.equal(routed.perm[routed.position], torch.arange(tokens * top_k, device=flat.device))
+    assert torch.equal(routed.token, routed.perm // top_k)
     want = torch.bincount(flat, minlength=experts)
-    assert torch.equal(counts, want) and torch.equal(offsets, torch.cumsum(want, 0).to(torch.int32))
+    assert torch.equal(routed.counts, want) and torch.equal(routed.offsets, torch.cumsum(want, 0).to(torch.int32))
+
+
+def test_sizes_past_one_launch_take_torchs_sort_with_the_same_fields() -> None:
+    flat = torch.randint(0, 600, (40,), device=DEVICE)  # more experts than one program takes
+    assert not kernels._routing._one_launch(flat, 600)
+    routed = kernels._routing.sort_by_expert(flat, 600, 4)
+    assert torch.equal(routed.perm, torch.sort(flat, stable=True).indices)
+    assert torch.equal(routed.token, routed.perm // 4)
+    assert torch.equal(routed.offsets, torch.cumsum(torch.bincount(flat, minlength=600), 0).to(torch.int32))
 
 
 @pytest.mark.parametrize("weights_dtype", [torch.float32, torch.float16])
