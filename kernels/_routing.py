@@ -23,7 +23,7 @@ __all__ = ["Sorted", "combine", "sort_by_expert"]
 # and compiled alike (scripts/probes/layer_profile.py, retired at 1996844, 2026-11-26, docs/BENCHMARKS.md). Under torch.compile the count's few steps fuse into a few kernels; run eagerly they are several
 # launches, which a decode step's handful of rows does not repay (there torch.sort is one or two), so eager
 # calls count only from _COUNTING_ROWS rows (a threshold between decode and prefill, not tuned), and only
-# where one Triton program does not sort them (``_one_launch``, below: most eager calls). Past
+# where Triton does not sort them (``_in_triton``, below: most eager calls). Past
 # _COUNTING_CELLS (many experts and many tokens) the [E, rows] count table outgrows a sort.
 _COUNTING_CELLS = 1 << 22
 _COUNTING_ROWS = 1024
@@ -47,8 +47,8 @@ def sort_by_expert(flat: torch.Tensor, experts: int, top_k: int = 1) -> Sorted:
     """The rows ``flat`` [T * k] (each row's expert, ``top_k`` rows a token) sorted by expert, on the device (no
     host sync, static sizes), stably (torch.sort's order)."""
     rows = flat.shape[0]
-    if _one_launch(flat, experts):
-        return _sort_in_one_launch(flat, experts, top_k)
+    if _in_triton(flat, experts):
+        return _sort_in_triton(flat, experts, top_k)
     index = torch.arange(rows, device=flat.device)
     if _counting(rows, experts):
         # A stable counting sort: a row's place is its expert's start plus how many rows of that expert
@@ -69,43 +69,84 @@ def sort_by_expert(flat: torch.Tensor, experts: int, top_k: int = 1) -> Sorted:
     return Sorted(perm, position, offsets, counts, perm // top_k if top_k > 1 else perm)
 
 
-# ------------------------------------------------------------------------------------- one launch, eagerly
+# ------------------------------------------------------------------------------------------ eagerly, in Triton
 
-# Up to _ONE_LAUNCH_ROWS routed rows (decode, and prefill up to a thousand tokens at k = 8) over up to
-# _ONE_LAUNCH_EXPERTS experts are sorted by one Triton program, eagerly: torch.sort and the count around it
-# cost 112-123 us of host time per call at decode sizes, and the counting sort's torch ops 180-270 us from
-# 1024 rows (H200, Qwen3-30B-A3B's 128 experts, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0;
-# docs/BENCHMARKS.md "The MoE decode step's host time"), where transformers' batched_mm took 125-145 us for
-# the whole experts call at one token. One program counts every expert's rows, then walks the rows in blocks,
-# keeping each expert's next free place: a stable counting sort whose passes are rows x experts compares.
-# Past those sizes the GPU time of one program outgrows the multi-launch sorts', and the host time of a step
-# that large hides behind its GPU time.
-_ONE_LAUNCH_ROWS = 8192
-_ONE_LAUNCH_EXPERTS = 512
+# Eagerly, up to _TRITON_ROWS routed rows over up to _TRITON_EXPERTS experts are sorted by Triton: torch.sort
+# and the count around it cost 110-116 us of host time per call at decode sizes, and the counting sort's torch
+# ops 180-260 us from 1024 rows, where transformers' batched_mm took 120-145 us for the whole experts call at
+# one token (H200, Qwen3-30B-A3B's 128 experts, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0; docs/BENCHMARKS.md
+# "The MoE decode step's host time"). A stable counting sort: count each expert's rows, then walk the rows in
+# blocks, keeping each expert's next free place.
+# - Up to _ONE_PROGRAM_ROWS (decode steps): one program does both passes, one launch (20 us of host time). Its
+#   GPU time grows with the rows (6 us at 8 rows, 29 us at 512, 48 us at 1024 on that H200).
+# - Past it: chunks of CHUNK rows in parallel, two launches: each chunk counts its rows per expert, then each
+#   chunk places its rows after the earlier chunks' rows of the same expert.
+# Past _TRITON_ROWS, torch's ops (one wave of chunk programs holds that many rows on an H100 or H200).
+_ONE_PROGRAM_ROWS = 512
+_TRITON_ROWS = 32768
+_TRITON_EXPERTS = 512
 SORT_BLOCK = 64
+CHUNK = 256
 _SORTS = LruCache(capacity=64)
 
 
 @triton.jit
-def _sort_kernel(expert_ptr, perm_ptr, position_ptr, token_ptr, counts_ptr, offsets_ptr, rows, experts,
-                 TOP_K: tl.constexpr, BLOCK: tl.constexpr, EXPERTS: tl.constexpr):
-    """One program. Counts each expert's rows (counts, and the running ends: offsets), then gives each row its
-    place: its expert's start, plus the rows of its expert in earlier blocks, plus those before it in its own
-    block (stable). Writes position (row -> place), perm (place -> row) and token (place -> row // TOP_K)."""
+def _count_rows(expert_ptr, begin, end, EXPERTS: tl.constexpr, BLOCK: tl.constexpr):
+    """Each expert's rows among rows [begin, end): [EXPERTS] int32."""
     lanes = tl.arange(0, BLOCK)
-    bins = tl.arange(0, EXPERTS)  # EXPERTS: a power of two >= experts; rows past the end read as EXPERTS
+    bins = tl.arange(0, EXPERTS)
     counts = tl.zeros([EXPERTS], dtype=tl.int32)
-    for start in range(0, rows, BLOCK):
+    for start in range(begin, end, BLOCK):
         mine = start + lanes
-        expert = tl.load(expert_ptr + mine, mask=mine < rows, other=EXPERTS)
+        # Rows past the end read as expert EXPERTS, which no bin holds.
+        expert = tl.load(expert_ptr + mine, mask=mine < end, other=EXPERTS)
         counts += tl.sum((expert[:, None] == bins[None, :]).to(tl.int32), axis=0)
+    return counts
+
+
+@triton.jit
+def _chunk_count_kernel(expert_ptr, chunk_counts_ptr, rows, EXPERTS: tl.constexpr, BLOCK: tl.constexpr,
+                        CHUNK: tl.constexpr):
+    """Program c: each expert's rows in chunk c, into chunk_counts[c, :]."""
+    chunk = tl.program_id(0)
+    begin = chunk * CHUNK
+    counts = _count_rows(expert_ptr, begin, tl.minimum(begin + CHUNK, rows), EXPERTS, BLOCK)
+    tl.store(chunk_counts_ptr + chunk * EXPERTS + tl.arange(0, EXPERTS), counts)
+
+
+@triton.jit
+def _sort_kernel(expert_ptr, chunk_counts_ptr, perm_ptr, position_ptr, token_ptr, counts_ptr, offsets_ptr, rows,
+                 experts, chunks, TOP_K: tl.constexpr, BLOCK: tl.constexpr, EXPERTS: tl.constexpr,
+                 CHUNK: tl.constexpr, CHUNKED: tl.constexpr):
+    """Places the rows of chunk ``program_id`` (all rows in one program unless CHUNKED): a row's place is its
+    expert's start, plus its expert's rows in earlier chunks, earlier blocks and earlier in its own block
+    (stable). Writes position (row -> place), perm (place -> row), token (place -> row // TOP_K), and from
+    program 0 each expert's count and end (offsets)."""
+    pid = tl.program_id(0)
+    bins = tl.arange(0, EXPERTS)
+    if CHUNKED:
+        counts = tl.zeros([EXPERTS], dtype=tl.int32)
+        earlier_chunks = tl.zeros([EXPERTS], dtype=tl.int32)
+        for chunk in range(0, chunks):
+            theirs = tl.load(chunk_counts_ptr + chunk * EXPERTS + bins)
+            counts += theirs
+            earlier_chunks += tl.where(chunk < pid, theirs, 0)
+        begin = pid * CHUNK
+        end = tl.minimum(begin + CHUNK, rows)
+    else:
+        counts = _count_rows(expert_ptr, 0, rows, EXPERTS, BLOCK)
+        earlier_chunks = tl.zeros([EXPERTS], dtype=tl.int32)
+        begin = pid * 0
+        end = rows
     ends = tl.cumsum(counts, axis=0)
-    tl.store(counts_ptr + bins, counts.to(tl.int64), mask=bins < experts)
-    tl.store(offsets_ptr + bins, ends, mask=bins < experts)
-    free = ends - counts  # each expert's next free place
-    for start in range(0, rows, BLOCK):
+    if pid == 0:
+        tl.store(counts_ptr + bins, counts.to(tl.int64), mask=bins < experts)
+        tl.store(offsets_ptr + bins, ends, mask=bins < experts)
+    free = ends - counts + earlier_chunks  # each expert's next free place
+    lanes = tl.arange(0, BLOCK)
+    for start in range(begin, end, BLOCK):
         mine = start + lanes
-        live = mine < rows
+        live = mine < end
         expert = tl.load(expert_ptr + mine, mask=live, other=EXPERTS)
         hit = expert[:, None] == bins[None, :]  # [BLOCK, EXPERTS]
         first = tl.sum(tl.where(hit, free[None, :], 0), axis=1)  # free[expert]
@@ -127,14 +168,14 @@ def _on_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or (t.is_cpu and _device.INTERPRETED)
 
 
-def _one_launch(flat: torch.Tensor, experts: int) -> bool:
+def _in_triton(flat: torch.Tensor, experts: int) -> bool:
     # Asked first while tracing: a traced tensor has no address to check.
-    return (not torch.compiler.is_compiling() and 0 < flat.shape[0] <= _ONE_LAUNCH_ROWS
-            and 0 < experts <= _ONE_LAUNCH_EXPERTS and flat.dtype == torch.int64 and flat.is_contiguous()
+    return (not torch.compiler.is_compiling() and 0 < flat.shape[0] <= _TRITON_ROWS
+            and 0 < experts <= _TRITON_EXPERTS and flat.dtype == torch.int64 and flat.is_contiguous()
             and _on_triton(flat) and _aligned(flat))
 
 
-def _sort_in_one_launch(flat: torch.Tensor, experts: int, top_k: int) -> Sorted:
+def _sort_in_triton(flat: torch.Tensor, experts: int, top_k: int) -> Sorted:
     rows = flat.shape[0]
     # One allocation for the four int64 outputs (perm, position, token, counts), each part 16-byte aligned.
     span = -(-max(rows, experts) // 2) * 2
@@ -142,11 +183,26 @@ def _sort_in_one_launch(flat: torch.Tensor, experts: int, top_k: int) -> Sorted:
     perm, position, token = out[:rows], out[span:span + rows], out[2 * span:2 * span + rows]
     counts = out[3 * span:3 * span + experts]
     offsets = torch.empty(experts, dtype=torch.int32, device=flat.device)
-    key = (rows, experts, top_k, flat.device)
-    launch = _SORTS.get_or_make(key, lambda: DirectLaunch(_sort_kernel, (1,), dict(
-        TOP_K=top_k, BLOCK=SORT_BLOCK, EXPERTS=triton.next_power_of_2(experts), num_warps=4 if rows <= 512 else 16)))
-    launch(flat, perm, position, token, counts, offsets, rows, experts)
+    launches = _SORTS.get_or_make((rows, experts, top_k, flat.device), lambda: _sort_launches(rows, experts, top_k))
+    bins = triton.next_power_of_2(experts)
+    chunks = triton.cdiv(rows, CHUNK)
+    if len(launches) == 1:
+        launches[0](flat, offsets, perm, position, token, counts, offsets, rows, experts, 1)  # no chunk counts
+    else:
+        chunk_counts = torch.empty(chunks * bins, dtype=torch.int32, device=flat.device)
+        launches[0](flat, chunk_counts, rows)
+        launches[1](flat, chunk_counts, perm, position, token, counts, offsets, rows, experts, chunks)
     return Sorted(perm, position, offsets, counts, token)
+
+
+def _sort_launches(rows: int, experts: int, top_k: int) -> tuple[DirectLaunch, ...]:
+    bins = triton.next_power_of_2(experts)
+    options = dict(TOP_K=top_k, BLOCK=SORT_BLOCK, EXPERTS=bins, CHUNK=CHUNK)
+    if rows <= _ONE_PROGRAM_ROWS:
+        return (DirectLaunch(_sort_kernel, (1,), dict(options, CHUNKED=False)),)
+    chunks = triton.cdiv(rows, CHUNK)
+    return (DirectLaunch(_chunk_count_kernel, (chunks,), dict(EXPERTS=bins, BLOCK=SORT_BLOCK, CHUNK=CHUNK)),
+            DirectLaunch(_sort_kernel, (chunks,), dict(options, CHUNKED=True)))
 
 
 # ------------------------------------------------------------------------------------------------- combine

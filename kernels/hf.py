@@ -57,7 +57,7 @@ def _stock(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Te
            top_k_weights: torch.Tensor) -> torch.Tensor:
     """What vanilla runs for the calls ``experts_forward`` declines: transformers' default experts implementation,
     "grouped_mm", which its ``generate`` switches to "batched_mm" for the decode steps (``_decoding``)."""
-    return stock_implementation(bool(module.__dict__.get(_DECODING)), hidden_states.device.type)(
+    return stock_implementation(_in_decode(module), hidden_states.device.type)(
         module, hidden_states, top_k_index, top_k_weights)
 
 
@@ -125,6 +125,8 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     wants_grad = torch.is_grad_enabled() and (
         hidden_states.requires_grad or gate_up_w.requires_grad or down_w.requires_grad)
     traced = compiling or wants_grad
+    if not traced and _in_decode(self) and _batched_decode_is_cheaper(tokens * top_k, gate_up_w, down_w):
+        return _stock(self, hidden_states, top_k_index, top_k_weights)
     path = _UNFUSED if compiling else _path(hidden_states, tokens * top_k, gate_up_w, down_w, not wants_grad)
     if path is _STOCK_PATH:
         return _stock(self, hidden_states, top_k_index, top_k_weights)
@@ -141,6 +143,31 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         h = moe_gated.gating(gate_up) if traced else silu_mul(gate_up)  # one pass over [S, 2I] on the GPU
     down = ops.moe_matmul_call(h, down_w, offsets, True)
     return combine(down, routed.position, top_k_weights, hidden_states.dtype)  # back to (token, slot) order, summed over k
+
+
+# In generate's decode steps vanilla runs transformers' "batched_mm": it copies each routed row's expert weights,
+# then multiplies (bmm), so it passes over those weights about three times to our path's once, but as a few ops
+# dispatched by torch's C++, where our path is six launches from Python. Measured at a decode step of one
+# token (Qwen3-30B-A3B, 8 routed rows over 128 experts, 75 MB of weights; H200, 2026-11-28, torch 2.11.0+cu130,
+# triton 3.6.0, scripts/moe_host_cost.py): batched_mm 120-125 us a call back to back, ours 204-238 us, each
+# host-paced (GPU time 78 against 60 us); at 16 tokens (128 rows, 1.2 GB) batched_mm 836 us, ours 217 us.
+# So where batched_mm's two extra passes over the routed experts' weights cost less GPU time than our ~100 us
+# of extra host time, decode steps run it: 160 MB is what two passes read in 100 us at the H100's 3.35 TB/s
+# (the slower of the two GPUs measured). A model with larger experts (Mixtral: 350 MB each) keeps our path
+# from its first token.
+_BATCHED_DECODE_BYTES = 160 << 20
+
+
+def _in_decode(module: nn.Module) -> bool:
+    """Whether ``generate`` is in its decode steps for this experts module (``_decoding``)."""
+    return bool(module.__dict__.get(_DECODING))
+
+
+def _batched_decode_is_cheaper(rows: int, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> bool:
+    """Whether transformers' batched_mm costs less than our path for a decode step routing ``rows`` rows (see
+    _BATCHED_DECODE_BYTES). Record mode takes our path: its calls must be counted."""
+    expert_bytes = (gate_up_w[0].numel() + down_w[0].numel()) * gate_up_w.element_size()
+    return not _REC.on and rows * expert_bytes <= _BATCHED_DECODE_BYTES
 
 
 # The three ways an eager call computes the experts (``_path``).

@@ -152,6 +152,37 @@ def test_calls_that_fall_back_run_what_vanilla_runs_in_each_phase_of_generate() 
     assert "_optimize_model_for_decode" not in model.__dict__
 
 
+def test_decode_steps_whose_routed_weights_are_small_run_batched_mm_as_vanilla_does(monkeypatch) -> None:
+    """In generate's decode steps, where batched_mm's extra passes over the routed experts' weights cost less
+    than our path's launches (hf._BATCHED_DECODE_BYTES), the experts run vanilla's decode implementation; past
+    that size, or outside decode steps, they take our path (which asks _path)."""
+    model = build(MOE["qwen3_moe"], torch.float16)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 1, 2, seed=9)
+    gate_up_w, down_w = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
+    expert_bytes = (gate_up_w[0].numel() + down_w[0].numel()) * 2
+    monkeypatch.setattr(hf, "_BATCHED_DECODE_BYTES", 4 * expert_bytes)
+    assert hf._batched_decode_is_cheaper(4, gate_up_w, down_w)
+    assert not hf._batched_decode_is_cheaper(5, gate_up_w, down_w)
+    asked = []
+    real_path = hf._path
+    monkeypatch.setattr(hf, "_path", lambda *a: asked.append(a[1]) or real_path(*a))
+    with torch.no_grad():
+        hf.experts_forward(experts, x, index, weights)  # not decoding: our path decides
+        assert asked == [2]
+        experts.__dict__[hf._DECODING] = True
+        try:
+            got = hf.experts_forward(experts, x, index, weights)  # 2 rows of small experts: vanilla's
+            assert asked == [2]
+            want = hf.stock_implementation(True, x.device.type)(experts, x, index, weights)
+            assert torch.equal(got, want)
+            x3, index3, weights3 = _experts_inputs(experts, 3, 2, seed=10)  # 6 rows: past the bytes, ours
+            hf.experts_forward(experts, x3, index3, weights3)
+            assert asked == [2, 6]
+        finally:
+            experts.__dict__.pop(hf._DECODING)
+
+
 def _generate(model: torch.nn.Module) -> torch.Tensor:
     with torch.no_grad():
         return model.generate(tokens(length=6), max_new_tokens=4, do_sample=False)

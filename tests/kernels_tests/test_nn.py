@@ -306,14 +306,16 @@ def test_route_counting_sort_gives_the_stable_sort_of_torch(monkeypatch, experts
 
 
 @pytest.mark.parametrize("experts,tokens,top_k", [(3, 1, 1), (4, 7, 2), (128, 1, 8), (128, 16, 8), (200, 5, 3),
-                                                   (8, 300, 2), (128, 130, 8), (512, 3, 8)])
-def test_eager_sizes_are_sorted_in_one_launch_as_torch_sorts_them(experts, tokens, top_k) -> None:
-    """Eagerly, up to _ONE_LAUNCH_ROWS rows and _ONE_LAUNCH_EXPERTS experts, sort_by_expert is one Triton program
-    (_sort_kernel): the same stable order, places, counts and offsets as torch.sort and a count, and each sorted
-    row's token. The sizes span one and many blocks of rows, experts not a power of two, and the most experts."""
+                                                   (4, 256, 2), (4, 384, 2), (8, 300, 2), (128, 130, 8),
+                                                   (512, 3, 8)])
+def test_eager_sizes_are_sorted_in_triton_as_torch_sorts_them(experts, tokens, top_k) -> None:
+    """Eagerly, up to _TRITON_ROWS rows and _TRITON_EXPERTS experts, sort_by_expert runs in Triton (_sort_kernel,
+    one program up to _ONE_PROGRAM_ROWS rows, chunks past it): the same stable order, places, counts and offsets
+    as torch.sort and a count, and each sorted row's token. The sizes span one and many blocks, the one-program
+    limit (512 rows), whole and partial chunks, experts not a power of two, and the most experts."""
     torch.manual_seed(experts + tokens)
     flat = torch.topk(torch.randn(tokens, experts), top_k, dim=-1).indices.reshape(-1).to(DEVICE)
-    assert kernels._routing._one_launch(flat, experts)
+    assert kernels._routing._in_triton(flat, experts)
     routed = kernels._routing.sort_by_expert(flat, experts, top_k)
     assert torch.equal(routed.perm, torch.sort(flat, stable=True).indices)
     assert torch.equal(routed.perm[routed.position], torch.arange(tokens * top_k, device=flat.device))
@@ -322,9 +324,9 @@ def test_eager_sizes_are_sorted_in_one_launch_as_torch_sorts_them(experts, token
     assert torch.equal(routed.counts, want) and torch.equal(routed.offsets, torch.cumsum(want, 0).to(torch.int32))
 
 
-def test_sizes_past_one_launch_take_torchs_sort_with_the_same_fields() -> None:
-    flat = torch.randint(0, 600, (40,), device=DEVICE)  # more experts than one program takes
-    assert not kernels._routing._one_launch(flat, 600)
+def test_sizes_past_triton_take_torchs_sort_with_the_same_fields() -> None:
+    flat = torch.randint(0, 600, (40,), device=DEVICE)  # more experts than the Triton sort takes
+    assert not kernels._routing._in_triton(flat, 600)
     routed = kernels._routing.sort_by_expert(flat, 600, 4)
     assert torch.equal(routed.perm, torch.sort(flat, stable=True).indices)
     assert torch.equal(routed.token, routed.perm // 4)
