@@ -72,15 +72,16 @@ def sort_by_expert(flat: torch.Tensor, experts: int, top_k: int = 1) -> Sorted:
 # ------------------------------------------------------------------------------------------ eagerly, in Triton
 
 # Eagerly, up to _TRITON_ROWS routed rows over up to _TRITON_EXPERTS experts are sorted by Triton: torch.sort
-# and the count around it cost 110-116 us of host time per call at decode sizes, and the counting sort's torch
-# ops 180-260 us from 1024 rows, where transformers' batched_mm took 120-145 us for the whole experts call at
+# and the count around it cost 110-125 us of host time per call at decode sizes, and the counting sort's torch
+# ops 180-380 us from 1024 rows, where transformers' batched_mm took 120-145 us for the whole experts call at
 # one token (H200, Qwen3-30B-A3B's 128 experts, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0; docs/BENCHMARKS.md
-# "The MoE decode step's host time"). A stable counting sort: count each expert's rows, then walk the rows in
-# blocks, keeping each expert's next free place.
-# - Up to _ONE_PROGRAM_ROWS (decode steps): one program does both passes, one launch (20 us of host time). Its
-#   GPU time grows with the rows (6 us at 8 rows, 29 us at 512, 48 us at 1024 on that H200).
+# "A benchmark's first minute, and the experts' sort"). A stable counting sort: count each expert's rows, then
+# walk the rows in blocks, keeping each expert's next free place.
+# - Up to _ONE_PROGRAM_ROWS (decode steps): one program does both passes, one launch (20-27 us of host time).
+#   Its GPU time grows with the rows: 6 us at 8 rows, 29 us at 512, 48 at 1024, 184 at 4096 on that H200.
 # - Past it: chunks of CHUNK rows in parallel, two launches: each chunk counts its rows per expert, then each
-#   chunk places its rows after the earlier chunks' rows of the same expert.
+#   chunk places its rows after the earlier chunks' rows of the same expert (39-63 us of host time, 22-29 us
+#   of GPU time from 1024 to 32768 rows).
 # Past _TRITON_ROWS, torch's ops (one wave of chunk programs holds that many rows on an H100 or H200).
 _ONE_PROGRAM_ROWS = 512
 _TRITON_ROWS = 32768
