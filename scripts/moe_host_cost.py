@@ -7,8 +7,10 @@ Per call: "host" is the median time to return with the GPU idle before the call 
 it), "loop" the mean over back-to-back calls with one synchronize at the end (the slower of host and GPU paces
 it), "graph" the GPU time of the call replayed in a CUDA graph. Writes DIR/moe_host.json, and DIR/prof-*.txt
 (torch.profiler, self CPU time) and DIR/cprof-*.txt (cProfile, cumulative) of one ``generate`` at batch 1 per
-model. The patched model is ``kernels.patch`` of a copy of vanilla, with the database given (docs/BENCHMARKS.md,
-"The MoE decode step's host time").
+model. The patched model is ``kernels.patch`` of a copy of vanilla, with the database given; ``generate`` also runs
+a third copy, patched with its experts handed back to transformers ("patched, stock experts"), which splits a
+gap between the dense modules and the experts. The script waits for the C++ path first (docs/BENCHMARKS.md,
+"The MoE decode step's host time", "A benchmark's first minute, and the experts' sort").
 """
 
 from __future__ import annotations
