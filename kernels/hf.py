@@ -166,7 +166,8 @@ def _in_decode(module: nn.Module) -> bool:
 def _batched_decode_is_cheaper(rows: int, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> bool:
     """Whether transformers' batched_mm costs less than our path for a decode step routing ``rows`` rows (see
     _BATCHED_DECODE_BYTES). Record mode takes our path: its calls must be counted."""
-    expert_bytes = (gate_up_w[0].numel() + down_w[0].numel()) * gate_up_w.element_size()
+    expert_bytes = (gate_up_w.shape[1] * gate_up_w.shape[2] + down_w.shape[1] * down_w.shape[2]) * \
+        gate_up_w.element_size()
     return not _REC.on and rows * expert_bytes <= _BATCHED_DECODE_BYTES
 
 
