@@ -20,7 +20,8 @@ __all__ = ["Sorted", "combine", "sort_by_expert"]
 
 # Rows are sorted by expert by counting (a running count per expert, one scan) rather than by torch.sort
 # where that pays: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's radix sort, eager
-# and compiled alike (scripts/probes/layer_profile.py, retired at 1996844, 2026-11-26, docs/BENCHMARKS.md). Under torch.compile the count's few steps fuse into a few kernels; run eagerly they are several
+# and compiled alike (scripts/probes/layer_profile.py, retired at 1996844, 2026-11-26, docs/BENCHMARKS.md).
+# Under torch.compile the count's few steps fuse into a few kernels; run eagerly they are several
 # launches, which a decode step's handful of rows does not repay (there torch.sort is one or two), so eager
 # calls count only from _COUNTING_ROWS rows (a threshold between decode and prefill, not tuned), and only
 # where Triton does not sort them (``_in_triton``, below: most eager calls). Past

@@ -142,7 +142,8 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         # silu_mul is a launch of its own, with no backward and nothing Dynamo traces: torch's ops there.
         h = moe_gated.gating(gate_up) if traced else silu_mul(gate_up)  # one pass over [S, 2I] on the GPU
     down = ops.moe_matmul_call(h, down_w, offsets, True)
-    return combine(down, routed.position, top_k_weights, hidden_states.dtype)  # back to (token, slot) order, summed over k
+    # Back to (token, slot) order, summed over k.
+    return combine(down, routed.position, top_k_weights, hidden_states.dtype)
 
 
 # In generate's decode steps vanilla runs transformers' "batched_mm": it copies each routed row's expert weights,

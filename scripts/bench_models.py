@@ -441,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     # it builds (a fresh machine's first process spends 40-60 s so; docs/BENCHMARKS.md).
     native = kernels._native.start(block=True) if torch.cuda.is_available() else "no GPU"
     device = kernels.current_device()
-    meta = {"cxx_path": native, "shipped_tables": not args.no_shipped, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
+    meta = {"cxx_path": native, "shipped_tables": not args.no_shipped,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": device.name, "alias": device.alias,
             "torch": torch.__version__, "transformers": transformers.__version__,
             "triton": __import__("triton").__version__, "layers": args.layers, "rounds": args.rounds,
             "new_tokens": args.new_tokens, "argv": sys.argv[1:],
