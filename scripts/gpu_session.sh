@@ -10,6 +10,7 @@
 #              (scripts/host_cost.py)
 #   models     whole transformers models (scripts/bench_models.py --control) with the GPU's table and without
 #   record-tune  one model (MODEL) recorded, its problems tuned (search --recorded), then timed again
+#   moe-model  Qwen3-30B-A3B with a tuned database: its experts' host time by piece, then the model, 9 rounds
 #   calibrate  the check's mutants (each in its own process) and valid configs on real shapes
 #              (scripts/calibrate_check.py; CAL_BUDGET seconds, default 270; CAL_ARGS=--no-mutants to go on with
 #              the valid configs a cut run left), then `tuner verify` of this GPU's shipped table
@@ -119,6 +120,18 @@ models)
     # Whole transformers models with this GPU's shipped table, then with none; each with the A/A column.
     $py scripts/bench_models.py --control --static '' --budget-s 240 --out "$out/models-table" 2>&1 | tail -40 | tee -a "$log"
     $py scripts/bench_models.py --control --no-shipped --quick --out "$out/models-no-table" 2>&1 | tail -25 | tee -a "$log" ;;
+moe-model)
+    # Qwen3-30B-A3B with a tuned database: DB, or else the H200 one of docs/runs/2026-11-28-h200-x4-fleet-moe (its
+    # records name the H200: on another GPU run `MODEL=Qwen3-30B-A3B ... record-tune` first and pass its database).
+    # Where the experts' host time goes (scripts/moe_host_cost.py), then the model against vanilla, 9 rounds.
+    if [ -z "${2:-}" ]; then
+        gunzip -c docs/runs/2026-11-28-h200-x4-fleet-moe/moe-record-tune/moe-tuned.json.gz > "$out/moe-tuned.json"
+        $py -m tuner import --db "$db" "$out/moe-tuned.json" 2>&1 | tail -1 | tee -a "$log"
+    fi
+    timeout 150 $py scripts/moe_host_cost.py --db "$db" --out "$out/moe-host" > "$out/moe_host_cost.txt" 2>&1
+    tail -8 "$out/moe_host_cost.txt" | tee -a "$log"
+    TUNER_DB="$db" $py scripts/bench_models.py --models Qwen3-30B-A3B --control --rounds 9 --batches 1,16,64 \
+        --static '' --budget-s 240 --out "$out/moe-model" 2>&1 | tail -16 | tee -a "$log" ;;
 record-tune)
     # One model recorded as bench_models runs it (MODEL, default Qwen2.5-7B: every setting but the static cache),
     # every recorded problem tuned on this GPU (or on GPUS, e.g. 0,1, through the fleet's workers; TUNE_BUDGET per
