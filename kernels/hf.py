@@ -109,8 +109,12 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     """The routed experts of one MoE layer: ``sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))`` per token.
 
     ``hidden_states`` [T, H], ``top_k_index`` [T, k] each token's experts, ``top_k_weights`` [T, k] their
-    weights: ExpertsInterface's signature. Calls our path cannot compute (see ``_takes``) run
-    transformers' "grouped_mm" implementation; so do the calls ``_path`` gives to it."""
+    weights: ExpertsInterface's signature. Calls our path cannot compute (see ``_takes``) run what vanilla
+    would (transformers' "grouped_mm" implementation, "batched_mm" in generate's decode steps); so do the calls
+    ``_path`` gives to it, and decode steps whose routed weights are small (``_BATCHED_DECODE_BYTES``)."""
+    # Asked first: what the rule saves is host time.
+    if _in_decode(self) and _batched_decode_is_cheaper(self, top_k_index.numel()):
+        return _stock(self, hidden_states, top_k_index, top_k_weights)
     if not _takes(self, hidden_states):
         return _stock(self, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
@@ -125,8 +129,6 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     wants_grad = torch.is_grad_enabled() and (
         hidden_states.requires_grad or gate_up_w.requires_grad or down_w.requires_grad)
     traced = compiling or wants_grad
-    if not traced and _in_decode(self) and _batched_decode_is_cheaper(tokens * top_k, gate_up_w, down_w):
-        return _stock(self, hidden_states, top_k_index, top_k_weights)
     path = _UNFUSED if compiling else _path(hidden_states, tokens * top_k, gate_up_w, down_w, not wants_grad)
     if path is _STOCK_PATH:
         return _stock(self, hidden_states, top_k_index, top_k_weights)
@@ -164,12 +166,13 @@ def _in_decode(module: nn.Module) -> bool:
     return bool(module.__dict__.get(_DECODING))
 
 
-def _batched_decode_is_cheaper(rows: int, gate_up_w: torch.Tensor, down_w: torch.Tensor) -> bool:
-    """Whether transformers' batched_mm costs less than our path for a decode step routing ``rows`` rows (see
-    _BATCHED_DECODE_BYTES). Record mode takes our path: its calls must be counted."""
-    expert_bytes = (gate_up_w.shape[1] * gate_up_w.shape[2] + down_w.shape[1] * down_w.shape[2]) * \
-        gate_up_w.element_size()
-    return not _REC.on and rows * expert_bytes <= _BATCHED_DECODE_BYTES
+def _batched_decode_is_cheaper(module: nn.Module, rows: int) -> bool:
+    """Whether transformers' batched_mm costs less than our path for a decode step routing ``rows`` rows through
+    ``module``'s experts (see _BATCHED_DECODE_BYTES). Record mode takes our path (its calls must be counted), and
+    so does a traced call (which runs our operators, as before this rule)."""
+    gate_up, down = module.gate_up_proj, module.down_proj
+    expert_bytes = (gate_up.shape[1] * gate_up.shape[2] + down.shape[1] * down.shape[2]) * gate_up.element_size()
+    return rows * expert_bytes <= _BATCHED_DECODE_BYTES and not _REC.on and not torch.compiler.is_compiling()
 
 
 # The three ways an eager call computes the experts (``_path``).

@@ -152,18 +152,20 @@ def test_calls_that_fall_back_run_what_vanilla_runs_in_each_phase_of_generate() 
     assert "_optimize_model_for_decode" not in model.__dict__
 
 
-def test_decode_steps_whose_routed_weights_are_small_run_batched_mm_as_vanilla_does(monkeypatch) -> None:
+def test_decode_steps_whose_routed_weights_are_small_run_batched_mm_as_vanilla_does(monkeypatch,
+                                                                                    tmp_path: Path) -> None:
     """In generate's decode steps, where batched_mm's extra passes over the routed experts' weights cost less
     than our path's launches (hf._BATCHED_DECODE_BYTES), the experts run vanilla's decode implementation; past
     that size, or outside decode steps, they take our path (which asks _path)."""
     model = build(MOE["qwen3_moe"], torch.float16)
     experts = model.model.layers[0].mlp.experts
     x, index, weights = _experts_inputs(experts, 1, 2, seed=9)
-    gate_up_w, down_w = experts.gate_up_proj.transpose(1, 2), experts.down_proj.transpose(1, 2)
-    expert_bytes = (gate_up_w[0].numel() + down_w[0].numel()) * 2
+    expert_bytes = (experts.gate_up_proj[0].numel() + experts.down_proj[0].numel()) * 2
     monkeypatch.setattr(hf, "_BATCHED_DECODE_BYTES", 4 * expert_bytes)
-    assert hf._batched_decode_is_cheaper(4, gate_up_w, down_w)
-    assert not hf._batched_decode_is_cheaper(5, gate_up_w, down_w)
+    assert hf._batched_decode_is_cheaper(experts, 4)
+    assert not hf._batched_decode_is_cheaper(experts, 5)
+    with kernels.recording(f"sqlite:///{tmp_path / 'recorded.db'}"):
+        assert not hf._batched_decode_is_cheaper(experts, 4)  # record mode counts our path's calls
     asked = []
     real_path = hf._path
     monkeypatch.setattr(hf, "_path", lambda *a: asked.append(a[1]) or real_path(*a))
