@@ -185,26 +185,29 @@ def _sort_in_triton(flat: torch.Tensor, experts: int, top_k: int) -> Sorted:
     perm, position, token = out[:rows], out[span:span + rows], out[2 * span:2 * span + rows]
     counts = out[3 * span:3 * span + experts]
     offsets = torch.empty(experts, dtype=torch.int32, device=flat.device)
-    launches = _SORTS.get_or_make((rows, experts, top_k, flat.device), lambda: _sort_launches(rows, experts, top_k))
-    bins = triton.next_power_of_2(experts)
-    chunks = triton.cdiv(rows, CHUNK)
-    if len(launches) == 1:
-        launches[0](flat, offsets, perm, position, token, counts, offsets, rows, experts, 1)  # no chunk counts
+    one_program, *chunked = _SORTS.get_or_make((rows, experts, top_k, flat.device),
+                                               lambda: _sort_launches(rows, experts, top_k))
+    if one_program is not None:
+        one_program(flat, offsets, perm, position, token, counts, offsets, rows, experts, 1)  # no chunk counts
     else:
-        chunk_counts = torch.empty(chunks * bins, dtype=torch.int32, device=flat.device)
-        launches[0](flat, chunk_counts, rows)
-        launches[1](flat, chunk_counts, perm, position, token, counts, offsets, rows, experts, chunks)
+        count_chunks, place_chunks, chunk_cells, chunks = chunked
+        chunk_counts = torch.empty(chunk_cells, dtype=torch.int32, device=flat.device)
+        count_chunks(flat, chunk_counts, rows)
+        place_chunks(flat, chunk_counts, perm, position, token, counts, offsets, rows, experts, chunks)
     return Sorted(perm, position, offsets, counts, token)
 
 
-def _sort_launches(rows: int, experts: int, top_k: int) -> tuple[DirectLaunch, ...]:
+def _sort_launches(rows: int, experts: int, top_k: int) -> tuple:
+    """(the one-program launch, None...) or (None, the chunks' count launch, their place launch, the chunk
+    counts' size, the chunks). Worked out once per size: triton.cdiv and next_power_of_2 are JIT-aware
+    functions that cost microseconds per host call (kernels/gemm.py ``_cdiv``)."""
     bins = triton.next_power_of_2(experts)
     options = dict(TOP_K=top_k, BLOCK=SORT_BLOCK, EXPERTS=bins, CHUNK=CHUNK)
     if rows <= _ONE_PROGRAM_ROWS:
-        return (DirectLaunch(_sort_kernel, (1,), dict(options, CHUNKED=False)),)
+        return (DirectLaunch(_sort_kernel, (1,), dict(options, CHUNKED=False)), None, None, 0, 1)
     chunks = triton.cdiv(rows, CHUNK)
-    return (DirectLaunch(_chunk_count_kernel, (chunks,), dict(EXPERTS=bins, BLOCK=SORT_BLOCK, CHUNK=CHUNK)),
-            DirectLaunch(_sort_kernel, (chunks,), dict(options, CHUNKED=True)))
+    return (None, DirectLaunch(_chunk_count_kernel, (chunks,), dict(EXPERTS=bins, BLOCK=SORT_BLOCK, CHUNK=CHUNK)),
+            DirectLaunch(_sort_kernel, (chunks,), dict(options, CHUNKED=True)), chunks * bins, chunks)
 
 
 # ------------------------------------------------------------------------------------------------- combine
