@@ -150,7 +150,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
 
 # In generate's decode steps vanilla runs transformers' "batched_mm": it copies each routed row's expert weights,
 # then multiplies (bmm), so it passes over those weights about three times to our path's once, but as a few ops
-# dispatched by torch's C++, where our path is six launches from Python. Measured at a decode step of one
+# dispatched by torch's C++, where our path is five launches from Python. Measured at a decode step of one
 # token (Qwen3-30B-A3B, 8 routed rows over 128 experts, 75 MB of weights; H200, 2026-11-28, torch 2.11.0+cu130,
 # triton 3.6.0, scripts/moe_host_cost.py): batched_mm 120-125 us a call back to back, ours 204-238 us, each
 # host-paced (GPU time 78 against 60 us); at 16 tokens (128 rows, 1.2 GB) batched_mm 836 us, ours 217 us.
