@@ -19,6 +19,10 @@ torch.profiler's tables of one call of each column per setting (where the time g
 relative L2 error of vanilla's and patched's prefill logits to an fp32 copy of the same model; patched must
 be no further than vanilla.
 
+On a GPU the script first waits for the C++ path (kernels/_native.py; built once per machine, 35 s on a fresh
+H200), as a served model's process finds it, and its header says so ("C++ path ready"): on a fresh machine a run
+that did not wait timed most of its calls on the Python path (docs/BENCHMARKS.md, "A benchmark's first minute").
+
 A time budget (--budget-s, default 400 s) stops starting new settings once spent (a static-cache one needs 90 s
 of it left); skipped settings are listed as such. Imports, model builds and the last setting come on top.
 
