@@ -20,7 +20,7 @@ from torch.nn.modules import module as _torch_module
 
 from . import ops
 from ._evidence import Evidence, Route, takes_ours
-from ._routing import sort_by_expert
+from ._routing import combine, sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
 
@@ -713,7 +713,7 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor,
     end row of each expert, on the device (no host sync), and ``counts`` [E] the rows per expert.
     """
     routed = _route(logits, top_k)
-    return routed.perm // top_k, routed.gate[routed.perm], routed.offsets, routed.counts
+    return routed.token, routed.gate[routed.perm], routed.offsets, routed.counts
 
 
 class _Routed(NamedTuple):
@@ -722,6 +722,7 @@ class _Routed(NamedTuple):
     gate: torch.Tensor  # [T * k]: each (token, slot)'s gate weight, in (token, slot) order
     offsets: torch.Tensor  # [E] int32 running end rows
     counts: torch.Tensor  # [E] int64 rows per expert
+    token: torch.Tensor  # [T * k]: the token of each sorted row (perm // k)
 
 
 # Under torch.compile, top-k over this few experts is k masked maxima, which Inductor fuses with the softmax
@@ -750,8 +751,8 @@ def _route(logits: torch.Tensor, top_k: int) -> _Routed:
         raise ValueError(f"top_k must be in 1..{experts} (the number of experts); got {top_k}")
     gate, chosen = _top_k(logits, top_k)
     gate = torch.softmax(gate.float(), dim=-1).to(logits.dtype).reshape(-1)
-    routed = sort_by_expert(chosen.reshape(-1), experts)
-    return _Routed(routed.perm, routed.position, gate, routed.offsets, routed.counts)
+    routed = sort_by_expert(chosen.reshape(-1), experts, top_k)
+    return _Routed(routed.perm, routed.position, gate, routed.offsets, routed.counts, routed.token)
 
 
 _MOE_DTYPES = (torch.float16, torch.bfloat16)
@@ -781,16 +782,15 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, x.shape[-1])
         routed = _route(self.gate(tokens), self.top_k)
         offsets = routed.offsets
-        rows = tokens[routed.perm // self.top_k]
+        rows = tokens.index_select(0, routed.token)
         # route's offsets end at T * top_k, every row: no output fill needed (all_rows=True)
         gate = ops.moe_matmul_call(rows, self.w1.transpose(1, 2), offsets, True)
         up = ops.moe_matmul_call(rows, self.w3.transpose(1, 2), offsets, True)
         down = ops.moe_matmul_call(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets, True)
-        # Back to (token, slot) order and summed over each token's k rows: a gather, no atomics. index_add_
-        # of the weighted rows into zeros took 0.15 ms of a 2048-token Mixtral block on the H100 (of 2.9;
-        # docs/BENCHMARKS.md, 2026-11-26).
-        slots = down[routed.position].view(tokens.shape[0], self.top_k, down.shape[-1])
-        out = (slots * routed.gate.view(tokens.shape[0], self.top_k, 1)).sum(1)
+        # Back to (token, slot) order and summed over each token's k rows: a gather, no atomics (index_add_
+        # of the weighted rows into zeros took 0.15 ms of a 2048-token Mixtral block on the H100, of 2.9;
+        # docs/BENCHMARKS.md, 2026-11-26), as transformers' experts are combined (kernels/hf.py).
+        out = combine(down, routed.position, routed.gate.view(tokens.shape[0], self.top_k), x.dtype)
         return out.reshape(x.shape)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
