@@ -56,6 +56,7 @@ def get_kernel(name: str) -> KernelSpec:
 # kernels.matmul's whole path, first call and repeated, is one module: kernels/_plans.py (its docstring).
 from ._plans import matmul  # noqa: E402
 # kernels.grouped_matmul's, kernels.moe_matmul's and kernels.moe_gated_matmul's: kernels/_grouped_dispatch.py.
+from . import _grouped_dispatch  # noqa: E402
 from ._grouped_dispatch import grouped_matmul, moe_gated_matmul, moe_matmul  # noqa: E402
 _COMPILING = _plans._COMPILING  # Dynamo folds it to True while it traces (kernels/_plans.py)
 # What scripts/host_cost.py and tests read (the plan dict, the nothing-tuned shortcut, the C++ path).
@@ -99,6 +100,7 @@ def clear_cache() -> None:
     grouped.TABLES.clear()
     grouped.CALLS.clear()
     moe.LAUNCHES.clear()
+    _grouped_dispatch.clear_ready()
     gemm.LAUNCHES.clear()
 
 

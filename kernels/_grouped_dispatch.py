@@ -80,12 +80,22 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     ``offsets``: the config is the one tuned for (T, E, N, K) on this GPU. Operands that require grad, in
     grad mode, take ``kernels.ops.moe_matmul`` (a tuned backward; it zeroes the rows past ``offsets[-1]``).
     Under torch.compile the call is that operator (``moe_matmul_out`` with ``out=``).
+
+    A repeated signature (shapes, strides, dtypes, devices, mode) makes one dict lookup, then launches
+    (``moe.Ready``); its first call checks the operands and resolves the config.
     """
     if _COMPILING():  # traced: the operator, not this body
         return traced_moe_matmul(x, w, offsets, out)
+    signature = _signature(False, x, w, offsets) if out is None else None
+    plan = _READY.get(signature)
+    if plan is not None and plan.changes == DISPATCHER.changes and not _wants_grad(x, w):
+        if _REC.on:
+            _REC.counts[plan.key] += 1
+        return moe.run_ready(plan, x, w, offsets)
+    changes = DISPATCHER.changes  # before resolving: a clear while it resolves leaves the plan stale
     if not moe.operands_ok(x, w, offsets):
         moe.check_operands(x, w, offsets)
-    if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph
+    if _wants_grad(x, w):  # the launch records no autograd graph
         if out is not None:
             raise RuntimeError(OUT_WITH_GRAD.format(name="moe_matmul"))
         # The operator with a backward; it zeroes the rows at or past offsets[-1], which this leaves unwritten.
@@ -101,6 +111,8 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
             _REC.seen(key, MOE_MATMUL.name, problem, current_device(x.device))
     if _REC.on:
         _REC.counts[key] += 1
+    if signature is not None:
+        _keep(signature, moe.ready(config, key, changes, x, w, offsets, False, moe.launch))
     return moe.launch(config, x, w, offsets, out)
 
 
@@ -112,12 +124,20 @@ def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
     It has no backward of its own: operands that require grad, in grad mode, take the unfused operators
     (``kernels.ops.moe_matmul``, whose backward is tuned, then torch's gating). Under torch.compile the call
     is its operator, ``torch.ops.triton_tuner.moe_gated_matmul`` (it zeroes the rows past ``offsets[-1]``).
+    A repeated signature makes one dict lookup, as ``moe_matmul``'s.
     """
     if _COMPILING():  # traced: an operator, not this body
         return traced_moe_gated_matmul(x, w, offsets)
+    signature = _signature(True, x, w, offsets)
+    plan = _READY.get(signature)
+    if plan is not None and plan.changes == DISPATCHER.changes and not _wants_grad(x, w):
+        if _REC.on:
+            _REC.counts[plan.key] += 1
+        return moe.run_ready(plan, x, w, offsets)
+    changes = DISPATCHER.changes
     if not moe_gated.operands_ok(x, w, offsets):
         moe_gated.check_operands(x, w, offsets)
-    if (x.requires_grad or w.requires_grad) and _GRAD_ENABLED():  # the launch records no autograd graph
+    if _wants_grad(x, w):  # the launch records no autograd graph
         return _unfused_gated(x, w, offsets)
     if x.device.type == "cpu" and not _device.INTERPRETED:
         return moe_gated.launch(BASELINE, x, w, offsets)
@@ -125,7 +145,41 @@ def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
     config = moe_gated.resolve(key)
     if _REC.on:
         _REC.counts[key] += 1
+    if signature is not None:
+        _keep(signature, moe.ready(config, key, changes, x, w, offsets, True, moe_gated.launch))
     return moe_gated.launch(config, x, w, offsets)
+
+
+# Each eager signature's ``moe.Ready``: (gated, x's and w's shapes and strides, the three dtypes, offsets'
+# shape, the three devices, the dispatch mode). Ever-new signatures start it again past its capacity.
+_READY: dict[tuple | None, moe.Ready] = {}
+_READY_CAPACITY = 4096
+
+
+def _signature(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> tuple | None:
+    """What a ``moe.Ready`` is kept by; None for operands that are not tensors (the checks name them)."""
+    try:
+        return (gated, x.shape, x.stride(), w.shape, w.stride(), x.dtype, w.dtype, offsets.dtype, offsets.shape,
+                x.device, w.device, offsets.device, _modes.current(x.is_cuda))
+    except (AttributeError, TypeError):
+        return None
+
+
+def _keep(signature: tuple, plan: moe.Ready | None) -> None:
+    if plan is None:
+        return
+    if len(_READY) >= _READY_CAPACITY:
+        _READY.clear()
+    _READY[signature] = plan
+
+
+def clear_ready() -> None:
+    """Forget every ``moe.Ready`` (``kernels.clear_cache``): stale ones are never run, but they hold launches."""
+    _READY.clear()
+
+
+def _wants_grad(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return (x.requires_grad or w.requires_grad) and _GRAD_ENABLED()
 
 
 # What the two functions are when Dynamo traces them: the operators, whose fakes give the graph its shapes, so

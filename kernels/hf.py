@@ -30,6 +30,7 @@ from transformers.integrations import moe as _hf_moe
 
 from . import _device, _modes, moe, moe_gated, ops
 from ._evidence import Evidence
+from .dispatch import DISPATCHER
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
 from .epilogue import silu_mul
@@ -90,18 +91,67 @@ def _decoding(model: nn.Module) -> Iterator[None]:
 def _takes(module: nn.Module, x: torch.Tensor) -> bool:
     """Whether our path computes what ``module``'s experts compute: SiLU-gated, concatenated [gate; up]
     weights without bias or post-norm, one device (no expert parallelism), a dtype ``moe_matmul`` runs, on a
-    device Triton runs on (the GPU, or the CPU under TRITON_INTERPRET=1)."""
+    device Triton runs on (the GPU, or the CPU under TRITON_INTERPRET=1). The parameters and the activation
+    are read from the module's dicts: nn.Module.__getattr__ is a Python call each."""
     if not (getattr(module, "has_gate", False) and getattr(module, "is_concatenated", False)) or module.has_bias \
             or module.has_post_expert_norm or module._is_expert_parallel:
         return False
-    if type(module)._apply_gate is not _hf_moe._default_apply_gate or type(module.act_fn) not in _SILU:
+    if type(module)._apply_gate is not _hf_moe._default_apply_gate or type(module._modules.get("act_fn")) not in _SILU:
         return False
-    w = module.gate_up_proj
-    if x.dtype not in _DTYPES or w.dtype != x.dtype or module.down_proj.dtype != x.dtype:
+    params = module._parameters
+    gate_up, down = params.get("gate_up_proj"), params.get("down_proj")
+    if gate_up is None or down is None or x.dtype not in _DTYPES or gate_up.dtype != x.dtype or down.dtype != x.dtype:
         return False
     if x.is_cuda:
         return True
     return x.is_cpu and _device.INTERPRETED
+
+
+_KEPT = "_triton_tuner_experts"  # an experts module's _Kept, in its __dict__
+
+
+class _Kept:
+    """An experts module's weights as ``moe_matmul`` takes them ([E, K, N] views), made once: a view is a torch
+    call of about 2 us of host time, two per call. Valid while the module's Parameters are the same objects
+    over the same data (``_kept``); with them, the path each routed row count takes (``_path``), valid while
+    the dispatcher's ``changes`` count reads the same."""
+
+    __slots__ = ("gate_up", "down", "shapes", "gate_up_w", "down_w", "paths")
+
+    def __init__(self, gate_up: nn.Parameter, down: nn.Parameter, transposed: bool) -> None:
+        self.gate_up, self.down = gate_up, down
+        self.shapes = _fingerprint(gate_up, down)
+        with torch.no_grad():  # the eager path's views (a call that wants a gradient views them itself)
+            self.gate_up_w = gate_up if transposed else gate_up.transpose(1, 2)
+            self.down_w = down if transposed else down.transpose(1, 2)
+        self.paths: dict[tuple, tuple[int, str]] = {}
+
+
+def _fingerprint(gate_up: torch.Tensor, down: torch.Tensor) -> tuple:
+    # New data may keep the address (``w.data = w.data[:2]``): shapes, strides and dtypes tell it apart.
+    return (gate_up.data_ptr(), down.data_ptr(), gate_up.shape, down.shape, gate_up.stride(), down.stride(),
+            gate_up.dtype, down.dtype)
+
+
+def _kept(module: nn.Module) -> _Kept:
+    """``module``'s ``_Kept``, made again where its Parameters or their data changed (the old views went with
+    it; ``model.to()`` drops it, see ``_apply_dropping_kept``)."""
+    params = module._parameters
+    gate_up, down = params["gate_up_proj"], params["down_proj"]
+    kept = module.__dict__.get(_KEPT)
+    if kept is None or kept.gate_up is not gate_up or kept.down is not down or \
+            kept.shapes != _fingerprint(gate_up, down):
+        kept = _Kept(gate_up, down, module.is_transposed)
+        module.__dict__[_KEPT] = kept
+        # ``.to()``, ``.cpu()``, ``.half()``: the kept views would hold the old data until the next call.
+        module.__dict__.setdefault("_apply", functools.partial(_apply_dropping_kept, module))
+    return kept
+
+
+def _apply_dropping_kept(module: nn.Module, fn: Callable, recurse: bool = True) -> nn.Module:
+    """``module._apply`` (what ``.to()`` and its kind call on every submodule), dropping the kept views first."""
+    module.__dict__.pop(_KEPT, None)
+    return type(module)._apply(module, fn, recurse)
 
 
 def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -118,22 +168,30 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     if not _takes(self, hidden_states):
         return _stock(self, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
-    # moe_matmul takes w as [E, K, N] of any strides: transformers stores [E, N, K] unless is_transposed.
-    gate_up_w = self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2)
-    down_w = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)
     # Traced or differentiated: the unfused operators. The fused kernel has no backward; and the choice between
     # it and them reads dispatch's host-side tables, which a traced graph must not (a traced call always takes
     # our path, deciding nothing), and where its baseline won, the fused operator would run torch's silu and
     # multiply eagerly, outside the graph Inductor fuses them into.
     compiling = torch.compiler.is_compiling()
-    wants_grad = torch.is_grad_enabled() and (
-        hidden_states.requires_grad or gate_up_w.requires_grad or down_w.requires_grad)
+    if compiling or torch.is_grad_enabled():
+        # moe_matmul takes w as [E, K, N] of any strides: transformers stores [E, N, K] unless is_transposed.
+        gate_up_w = self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2)
+        down_w = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)
+        wants_grad = torch.is_grad_enabled() and (
+            hidden_states.requires_grad or gate_up_w.requires_grad or down_w.requires_grad)
+    else:  # inference: the views kept with the module, and the path decided once per routed row count
+        kept = _kept(self)
+        gate_up_w, down_w, wants_grad = kept.gate_up_w, kept.down_w, False
     traced = compiling or wants_grad
-    path = _UNFUSED if compiling else _path(hidden_states, tokens * top_k, gate_up_w, down_w, not wants_grad)
+    if compiling:
+        path = _UNFUSED
+    elif wants_grad or torch.is_grad_enabled():
+        path = _path(hidden_states, tokens * top_k, gate_up_w, down_w, not wants_grad)
+    else:
+        path = _kept_path(kept, hidden_states, tokens * top_k)
     if path is _STOCK_PATH:
         return _stock(self, hidden_states, top_k_index, top_k_weights)
-    experts = self.gate_up_proj.shape[0]
-    routed = sort_by_expert(top_k_index.reshape(-1), experts, top_k)
+    routed = sort_by_expert(top_k_index.reshape(-1), gate_up_w.shape[0], top_k)
     offsets = routed.offsets
     rows = hidden_states.index_select(0, routed.token)
     # all_rows: the offsets end at T * k (every row is routed), so no output fill is needed.
@@ -170,9 +228,28 @@ def _batched_decode_is_cheaper(module: nn.Module, rows: int) -> bool:
     """Whether transformers' batched_mm costs less than our path for a decode step routing ``rows`` rows through
     ``module``'s experts (see _BATCHED_DECODE_BYTES). Record mode takes our path (its calls must be counted), and
     so does a traced call (which runs our operators, as before this rule)."""
-    gate_up, down = module.gate_up_proj, module.down_proj
+    params = module._parameters
+    gate_up, down = params["gate_up_proj"], params["down_proj"]
     expert_bytes = (gate_up.shape[1] * gate_up.shape[2] + down.shape[1] * down.shape[2]) * gate_up.element_size()
     return rows * expert_bytes <= _BATCHED_DECODE_BYTES and not _REC.on and not torch.compiler.is_compiling()
+
+
+def _kept_path(kept: _Kept, x: torch.Tensor, rows: int) -> str:
+    """``_path`` of an inference call, kept per routed row count and dispatch mode while dispatch's answers
+    stand (record mode asks ``_path`` on every call: it counts them)."""
+    mode = _modes.current(x.is_cuda)
+    found = kept.paths.get((rows, mode))
+    changes = DISPATCHER.changes
+    if found is not None and found[0] == changes and not _REC.on:
+        return found[1]
+    path = _path(x, rows, kept.gate_up_w, kept.down_w, True)
+    if len(kept.paths) >= _KEPT_PATHS:
+        kept.paths.clear()
+    kept.paths[(rows, mode)] = (changes, path)
+    return path
+
+
+_KEPT_PATHS = 4096  # routed row counts kept per experts module: prefill lengths vary without end
 
 
 # The three ways an eager call computes the experts (``_path``).
@@ -269,6 +346,9 @@ def unpatch_experts(model: nn.Module) -> None:
     """Give a model ``patch_experts`` switched its own experts implementation back."""
     before = model.__dict__.pop(_BEFORE, None)
     model.__dict__.pop(_DECODE_HOOK, None)
+    for module in _experts_modules(model):
+        module.__dict__.pop(_KEPT, None)
+        module.__dict__.pop("_apply", None)
     if before is not None:
         model.set_experts_implementation(before)
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 import triton
@@ -225,13 +227,63 @@ def run_tiles(config: Config, x: torch.Tensor, w: torch.Tensor, offsets: torch.T
                          f"got {tuple(out.shape)} {out.dtype} with strides {out.stride()}")
     if tokens == 0 or n == 0 or experts == 0:
         return out
-    args = (x, w, out, offsets, tokens, experts, n, k, *x.stride(), *w.stride(), out.stride(0))
+    launch, ints = _launch_of(config, x, w, out, offsets, gated)
+    launch(x, w, out, offsets, *ints)
+    return out
+
+
+def _launch_of(config: Config, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, offsets: torch.Tensor,
+               gated: bool) -> tuple[DirectLaunch, tuple[int, ...]]:
+    """The ready launch of ``config`` for these operands, and its integer arguments (after the four tensors)."""
+    ints = (x.shape[0], w.shape[0], out.shape[1], x.shape[1], *x.stride(), *w.stride(), out.stride(0))
     # Triton specializes a launch on its integers and on each tensor's dtype and 16-byte alignment;
     # a key holding all of them names calls that one compiled kernel serves alike (x, w and out share
     # one dtype; offsets may be int32 or int64).
-    key = (gated, config, x.dtype, offsets.dtype, x.device, *args[4:], x.data_ptr() % 16, w.data_ptr() % 16,
+    key = (gated, config, x.dtype, offsets.dtype, x.device, *ints, x.data_ptr() % 16, w.data_ptr() % 16,
            out.data_ptr() % 16, offsets.data_ptr() % 16)
-    LAUNCHES.get_or_make(key, lambda: _prepare(config, x, w, out, offsets, gated))(*args)
+    return LAUNCHES.get_or_make(key, lambda: _prepare(config, x, w, out, offsets, gated)), ints
+
+
+class Ready(NamedTuple):
+    """What a repeated eager call of one signature runs, worked out once (``ready``), so that the call makes
+    one dict lookup before its launch (kernels/_grouped_dispatch.py): the dispatcher's ``changes`` count it
+    was made under (a clear, another database or a pin makes it stale), the dispatch key (record mode counts
+    it), the launch specialized for 16-byte aligned x, w, offsets and output, with its integer arguments and
+    the output's width; or, where the baseline won, ``kernel`` None. ``checked``: the family's own launch
+    with this config, for whatever the kernel cannot take (the baseline, an unaligned operand)."""
+    changes: int
+    key: tuple
+    kernel: DirectLaunch | None
+    ints: tuple[int, ...]
+    width: int
+    checked: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def ready(config: Config, key: tuple, changes: int, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+          gated: bool, checked: Callable[..., torch.Tensor]) -> Ready | None:
+    """The ``Ready`` of a call whose operands passed ``operands_ok`` (``checked(config, x, w, offsets)`` is its
+    family's launch), or None where a call like it must take the whole path: no rows, experts or columns, an
+    operand not 16-byte aligned, or a tensor on neither the GPU nor the CPU (the interpreter's)."""
+    width = w.shape[2] // 2 if gated else w.shape[2]
+    if not (x.is_cuda or x.is_cpu) or x.shape[0] == 0 or w.shape[0] == 0 or width == 0 or \
+            (x.data_ptr() | w.data_ptr() | offsets.data_ptr()) & 15:
+        return None
+    checked_call = functools.partial(checked, config)
+    if is_baseline(config):
+        return Ready(changes, key, None, (), width, checked_call)
+    out = torch.empty((x.shape[0], width), dtype=x.dtype, device=x.device)  # a fresh output's strides and alignment
+    kernel, ints = _launch_of(config, x, w, out, offsets, gated)
+    return Ready(changes, key, kernel, ints, width, checked_call)
+
+
+def run_ready(plan: Ready, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """``plan`` on operands of its signature: its kernel into a fresh output where they are aligned as it was
+    specialized, else the checked launch."""
+    kernel = plan.kernel
+    if kernel is None or (x.data_ptr() | w.data_ptr() | offsets.data_ptr()) & 15:
+        return plan.checked(x, w, offsets)
+    out = torch.empty((x.shape[0], plan.width), dtype=x.dtype, device=x.device)
+    kernel(x, w, out, offsets, *plan.ints)
     return out
 
 

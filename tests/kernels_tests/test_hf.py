@@ -303,6 +303,38 @@ def test_experts_whose_gemms_both_dispatch_to_the_baseline_run_transformers_grou
         assert relative_error(got, grouped_mm_experts_forward(experts, x, index, weights)) < TOLERANCE[torch.float16]
 
 
+def test_inference_keeps_the_weight_views_until_the_weights_change() -> None:
+    """The [E, K, N] views of the experts' weights are made once per module, not per call; new data under the
+    same Parameter, a new Parameter, or ``.to()`` makes the next call see the new weights (never the old)."""
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    model = build(MOE["qwen3_moe"], torch.float16)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 5, 2, seed=11)
+
+    def check() -> None:
+        with torch.no_grad():
+            got = hf.experts_forward(experts, x, index, weights)
+            assert relative_error(got, grouped_mm_experts_forward(experts, x, index, weights)) < TOLERANCE[torch.float16]
+
+    check()
+    kept = experts.__dict__[hf._KEPT]
+    check()
+    assert experts.__dict__[hf._KEPT] is kept
+    with torch.no_grad():
+        experts.gate_up_proj.data = torch.randn_like(experts.gate_up_proj)  # new data, same Parameter
+    check()
+    assert experts.__dict__[hf._KEPT] is not kept
+    experts.down_proj = torch.nn.Parameter(torch.randn_like(experts.down_proj))  # a new Parameter
+    check()
+    model.to(torch.float32)  # .to() drops the views, which would hold the fp16 data
+    assert hf._KEPT not in experts.__dict__
+    model.to(torch.float16)
+    check()
+    kernels.unpatch(kernels.patch(model, everywhere=True))
+    assert hf._KEPT not in experts.__dict__ and "_apply" not in experts.__dict__
+
+
 # A small tile of the fused MoE kernel's space, valid for the tiny experts here (the interpreter's time grows
 # with the tile).
 FUSED_TILE = kernels.Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=4, num_warps=2, num_stages=2)

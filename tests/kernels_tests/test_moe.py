@@ -249,3 +249,76 @@ def test_an_untuned_bf16_moe_problem_far_from_every_record_runs_torch_grouped_mm
     assert not empty.choose(MOE_MATMUL, decode, a100, "graph").source.startswith("baseline")
     odd = balanced_problem("bf16", "nt", 64, 8, 14330, 4096)
     assert dispatcher.choose(MOE_MATMUL, odd, h100, "graph").config == tiles
+
+
+# ------------------------------------------------------------------------------------ a repeated call's plan
+
+def _count_whole_path(monkeypatch) -> list[Config]:
+    """The configs the whole (first-call) path launched: ``moe.launch``, which a kept plan does not call."""
+    whole: list[Config] = []
+    real = moe.launch
+    monkeypatch.setattr(moe, "launch", lambda config, *args: whole.append(config) or real(config, *args))
+    return whole
+
+
+def test_a_repeated_call_runs_its_kept_plan_until_dispatch_s_answers_change(db_dispatch, monkeypatch) -> None:
+    """The first call of a signature checks, resolves and keeps a plan; the next ones launch it, with the same
+    result. A clear, another record, or a pin makes it stale: the next call takes the whole path again and
+    runs the new answer."""
+    device = kernels.current_device(torch.device(DEVICE))
+    first, second = SMALL_CONFIGS[0], SMALL_CONFIGS[1]
+    with Store(db_dispatch) as store:
+        store.put(make_record(device, _problem().key, first, kernel="moe_matmul"))
+    kernels.clear_cache()
+    whole = _count_whole_path(monkeypatch)
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 5)
+    want = MOE_MATMUL.reference((x, w, offsets))
+    outs = [kernels.moe_matmul(x, w, offsets) for _ in range(3)]
+    assert whole == [first]
+    assert all(_error(out, want) <= TOLERANCE for out in outs)
+    assert len({out.data_ptr() for out in outs}) == 3  # a fresh output per call, as the whole path gives
+
+    with Store(db_dispatch) as store:
+        store.put(make_record(device, _problem().key, second, kernel="moe_matmul", time_ms=0.001))
+    kernels.clear_cache()
+    kernels.moe_matmul(x, w, offsets)
+    kernels.moe_matmul(x, w, offsets)
+    assert whole == [first, second]
+
+    with moe.pinning([first], x, w) as (pin_first,):
+        pin_first()
+        assert _error(kernels.moe_matmul(x, w, offsets), want) <= TOLERANCE
+        kernels.moe_matmul(x, w, offsets)
+    assert whole == [first, second, first]
+    kernels.moe_matmul(x, w, offsets)  # the pin's end is a change too: the stored record again
+    assert whole == [first, second, first, second]
+
+
+def test_a_kept_plan_serves_only_its_signature_and_aligned_operands(db_dispatch, monkeypatch) -> None:
+    """Another shape, dtype or stride is another signature (its own first call); an operand off the 16-byte
+    alignment the plan's kernel was specialized for runs the checked launch; both give the right result."""
+    whole = _count_whole_path(monkeypatch)
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 6)
+    kernels.moe_matmul(x, w, offsets)
+    kernels.moe_matmul(x, w, offsets)
+    assert len(whole) == 1
+    shifted = torch.empty(x.numel() + 1, dtype=x.dtype, device=DEVICE)[1:].view_as(x).copy_(x)  # 2 bytes off
+    assert shifted.data_ptr() % 16 and shifted.stride() == x.stride()
+    assert _error(kernels.moe_matmul(shifted, w, offsets), MOE_MATMUL.reference((x, w, offsets))) <= TOLERANCE
+    assert len(whole) == 2
+    w_t = w.transpose(1, 2).contiguous().transpose(1, 2)  # the same values, K-major: another signature
+    assert _error(kernels.moe_matmul(x, w_t, offsets), MOE_MATMUL.reference((x, w, offsets))) <= TOLERANCE
+    assert len(whole) == 3
+    with pytest.raises(ValueError, match="one end row per expert"):  # a hit needs offsets' shape too
+        kernels.moe_matmul(x, w, offsets[:-1])
+
+
+def test_record_mode_counts_every_call_a_kept_plan_serves(db_dispatch, tmp_path) -> None:
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 7)
+    kernels.moe_matmul(x, w, offsets)  # the plan is kept before recording starts
+    with kernels.recording(f"sqlite:///{tmp_path / 'rec.db'}"):
+        for _ in range(4):
+            kernels.moe_matmul(x, w, offsets)
+        from kernels._record_mode import RECORDER
+        counts = {key: n for key, n in RECORDER.counts.items() if key[0] != "moe_gated_matmul" and len(key) == 8}
+    assert sorted(counts.values()) == [4]
