@@ -76,6 +76,7 @@ def experts_cells(vanilla: torch.nn.Module, patched: torch.nn.Module, tokens: in
     """One layer's experts at ``tokens`` tokens: transformers' two implementations, ours, and our pieces."""
     from transformers.integrations import moe as hf_moe
 
+    import kernels
     from kernels import hf, ops
     from kernels._routing import combine, sort_by_expert
 
@@ -100,13 +101,15 @@ def experts_cells(vanilla: torch.nn.Module, patched: torch.nn.Module, tokens: in
     sorted_rows = x.index_select(0, routed.token)
     h = ops.moe_gated_matmul_call(sorted_rows, gate_up, offsets, True)
     out = ops.moe_matmul_call(h, down, offsets, True)
-    pieces = {"_path": lambda: hf._path(x, rows, gate_up, down, True),
+    kept = hf._kept(ours)
+    pieces = {"_path, kept": lambda: hf._kept_path(kept, x, rows),
               "sort_by_expert": lambda: sort_by_expert(index.reshape(-1), experts, top_k),
               "gather rows": lambda: x.index_select(0, routed.token),
               "moe_gated_matmul_call": lambda: ops.moe_gated_matmul_call(sorted_rows, gate_up, offsets, True),
               "torch._grouped_mm gate_up": lambda: torch._grouped_mm(sorted_rows, gate_up, offs=offsets),
               "moe_matmul_call down": lambda: ops.moe_matmul_call(h, down, offsets, True),
               "torch._grouped_mm down": lambda: torch._grouped_mm(h, down, offs=offsets),
+              "kernels.moe_matmul down": lambda: kernels.moe_matmul(h, down, offsets),
               "combine": lambda: combine(out, position, weights, x.dtype)}
     for name, call in pieces.items():
         call()
@@ -182,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     dense_only.set_experts_implementation("grouped_mm")
     found: dict = {}
     with torch.no_grad():
-        for tokens in (1, 16, 64):
+        for tokens in (1, 8, 16, 64):  # 8 tokens: 64 rows over Qwen3's 128 experts
             found[f"experts, {tokens} tokens"] = experts_cells(vanilla, patched, tokens)
             print(json.dumps({f"experts, {tokens} tokens": found[f"experts, {tokens} tokens"]}), flush=True)
         for tokens in (1, 16):
