@@ -250,7 +250,8 @@ class Ready(NamedTuple):
     was made under (a clear, another database or a pin makes it stale), the dispatch key (record mode counts
     it), the launch specialized for 16-byte aligned x, w, offsets and output, with its integer arguments and
     the output's width; or, where the baseline won, ``kernel`` None. ``checked``: the family's own launch
-    with this config, for whatever the kernel cannot take (the baseline, an unaligned operand)."""
+    with this config, for whatever the kernel cannot take (the baseline, an unaligned operand); or, where the
+    baseline is one ``torch._grouped_mm`` call on such operands, that call alone."""
     changes: int
     key: tuple
     kernel: DirectLaunch | None
@@ -270,6 +271,11 @@ def ready(config: Config, key: tuple, changes: int, x: torch.Tensor, w: torch.Te
         return None
     checked_call = functools.partial(checked, config)
     if is_baseline(config):
+        # Where the baseline is torch._grouped_mm itself, the call is that, with nothing around it: at a decode
+        # step's 8 routed rows the checked launch's few checks cost 6-8 us of host time above torch._grouped_mm's
+        # 27-29 (H200, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0; docs/runs/2026-11-29-h200-moe-ready-plans).
+        if not gated and _baseline_is_grouped_mm(x, w, offsets):
+            checked_call = _grouped_mm
         return Ready(changes, key, None, (), width, checked_call)
     out = torch.empty((x.shape[0], width), dtype=x.dtype, device=x.device)  # a fresh output's strides and alignment
     kernel, ints = _launch_of(config, x, w, out, offsets, gated)
@@ -480,6 +486,16 @@ def _grouped_mm_is_one_launch(problem: Problem, device: DeviceInfo) -> bool:
         return False
     _, n, k = problem.shapes[0]
     return device.compute_capability.split(".")[0] in ("9", "10") and n % 8 == 0 and k % 8 == 0
+
+
+def _baseline_is_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> bool:
+    """Whether ``baseline`` is one ``torch._grouped_mm`` call on these operands as they are (int32 offsets: no cast)."""
+    return (x.is_cuda and x.dtype == torch.bfloat16 and w.stride(1) == 1 and offsets.dtype == torch.int32
+            and hasattr(torch, "_grouped_mm"))
+
+
+def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return torch._grouped_mm(x, w, offs=offsets)
 
 
 def baseline(inputs: tuple) -> torch.Tensor:

@@ -322,3 +322,23 @@ def test_record_mode_counts_every_call_a_kept_plan_serves(db_dispatch, tmp_path)
         from kernels._record_mode import RECORDER
         counts = {key: n for key, n in RECORDER.counts.items() if key[0] != "moe_gated_matmul" and len(key) == 8}
     assert sorted(counts.values()) == [4]
+
+
+@pytest.mark.gpu
+def test_a_kept_plan_whose_baseline_is_torch_grouped_mm_calls_it_alone(db_dispatch) -> None:
+    """bf16, K-major experts, int32 offsets, the baseline pinned: the plan is ``torch._grouped_mm`` itself, no
+    checks around it, and its result is torch's; an int64 offsets call is another signature, cast as before."""
+    problem = _problem(layout="nt", dtype="bf16")
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(problem, "cuda", 8)
+    assert offsets.dtype == torch.int32
+    from kernels import _grouped_dispatch
+    with moe.pinning([BASELINE], x, w) as (pin,):
+        pin()
+        kernels.moe_matmul(x, w, offsets)
+        plan = _grouped_dispatch._READY[_grouped_dispatch._signature(False, x, w, offsets)]
+        assert plan.kernel is None and plan.checked is moe._grouped_mm
+        assert torch.equal(kernels.moe_matmul(x, w, offsets), torch._grouped_mm(x, w, offs=offsets))
+        wide = offsets.to(torch.int64)
+        assert torch.equal(kernels.moe_matmul(x, w, wide), torch._grouped_mm(x, w, offs=offsets))
+        wide_plan = _grouped_dispatch._READY[_grouped_dispatch._signature(False, x, w, wide)]
+        assert wide_plan.checked is not moe._grouped_mm
