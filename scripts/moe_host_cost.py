@@ -35,18 +35,23 @@ import bench_models  # noqa: E402  (scripts/ is not a package)
 GENERATE_TOKENS = 32
 
 
-def host_and_loop_us(fn: Callable[[], object], calls: int = 200) -> dict:
+def host_and_loop_us(fn: Callable[[], object], calls: int = 200, device: torch.device | None = None) -> dict:
+    """"host": the median time for ``fn()`` to return with the device idle before it (after 20 warm calls);
+    "loop": the mean of ``calls`` back-to-back calls, one synchronize at the end (the slower of host and GPU paces
+    it). On the CPU (``device`` cpu) the two are the same clock."""
+    sync = bench_models._sync
+    device = device or torch.device("cuda")
     hosts = []
     for _ in range(calls):
-        torch.cuda.synchronize()
+        sync(device)
         start = time.perf_counter()
         fn()
         hosts.append(time.perf_counter() - start)
-    torch.cuda.synchronize()
+    sync(device)
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-    torch.cuda.synchronize()
+    sync(device)
     loop = (time.perf_counter() - start) / calls
     return dict(host_us=round(statistics.median(hosts[20:]) * 1e6, 1), loop_us=round(loop * 1e6, 1))
 
