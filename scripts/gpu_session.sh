@@ -11,6 +11,8 @@
 #   models     whole transformers models (scripts/bench_models.py --control) with the GPU's table and without
 #   record-tune  one model (MODEL) recorded, its problems tuned (search --recorded), then timed again
 #   moe-model  Qwen3-30B-A3B with a tuned database: its experts' host time by piece, then the model, 9 rounds
+#   modules    each patched module of the dense models against vanilla's at decode and prefill row counts, with the
+#              path it takes there (scripts/module_cost.py; MODELS, ROWS), on the shipped table or DB
 #   calibrate  the check's mutants (each in its own process) and valid configs on real shapes
 #              (scripts/calibrate_check.py; CAL_BUDGET seconds, default 270; CAL_ARGS=--no-mutants to go on with
 #              the valid configs a cut run left), then `tuner verify` of this GPU's shipped table
@@ -120,6 +122,9 @@ models)
     # Whole transformers models with this GPU's shipped table, then with none; each with the A/A column.
     $py scripts/bench_models.py --control --static '' --budget-s 240 --out "$out/models-table" 2>&1 | tail -40 | tee -a "$log"
     $py scripts/bench_models.py --control --no-shipped --quick --out "$out/models-no-table" 2>&1 | tail -25 | tee -a "$log" ;;
+modules)
+    $py scripts/module_cost.py --models "${MODELS:-Qwen2.5-7B,Llama-3.1-8B,DeepSeek-V2-Lite}" \
+        --rows "${ROWS:-1,16,64,512}" ${2:+--db "$db"} --out "$out/modules" 2>&1 | tail -60 | tee -a "$log" ;;
 moe-model)
     # Qwen3-30B-A3B with a tuned database: DB, or else the H200 one of docs/runs/2026-11-28-h200-x4-fleet-moe (its
     # records name the H200: on another GPU run `MODEL=Qwen3-30B-A3B ... record-tune` first and pass its database).
