@@ -8,7 +8,8 @@ patched module takes there.
 A whole-model cell of ``scripts/bench_models.py`` under 1.00x says that a model lost, not where. This times each
 patched module's call beside vanilla's in interleaved pairs (``--pairs``, vanilla first, then patched): "host"
 (the call's return, the GPU idle before it) and "loop" (back-to-back calls: the slower of host and GPU paces them)
-in us, as ``scripts/moe_host_cost.py`` times them, and says which path the patched call took at those rows:
+in us, as ``scripts/moe_host_cost.py`` times them, and "gpu" (the GPU's own time per call: ``gpu_us``), and says
+which path the patched call took at those rows:
 "ours" or "torch" for a Linear (its route: dispatch's evidence per call, docs/PYTORCH.md "Never slower"), "fused"
 or "its Linears" for a fused gated MLP, "ours, everywhere" for a module patched without evidence; and the share
 of its calls the C++ path launched. The routed experts of a MoE model are ``scripts/moe_host_cost.py``'s. Writes
@@ -23,6 +24,7 @@ import copy
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -105,20 +107,43 @@ def measure(name: str, vanilla: torch.nn.Module, patched: torch.nn.Module, rows:
                 before -= served()
                 cell.patched.append(host_and_loop_us(lambda: mine(x), calls, device))
                 before += served()
+                if device.type == "cuda":
+                    cell.vanilla[-1]["gpu_us"] = gpu_us(lambda: theirs(x), min(calls, 50))
+                    cell.patched[-1]["gpu_us"] = gpu_us(lambda: mine(x), min(calls, 50))
             cell.cxx_share = round(before / (2 * calls * pairs), 3)
             cells.append(cell)
             print(json.dumps(asdict(cell)), flush=True)
     return cells
 
 
+def gpu_us(fn: Callable[[], object], calls: int) -> float:
+    """The GPU's own time per call in eager mode: ``calls`` back-to-back calls queued behind a sleeping kernel
+    (``torch.cuda._sleep``), so that the host has queued them all before the GPU starts on them; timed by
+    events. A CUDA graph would time the captured path, which for our kernels is the graph-mode winner."""
+    torch.cuda.synchronize()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(_SLEEP_CYCLES)
+    begin.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return round(begin.elapsed_time(end) / calls * 1e3, 1)
+
+
+_SLEEP_CYCLES = 200_000_000  # about 0.1 s at a 2 GHz clock: longer than the host takes to queue the calls
+
+
 def table(cells: list[Cell]) -> str:
     lines = [f"{'model':18} {'module':38} {'rows':>5} {'path':16} {'C++':>5} {'loop x':>7} {'host x':>7} "
-             f"{'vanilla us':>10} {'patched us':>10}"]
+             f"{'GPU x':>7} {'vanilla us':>10} {'patched us':>10}"]
     for c in cells:
+        gpu = f"{c.ratio('gpu_us'):>7.3f}" if "gpu_us" in c.vanilla[0] else f"{'-':>7}"
         lines.append(f"{c.model:18} {c.module:38} {c.rows:>5} {c.path:16} {c.cxx_share:>5.2f} {c.ratio('loop_us'):>7.3f} "
-                     f"{c.ratio('host_us'):>7.3f} {statistics.median(v['loop_us'] for v in c.vanilla):>10.1f} "
+                     f"{c.ratio('host_us'):>7.3f} {gpu} {statistics.median(v['loop_us'] for v in c.vanilla):>10.1f} "
                      f"{statistics.median(p['loop_us'] for p in c.patched):>10.1f}")
-    lines.append("loop x, host x: vanilla over patched, the median of the pairs' (>1: patched faster)")
+    lines.append("loop x, host x, GPU x: vanilla over patched, the median of the pairs' (>1: patched faster); "
+                 "us: loop time")
     return "\n".join(lines)
 
 
