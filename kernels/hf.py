@@ -173,22 +173,23 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     # our path, deciding nothing), and where its baseline won, the fused operator would run torch's silu and
     # multiply eagerly, outside the graph Inductor fuses them into.
     compiling = torch.compiler.is_compiling()
-    if compiling or torch.is_grad_enabled():
+    inference = not compiling and not torch.is_grad_enabled()
+    if inference:  # the views kept with the module, and the path decided once per routed row count
+        kept = _kept(self)
+        gate_up_w, down_w, wants_grad = kept.gate_up_w, kept.down_w, False
+    else:
         # moe_matmul takes w as [E, K, N] of any strides: transformers stores [E, N, K] unless is_transposed.
         gate_up_w = self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2)
         down_w = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)
         wants_grad = torch.is_grad_enabled() and (
             hidden_states.requires_grad or gate_up_w.requires_grad or down_w.requires_grad)
-    else:  # inference: the views kept with the module, and the path decided once per routed row count
-        kept = _kept(self)
-        gate_up_w, down_w, wants_grad = kept.gate_up_w, kept.down_w, False
     traced = compiling or wants_grad
     if compiling:
         path = _UNFUSED
-    elif wants_grad or torch.is_grad_enabled():
-        path = _path(hidden_states, tokens * top_k, gate_up_w, down_w, not wants_grad)
-    else:
+    elif inference:
         path = _kept_path(kept, hidden_states, tokens * top_k)
+    else:
+        path = _path(hidden_states, tokens * top_k, gate_up_w, down_w, not wants_grad)
     if path is _STOCK_PATH:
         return _stock(self, hidden_states, top_k_index, top_k_weights)
     routed = sort_by_expert(top_k_index.reshape(-1), gate_up_w.shape[0], top_k)
