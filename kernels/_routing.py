@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from . import _device
-from ._launch import DirectLaunch, LruCache
+from ._launch import DirectLaunch
 
 __all__ = ["Sorted", "combine", "sort_by_expert"]
 
@@ -84,12 +84,26 @@ def sort_by_expert(flat: torch.Tensor, experts: int, top_k: int = 1) -> Sorted:
 #   chunk places its rows after the earlier chunks' rows of the same expert (39-63 us of host time, 22-29 us
 #   of GPU time from 1024 to 32768 rows).
 # Past _TRITON_ROWS, torch's ops (one wave of chunk programs holds that many rows on an H100 or H200).
+class _Launches(dict):
+    """Ready launches by size: a plain dict, read once per call (LruCache's lock and reordering cost about a
+    microsecond of host time a call), which starts again past ``capacity`` entries (sizes vary without end)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def __setitem__(self, key: object, value: object) -> None:
+        if len(self) >= self.capacity:
+            self.clear()
+        super().__setitem__(key, value)
+
+
 _ONE_PROGRAM_ROWS = 512
 _TRITON_ROWS = 32768
 _TRITON_EXPERTS = 512
 SORT_BLOCK = 64
 CHUNK = 256
-_SORTS = LruCache(capacity=64)
+_SORTS = _Launches(64)
 
 
 @triton.jit
@@ -163,7 +177,10 @@ def _sort_kernel(expert_ptr, chunk_counts_ptr, perm_ptr, position_ptr, token_ptr
 
 def _aligned(*tensors: torch.Tensor) -> bool:
     """What a direct launch promises Triton (kernels/_launch.py): 16-byte aligned data, as a fresh tensor has."""
-    return all(t.data_ptr() % 16 == 0 for t in tensors)
+    addresses = 0
+    for t in tensors:
+        addresses |= t.data_ptr()
+    return addresses & 15 == 0
 
 
 def _on_triton(t: torch.Tensor) -> bool:
@@ -185,8 +202,11 @@ def _sort_in_triton(flat: torch.Tensor, experts: int, top_k: int) -> Sorted:
     perm, position, token = out[:rows], out[span:span + rows], out[2 * span:2 * span + rows]
     counts = out[3 * span:3 * span + experts]
     offsets = torch.empty(experts, dtype=torch.int32, device=flat.device)
-    one_program, *chunked = _SORTS.get_or_make((rows, experts, top_k, flat.device),
-                                               lambda: _sort_launches(rows, experts, top_k))
+    key = (rows, experts, top_k, flat.device)
+    launches = _SORTS.get(key)
+    if launches is None:
+        launches = _SORTS[key] = _sort_launches(rows, experts, top_k)
+    one_program, *chunked = launches
     if one_program is not None:
         one_program(flat, offsets, perm, position, token, counts, offsets, rows, experts, 1)  # no chunk counts
     else:
@@ -215,7 +235,7 @@ def _sort_launches(rows: int, experts: int, top_k: int) -> tuple:
 # The experts' rows back to their tokens, weighted and summed in one launch: down[position] gathered, times the
 # router's weights, summed over k, cast: four launches in torch, 30-40 us of host time eagerly (H200, as above).
 COMBINE_BLOCK = 1024
-_COMBINES = LruCache(capacity=64)
+_COMBINES = _Launches(64)
 
 
 @triton.jit
@@ -249,7 +269,9 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor, d
         return (slots * weights.unsqueeze(-1)).sum(1).to(dtype)
     out = torch.empty(tokens, hidden, dtype=dtype, device=rows.device)
     key = (tokens, top_k, hidden, rows.stride(0), rows.dtype, weights.dtype, dtype, rows.device)
-    launch = _COMBINES.get_or_make(key, lambda: DirectLaunch(
-        _combine_kernel, (tokens, triton.cdiv(hidden, COMBINE_BLOCK)), dict(TOP_K=top_k, BLOCK=COMBINE_BLOCK)))
+    launch = _COMBINES.get(key)
+    if launch is None:
+        launch = _COMBINES[key] = DirectLaunch(
+            _combine_kernel, (tokens, triton.cdiv(hidden, COMBINE_BLOCK)), dict(TOP_K=top_k, BLOCK=COMBINE_BLOCK))
     launch(rows, position, weights, out, hidden, rows.stride(0), hidden)
     return out
