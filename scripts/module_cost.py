@@ -131,7 +131,7 @@ def gpu_us(fn: Callable[[], object], calls: int) -> float:
     return round(begin.elapsed_time(end) / calls * 1e3, 1)
 
 
-_SLEEP_CYCLES = 200_000_000  # about 0.1 s at a 2 GHz clock: longer than the host takes to queue the calls
+_SLEEP_CYCLES = 100_000_000  # about 50 ms at a 2 GHz clock: longer than the host takes to queue 50 calls
 
 
 def table(cells: list[Cell]) -> str:
