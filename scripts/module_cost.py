@@ -119,15 +119,23 @@ def measure(name: str, vanilla: torch.nn.Module, patched: torch.nn.Module, rows:
 def gpu_us(fn: Callable[[], object], calls: int) -> float:
     """The GPU's own time per call in eager mode: ``calls`` back-to-back calls queued behind a sleeping kernel
     (``torch.cuda._sleep``), so that the host has queued them all before the GPU starts on them; timed by
-    events. A CUDA graph would time the captured path, which for our kernels is the graph-mode winner."""
-    torch.cuda.synchronize()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(_SLEEP_CYCLES)
-    begin.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
+    events. Where the GPU woke before the host had queued them (the start event done by then), the sleep is
+    doubled and the timing taken again. A CUDA graph would time the captured path, which for our kernels is
+    the graph-mode winner."""
+    cycles = _SLEEP_CYCLES
+    for _ in range(4):
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(cycles)
+        begin.record()
+        for _ in range(calls):
+            fn()
+        queued_in_time = not begin.query()
+        end.record()
+        torch.cuda.synchronize()
+        if queued_in_time:
+            break
+        cycles *= 2
     return round(begin.elapsed_time(end) / calls * 1e3, 1)
 
 
