@@ -87,10 +87,8 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     if _COMPILING():  # traced: the operator, not this body
         return traced_moe_matmul(x, w, offsets, out)
     signature = _signature(False, x, w, offsets) if out is None else None
-    plan = _READY.get(signature)
-    if plan is not None and plan.changes == DISPATCHER.changes and not _wants_grad(x, w):
-        if _REC.on:
-            _REC.counts[plan.key] += 1
+    plan = _served(signature, x, w)
+    if plan is not None:
         return moe.run_ready(plan, x, w, offsets)
     changes = DISPATCHER.changes  # before resolving: a clear while it resolves leaves the plan stale
     if not moe.operands_ok(x, w, offsets):
@@ -129,10 +127,8 @@ def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
     if _COMPILING():  # traced: an operator, not this body
         return traced_moe_gated_matmul(x, w, offsets)
     signature = _signature(True, x, w, offsets)
-    plan = _READY.get(signature)
-    if plan is not None and plan.changes == DISPATCHER.changes and not _wants_grad(x, w):
-        if _REC.on:
-            _REC.counts[plan.key] += 1
+    plan = _served(signature, x, w)
+    if plan is not None:
         return moe.run_ready(plan, x, w, offsets)
     changes = DISPATCHER.changes
     if not moe_gated.operands_ok(x, w, offsets):
@@ -163,6 +159,23 @@ def _signature(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Ten
                 x.device, w.device, offsets.device, _modes.current(x.is_cuda))
     except (AttributeError, TypeError):
         return None
+
+
+def _served(signature: tuple | None, x: torch.Tensor, w: torch.Tensor) -> moe.Ready | None:
+    """The kept plan of ``signature`` where a call may run it now (dispatch's answers unchanged since it was
+    made, no gradient wanted), counted in record mode; else None (the call takes the whole path)."""
+    plan = _READY.get(signature)
+    if plan is None or plan.changes != DISPATCHER.changes or _wants_grad(x, w):
+        return None
+    if _REC.on:
+        _REC.counts[plan.key] += 1
+    return plan
+
+
+def kept_plan(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> moe.Ready | None:
+    """``_served`` for kernels/ops.py's direct calls, which have checked that nothing traces or watches the call
+    (``ops._direct``'s conditions): the eager body's own lookup, before the operator's wrappers."""
+    return _served(_signature(gated, x, w, offsets), x, w)
 
 
 def _keep(signature: tuple, plan: moe.Ready | None) -> None:

@@ -34,7 +34,7 @@ from . import _modes
 from . import moe as _moe
 from ._record_mode import RECORDER as _REC
 from .dispatch import DISPATCHER as _DISPATCHER
-from ._grouped_dispatch import traced_grouped_matmul, traced_moe_matmul
+from ._grouped_dispatch import kept_plan as _kept_plan, traced_grouped_matmul, traced_moe_matmul
 
 NAMESPACE = "triton_tuner"
 
@@ -467,7 +467,11 @@ def _autocast(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
 
 def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
     """``moe_matmul``, direct where ``_direct`` allows; the operator (its fake: shapes only) on the meta
-    device or another the kernels do not run on."""
+    device or another the kernels do not run on. A repeated signature with every row routed runs its kept
+    plan at once (``_kept_moe_plan``)."""
+    plan = _kept_moe_plan(False, x, w, offsets) if all_rows else None
+    if plan is not None:
+        return _moe.run_ready(plan, x, w, offsets)
     if _direct(x, w, offsets) and (x.is_cuda or x.is_cpu):
         return _moe_matmul(x, w, offsets, all_rows)
     return moe_matmul(x, w, offsets, all_rows)
@@ -476,9 +480,26 @@ def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all
 def moe_gated_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
                           all_rows: bool = False) -> torch.Tensor:
     """``moe_gated_matmul``, direct where ``_direct`` allows, as ``moe_matmul_call``."""
+    plan = _kept_moe_plan(True, x, w, offsets) if all_rows else None
+    if plan is not None:
+        return _moe.run_ready(plan, x, w, offsets)
     if _direct(x, w, offsets) and (x.is_cuda or x.is_cpu):
         return _moe_gated_matmul(x, w, offsets, all_rows)
     return moe_gated_matmul(x, w, offsets, all_rows)
+
+
+def _kept_moe_plan(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> Any:
+    """The kept plan (kernels/_grouped_dispatch.py ``kept_plan``) of a call that needs none of the wrappers
+    between here and it: nothing traces or watches it, plain tensors, and no warm-up owed to a forced mode
+    (``_UNWARMED``; a plan's signature has resolved, so ``_call`` would warm nothing). Its first call, a
+    gradient or a change in dispatch's answers take the whole path. The operator's dispatch, ``_direct``'s
+    checks and ``_call`` cost a repeated experts GEMM about 2 us of host time on the CPU machine."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
+            torch._C._is_torch_function_mode_enabled() or _UNWARMED:
+        return None
+    if type(x) not in _PLAIN or type(w) not in _PLAIN or type(offsets) not in _PLAIN:
+        return None
+    return _kept_plan(gated, x, w, offsets)
 
 
 # ------------------------------------------------------------------------------------------------ capture

@@ -342,3 +342,42 @@ def test_a_kept_plan_whose_baseline_is_torch_grouped_mm_calls_it_alone(db_dispat
         assert torch.equal(kernels.moe_matmul(x, w, wide), torch._grouped_mm(x, w, offs=offsets))
         wide_plan = _grouped_dispatch._READY[_grouped_dispatch._signature(False, x, w, wide)]
         assert wide_plan.checked is not moe._grouped_mm
+
+
+def test_the_direct_call_runs_a_kept_plan_only_where_nothing_watches_it(db_dispatch, monkeypatch) -> None:
+    """``kernels.ops.moe_matmul_call`` (what transformers' experts and ``kernels.nn`` run) takes a kept plan
+    before the operator's wrappers; a dispatch mode, a torch function mode or a gradient goes through the
+    operator (observed by wrapping the module's globals)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernels import ops
+
+    x, w, offsets, _ = MOE_MATMUL.make_inputs(_problem(), DEVICE, 9)
+    want = MOE_MATMUL.reference((x, w, offsets))
+    ops.moe_matmul_call(x, w, offsets, True)  # the first call keeps the plan
+    seen: list[str] = []
+    real_op, real_body = ops.moe_matmul, ops._moe_matmul
+    monkeypatch.setattr(ops, "moe_matmul", lambda *a: seen.append("op") or real_op(*a))
+    monkeypatch.setattr(ops, "_moe_matmul", lambda *a: seen.append("body") or real_body(*a))
+    assert _error(ops.moe_matmul_call(x, w, offsets, True), want) <= TOLERANCE
+    assert seen == []  # the kept plan, no wrapper
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Passing(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    for mode in (Watch, Passing):
+        seen.clear()
+        with mode():
+            assert _error(ops.moe_matmul_call(x, w, offsets, True), want) <= TOLERANCE
+        assert seen[0] == "op", mode
+    seen.clear()
+    out = ops.moe_matmul_call(x, w.clone().requires_grad_(), offsets, True)
+    assert seen[0] == "op" and out.requires_grad  # the operator, with its backward
+    seen.clear()
+    ops.moe_matmul_call(x, w, offsets, False)  # rows past the last end zeroed: the direct body fills them
+    assert seen == ["body"]
