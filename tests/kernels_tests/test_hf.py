@@ -335,6 +335,26 @@ def test_inference_keeps_the_weight_views_until_the_weights_change() -> None:
     assert hf._KEPT not in experts.__dict__ and "_apply" not in experts.__dict__
 
 
+def test_a_repeated_inference_call_runs_kept_plans_only(monkeypatch) -> None:
+    """From the second call of a routed row count on, the experts' GEMMs run their kept plans (kernels.moe.Ready)
+    with no operand checks, dispatch lookup or ready-launch key built again, and give the same result."""
+    from kernels import moe
+
+    model = build(MOE["qwen3_moe"], torch.float16)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 6, 2, seed=12)
+    whole: list[str] = []
+    real_tiles, real_resolve = moe.run_tiles, kernels.DISPATCHER.resolve
+    with torch.no_grad():
+        first = hf.experts_forward(experts, x, index, weights)
+        monkeypatch.setattr(moe, "run_tiles", lambda *a, **k: whole.append("tiles") or real_tiles(*a, **k))
+        monkeypatch.setattr(kernels.DISPATCHER, "resolve", lambda *a, **k: whole.append("resolve") or real_resolve(*a, **k))
+        monkeypatch.setattr(moe, "operands_ok", lambda *a: whole.append("checks") or True)
+        again = hf.experts_forward(experts, x, index, weights)
+    assert whole == []
+    assert torch.equal(first, again)
+
+
 # A small tile of the fused MoE kernel's space, valid for the tiny experts here (the interpreter's time grows
 # with the tile).
 FUSED_TILE = kernels.Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=4, num_warps=2, num_stages=2)
