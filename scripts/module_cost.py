@@ -147,8 +147,8 @@ def table(cells: list[Cell]) -> str:
              f"{'GPU x':>7} {'vanilla us':>10} {'patched us':>10}"]
     for c in cells:
         gpu = f"{c.ratio('gpu_us'):>7.3f}" if "gpu_us" in c.vanilla[0] else f"{'-':>7}"
-        lines.append(f"{c.model:18} {c.module:46} {c.rows:>5} {c.path:16} {c.cxx_share:>5.2f} {c.ratio('loop_us'):>7.3f} "
-                     f"{c.ratio('host_us'):>7.3f} {gpu} {statistics.median(v['loop_us'] for v in c.vanilla):>10.1f} "
+        lines.append(f"{c.model:18} {c.module:46} {c.rows:>5} {c.path:16} {c.cxx_share:>5.2f} "
+                     f"{c.ratio('loop_us'):>7.3f} {c.ratio('host_us'):>7.3f} {gpu} {statistics.median(v['loop_us'] for v in c.vanilla):>10.1f} "
                      f"{statistics.median(p['loop_us'] for p in c.patched):>10.1f}")
     lines.append("loop x, host x, GPU x: vanilla over patched, the median of the pairs' (>1: patched faster); "
                  "us: loop time")

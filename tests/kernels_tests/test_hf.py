@@ -315,7 +315,8 @@ def test_inference_keeps_the_weight_views_until_the_weights_change() -> None:
     def check() -> None:
         with torch.no_grad():
             got = hf.experts_forward(experts, x, index, weights)
-            assert relative_error(got, grouped_mm_experts_forward(experts, x, index, weights)) < TOLERANCE[torch.float16]
+            want = grouped_mm_experts_forward(experts, x, index, weights)
+            assert relative_error(got, want) < TOLERANCE[torch.float16]
 
     check()
     kept = experts.__dict__[hf._KEPT]
@@ -348,7 +349,8 @@ def test_a_repeated_inference_call_runs_kept_plans_only(monkeypatch) -> None:
     with torch.no_grad():
         first = hf.experts_forward(experts, x, index, weights)
         monkeypatch.setattr(moe, "run_tiles", lambda *a, **k: whole.append("tiles") or real_tiles(*a, **k))
-        monkeypatch.setattr(kernels.DISPATCHER, "resolve", lambda *a, **k: whole.append("resolve") or real_resolve(*a, **k))
+        monkeypatch.setattr(kernels.DISPATCHER, "resolve",
+                            lambda *a, **k: whole.append("resolve") or real_resolve(*a, **k))
         monkeypatch.setattr(moe, "operands_ok", lambda *a: whole.append("checks") or True)
         again = hf.experts_forward(experts, x, index, weights)
     assert whole == []
