@@ -19,8 +19,8 @@ this module, nor transformers.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 
 import torch
@@ -144,14 +144,38 @@ def _kept(module: nn.Module) -> _Kept:
         kept = _Kept(gate_up, down, module.is_transposed)
         module.__dict__[_KEPT] = kept
         # ``.to()``, ``.cpu()``, ``.half()``: the kept views would hold the old data until the next call.
-        module.__dict__.setdefault("_apply", functools.partial(_apply_dropping_kept, module))
+        if not isinstance(module.__dict__.get("_apply"), _OnModule):
+            module.__dict__["_apply"] = _OnModule(_apply_dropping_kept, module)
     return kept
 
 
 def _apply_dropping_kept(module: nn.Module, fn: Callable, recurse: bool = True) -> nn.Module:
-    """``module._apply`` (what ``.to()`` and its kind call on every submodule), dropping the kept views first."""
+    """``module._apply`` (what ``.to()``, ``.cpu()`` and ``.half()`` call on every submodule), dropping the kept
+    views first: they would hold the old data."""
     module.__dict__.pop(_KEPT, None)
     return type(module)._apply(module, fn, recurse)
+
+
+class _OnModule:
+    """``function(module, ...)``, kept in ``module``'s own ``__dict__`` as a method of that one instance (an
+    experts module's ``_apply``, a patched model's ``_optimize_model_for_decode``). It holds the module weakly:
+    a bound partial would make a cycle, and a deleted or replaced model's GPU memory would wait for the garbage
+    collector. A deep copy or a pickle of the module gets one bound to the copy."""
+
+    __slots__ = ("_function", "_module")
+
+    def __init__(self, function: Callable, module: nn.Module) -> None:
+        self._function, self._module = function, weakref.ref(module)
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return self._function(self._module(), *args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> _OnModule:
+        module = self._module()
+        return _OnModule(self._function, memo.get(id(module), module))  # the copy, made before its __dict__'s
+
+    def __reduce__(self) -> tuple:
+        return _OnModule, (self._function, self._module())
 
 
 def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -342,7 +366,7 @@ def patch_experts(model: nn.Module, evidence: Evidence | None = None) -> bool:
     model.__dict__.setdefault(_BEFORE, model.get_experts_implementation())
     setter(IMPLEMENTATION)
     if hasattr(type(model), _DECODE_HOOK):  # a generative model: its decode steps fall back as vanilla's would
-        model.__dict__[_DECODE_HOOK] = functools.partial(_decoding, model)
+        model.__dict__[_DECODE_HOOK] = _OnModule(_decoding, model)
     return True
 
 

@@ -9,6 +9,7 @@ wrong under the interpreter).
 
 from __future__ import annotations
 
+import copy
 import os
 import sqlite3
 import subprocess
@@ -355,6 +356,43 @@ def test_a_repeated_inference_call_runs_kept_plans_only(monkeypatch) -> None:
         again = hf.experts_forward(experts, x, index, weights)
     assert whole == []
     assert torch.equal(first, again)
+
+
+def test_a_patched_moe_model_is_freed_on_del_and_copies_bind_their_own_hooks() -> None:
+    """The hooks a patched model keeps in its modules' ``__dict__`` (an experts module's ``_apply``, the model's
+    decode context) hold their module weakly: ``del`` frees the model with no garbage collection (its GPU memory
+    at once), and a deep copy's or a pickle's hooks act on the copy, not on the original."""
+    import gc
+    import io
+    import weakref
+
+    model = kernels.patch(build(MOE["qwen3_moe"], torch.float16), everywhere=True)
+    experts = model.model.layers[0].mlp.experts
+    x, index, weights = _experts_inputs(experts, 4, 2, seed=13)
+    with torch.no_grad():
+        experts(x, index, weights)  # keeps the views, installs the _apply hook
+    assert hf._KEPT in experts.__dict__ and hf._DECODE_HOOK in model.__dict__
+
+    twin = copy.deepcopy(model)
+    twin_experts = twin.model.layers[0].mlp.experts
+    twin.to(torch.float32)  # the copy's hook drops the copy's views, not the original's
+    assert hf._KEPT not in twin_experts.__dict__ and hf._KEPT in experts.__dict__
+    with twin._optimize_model_for_decode():  # the copy's decode context marks the copy's experts
+        assert twin_experts.__dict__.get(hf._DECODING) and not experts.__dict__.get(hf._DECODING)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    loaded.to(torch.float32)
+    assert hf._KEPT not in loaded.model.layers[0].mlp.experts.__dict__ and hf._KEPT in experts.__dict__
+
+    gc.disable()
+    try:
+        gone = weakref.ref(model)
+        del model, experts, twin, twin_experts, loaded
+        assert gone() is None, "a reference cycle keeps the patched model alive until the garbage collector runs"
+    finally:
+        gc.enable()
 
 
 # A small tile of the fused MoE kernel's space, valid for the tiny experts here (the interpreter's time grows
