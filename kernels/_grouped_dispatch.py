@@ -14,6 +14,7 @@ import torch
 
 from . import _device, _modes, grouped, moe, moe_gated
 from ._device import current_device
+from ._launch import BoundedDict
 from ._plans import OUT_WITH_GRAD
 from ._record_mode import RECORDER as _REC
 from ._spec import BASELINE, is_baseline
@@ -148,8 +149,7 @@ def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
 
 # Each eager signature's ``moe.Ready``: (gated, x's and w's shapes and strides, the three dtypes, offsets'
 # shape, the three devices, the dispatch mode). Ever-new signatures start it again past its capacity.
-_READY: dict[tuple | None, moe.Ready] = {}
-_READY_CAPACITY = 4096
+_READY: BoundedDict = BoundedDict(4096)
 
 
 def _signature(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> tuple | None:
@@ -179,11 +179,8 @@ def kept_plan(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tens
 
 
 def _keep(signature: tuple, plan: moe.Ready | None) -> None:
-    if plan is None:
-        return
-    if len(_READY) >= _READY_CAPACITY:
-        _READY.clear()
-    _READY[signature] = plan
+    if plan is not None:
+        _READY[signature] = plan
 
 
 def clear_ready() -> None:

@@ -261,6 +261,24 @@ def _launcher_of(compiled: Any) -> tuple[Any, tuple]:
 _ABSENT = object()
 
 
+class BoundedDict(dict):
+    """A plain dict for what a hot path looks up on every call (ready launches, kept plans by signature): one
+    ``get``, no lock and no reordering (``LruCache``'s cost about a microsecond of host time a call), which
+    starts again once it holds ``capacity`` entries, as ever-new sizes would otherwise grow it for ever."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def __setitem__(self, key: Hashable, value: Any) -> None:
+        if len(self) >= self.capacity:
+            self.clear()
+        super().__setitem__(key, value)
+
+    def __reduce__(self) -> tuple:  # a copy or a pickle is made with its capacity before its items go in
+        return BoundedDict, (self.capacity,), None, None, iter(self.items())
+
+
 class LruCache:
     """A bounded, thread-safe, clearable map that forgets the least recently used entry first."""
 

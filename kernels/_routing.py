@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from . import _device
-from ._launch import DirectLaunch
+from ._launch import BoundedDict, DirectLaunch
 
 __all__ = ["Sorted", "combine", "sort_by_expert"]
 
@@ -84,26 +84,12 @@ def sort_by_expert(flat: torch.Tensor, experts: int, top_k: int = 1) -> Sorted:
 #   chunk places its rows after the earlier chunks' rows of the same expert (39-63 us of host time, 22-29 us
 #   of GPU time from 1024 to 32768 rows).
 # Past _TRITON_ROWS, torch's ops (one wave of chunk programs holds that many rows on an H100 or H200).
-class _Launches(dict):
-    """Ready launches by size: a plain dict, read once per call (LruCache's lock and reordering cost about a
-    microsecond of host time a call), which starts again past ``capacity`` entries (sizes vary without end)."""
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()
-        self.capacity = capacity
-
-    def __setitem__(self, key: object, value: object) -> None:
-        if len(self) >= self.capacity:
-            self.clear()
-        super().__setitem__(key, value)
-
-
 _ONE_PROGRAM_ROWS = 512
 _TRITON_ROWS = 32768
 _TRITON_EXPERTS = 512
 SORT_BLOCK = 64
 CHUNK = 256
-_SORTS = _Launches(64)
+_SORTS = BoundedDict(64)
 
 
 @triton.jit
@@ -235,7 +221,7 @@ def _sort_launches(rows: int, experts: int, top_k: int) -> tuple:
 # The experts' rows back to their tokens, weighted and summed in one launch: down[position] gathered, times the
 # router's weights, summed over k, cast: four launches in torch, 30-40 us of host time eagerly (H200, as above).
 COMBINE_BLOCK = 1024
-_COMBINES = _Launches(64)
+_COMBINES = BoundedDict(64)
 
 
 @triton.jit

@@ -30,6 +30,7 @@ from transformers.integrations import moe as _hf_moe
 
 from . import _device, _modes, moe, moe_gated, ops
 from ._evidence import Evidence
+from ._launch import BoundedDict
 from .dispatch import DISPATCHER
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
@@ -108,6 +109,7 @@ def _takes(module: nn.Module, x: torch.Tensor) -> bool:
 
 
 _KEPT = "_triton_tuner_experts"  # an experts module's _Kept, in its __dict__
+_KEPT_PATHS = 4096  # routed row counts kept per experts module: prefill lengths vary without end
 
 
 class _Kept:
@@ -124,7 +126,7 @@ class _Kept:
         with torch.no_grad():  # the eager path's views (a call that wants a gradient views them itself)
             self.gate_up_w = gate_up if transposed else gate_up.transpose(1, 2)
             self.down_w = down if transposed else down.transpose(1, 2)
-        self.paths: dict[tuple, tuple[int, str]] = {}
+        self.paths = BoundedDict(_KEPT_PATHS)  # (routed rows, mode) -> (dispatcher's changes, path)
 
 
 def _fingerprint(gate_up: torch.Tensor, down: torch.Tensor) -> tuple:
@@ -271,13 +273,8 @@ def _kept_path(kept: _Kept, x: torch.Tensor, rows: int) -> str:
     if found is not None and found[0] == changes and not _REC.on:
         return found[1]
     path = _path(x, rows, kept.gate_up_w, kept.down_w, True)
-    if len(kept.paths) >= _KEPT_PATHS:
-        kept.paths.clear()
     kept.paths[(rows, mode)] = (changes, path)
     return path
-
-
-_KEPT_PATHS = 4096  # routed row counts kept per experts module: prefill lengths vary without end
 
 
 # The three ways an eager call computes the experts (``_path``).
