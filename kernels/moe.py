@@ -274,7 +274,7 @@ def ready(config: Config, key: tuple, changes: int, x: torch.Tensor, w: torch.Te
         # Where the baseline is torch._grouped_mm itself, the call is that, with nothing around it: at a decode
         # step's 8 routed rows the checked launch's few checks cost 6-8 us of host time above torch._grouped_mm's
         # 27-29 (H200, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0; docs/runs/2026-11-29-h200-moe-ready-plans).
-        if not gated and _baseline_is_grouped_mm(x, w, offsets):
+        if not gated and offsets.dtype == torch.int32 and _grouped_mm_takes(x, w):  # int32: no cast either
             checked_call = _grouped_mm
         return Ready(changes, key, None, (), width, checked_call)
     out = torch.empty((x.shape[0], width), dtype=x.dtype, device=x.device)  # a fresh output's strides and alignment
@@ -488,10 +488,9 @@ def _grouped_mm_is_one_launch(problem: Problem, device: DeviceInfo) -> bool:
     return device.compute_capability.split(".")[0] in ("9", "10") and n % 8 == 0 and k % 8 == 0
 
 
-def _baseline_is_grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> bool:
-    """Whether ``baseline`` is one ``torch._grouped_mm`` call on these operands as they are (int32 offsets: no cast)."""
-    return (x.is_cuda and x.dtype == torch.bfloat16 and w.stride(1) == 1 and offsets.dtype == torch.int32
-            and hasattr(torch, "_grouped_mm"))
+def _grouped_mm_takes(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``baseline`` runs ``torch._grouped_mm`` on these operands: bf16 on a GPU, K-major weights."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and w.stride(1) == 1 and hasattr(torch, "_grouped_mm")
 
 
 def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -503,7 +502,7 @@ def baseline(inputs: tuple) -> torch.Tensor:
     weights), else a loop of torch.matmul over the experts. int64 offsets (what torch.cumsum gives) are
     cast to int32 on the device: the loop would read them on the host, a sync no CUDA graph can capture."""
     x, w, offsets = inputs[:3]
-    if x.is_cuda and x.dtype == torch.bfloat16 and w.stride(1) == 1 and hasattr(torch, "_grouped_mm"):
+    if _grouped_mm_takes(x, w):
         return torch._grouped_mm(x, w, offs=offsets if offsets.dtype == torch.int32 else offsets.to(torch.int32))
     # Zeros, not empty: rows past the last end row read 0 (this loop has read the offsets on the host anyway).
     out = torch.zeros((x.shape[0], w.shape[2]), dtype=x.dtype, device=x.device)
