@@ -263,8 +263,9 @@ _ABSENT = object()
 
 class BoundedDict(dict):
     """A plain dict for what a hot path looks up on every call (ready launches, kept plans by signature): one
-    ``get``, no lock and no reordering (``LruCache``'s cost about a microsecond of host time a call), which
-    starts again once it holds ``capacity`` entries, as ever-new sizes would otherwise grow it for ever."""
+    ``get``, no lock and no reordering (``LruCache``'s cost about a microsecond of host time a call: timeit, CPU
+    build machine, torch 2.13.0+cpu, 2026-11-29), which starts again once it holds ``capacity`` entries, as
+    ever-new sizes would otherwise grow it for ever."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()

@@ -114,9 +114,9 @@ _KEPT_PATHS = 4096  # routed row counts kept per experts module: prefill lengths
 
 class _Kept:
     """An experts module's weights as ``moe_matmul`` takes them ([E, K, N] views), made once: a view is a torch
-    call of about 2 us of host time, two per call. Valid while the module's Parameters are the same objects
-    over the same data (``_kept``); with them, the path each routed row count takes (``_path``), valid while
-    the dispatcher's ``changes`` count reads the same."""
+    call of about 2 us of host time (timeit, CPU build machine, torch 2.13.0+cpu, 2026-11-29), two per call.
+    Valid while the module's Parameters are the same objects over the same data (``_kept``); with them, the
+    path each routed row count takes (``_path``), valid while the dispatcher's ``changes`` count reads the same."""
 
     __slots__ = ("gate_up", "down", "shapes", "gate_up_w", "down_w", "paths")
 
