@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 _COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces (kernels/_plans.py)
 _LINEAR = nn.functional.linear
+_SILU = nn.functional.silu
 
 
 class Linear(nn.Linear):
@@ -252,15 +253,43 @@ class FusedMLP:
     _unfused: type  # the module's own class
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs:
+            return self._unfused.forward(self, x, *args, **kwargs)
         route = self.__dict__.get("_route")
-        if args or kwargs or (route is not None and not _COMPILING() and not takes_ours(route, x)):
-            return self._unfused.forward(self, x, *args, **kwargs)  # cuBLAS here: its Linears route themselves
+        if route is not None and not _COMPILING() and not takes_ours(route, x):
+            return self._torch_forward(x)  # dispatch runs cuBLAS for the gated product at these rows
         weight_t = self._stacked_weight_t()
         if weight_t is None:
             return self._unfused.forward(self, x)
         rows = x.reshape(-1, x.shape[-1])
         h = ops.gated_matmul_call(rows, weight_t)
         return self._modules[self.__dict__["_gated_names"].down](h.reshape(*x.shape[:-1], h.shape[-1]))
+
+    def _torch_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """What the module's own forward computes, as the same torch calls in the same order (the gate's and
+        up's ``F.linear``, SiLU, the product, then the down Linear's call), without the module calls of the
+        gate, the up and the activation: at decode rows, where each GEMM is short, those cost the patched MLP
+        more host time than vanilla's (5-8 us a call, H200, 2026-11-29, ``scripts/module_cost.py``). The module's
+        own forward runs where this would not be what it computes (a training flag the check did not hold
+        under, the gate or up Linears replaced or hooked) and where the gate and up Linears themselves run our
+        kernels at these rows (their own evidence)."""
+        state = self.__dict__
+        names = state["_gated_names"]
+        if self.training not in state["_fused_modes"] or not _children_as_checked(self, state["_gated_kept"]):
+            return self._unfused.forward(self, x)
+        gate_linear = self._modules[names.gate]
+        if type(gate_linear) is not nn.Linear:  # a kernels.nn.Linear: its route (None: ours on every call)
+            gate_route = gate_linear.__dict__.get("_route")
+            if gate_route is None or takes_ours(gate_route, x):
+                return self._unfused.forward(self, x)
+        gate, up = _gate_and_up(self)
+        down = self._modules[names.down]
+        if gate is None or (up is None and names.up is not None):
+            return self._unfused.forward(self, x)  # a parametrized weight: its property computes it
+        if up is None:  # one [2N, K] Linear (Phi-3): up * act(gate), as its forward writes it
+            gate_out, up_out = _LINEAR(x, gate).chunk(2, dim=-1)
+            return down(up_out * _SILU(gate_out))
+        return down(_SILU(_LINEAR(x, gate)) * _LINEAR(x, up))
 
     def _stacked_weight_t(self) -> torch.Tensor | None:
         """[Wg Wu]^T, or None where the module's own forward must run. Read through the dicts, not attribute

@@ -16,6 +16,7 @@ import pytest
 import torch
 from _helpers import DEVICE, LlamaMLP, relative_error
 from test_dispatch import TILED, make_record
+from test_nn import _MetaFeedForward, _Phi3MLP
 
 import kernels
 from db import Store
@@ -135,14 +136,65 @@ def test_a_patched_linear_runs_torchs_forward_at_row_counts_dispatch_gives_to_cu
 
 
 @pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 takes our path on every call, to count it")
-def test_a_fused_mlp_runs_its_own_forward_where_its_gated_product_goes_to_cublas(db_url: str, monkeypatch) -> None:
+@pytest.mark.parametrize("make", [LlamaMLP, _MetaFeedForward, _Phi3MLP], ids=["gate_proj-up_proj", "w1-w3",
+                                                                               "gate_up_proj"])
+def test_a_fused_mlp_runs_torchs_calls_where_its_gated_product_goes_to_cublas(db_url: str, monkeypatch,
+                                                                              make) -> None:
+    """At 4096 rows the gated product's record says cuBLAS: the MLP runs what its own forward runs, torch's
+    F.linear for gate and up, SiLU, the product, then its down Linear, bit for bit vanilla's (gradients too),
+    without calling the gate and up modules (their calls are host time); at 16 rows the fused kernel."""
+    gate_width = 2 * FFN if make is _Phi3MLP else FFN
     _store(db_url, ("gated_matmul", f"fp32:nt:16x{FFN}x{HIDDEN}", _gated_triton()),
-           ("gated_matmul", f"fp32:nt:4096x{FFN}x{HIDDEN}", BASELINE))
+           ("gated_matmul", f"fp32:nt:4096x{FFN}x{HIDDEN}", BASELINE),
+           # the gate (and up) Linear alone: Triton at 16 rows (so it is patched), cuBLAS at 4096
+           ("matmul", f"fp32:nt:16x{gate_width}x{HIDDEN}", TILED),
+           ("matmul", f"fp32:nt:4096x{gate_width}x{HIDDEN}", BASELINE))
+    torch.manual_seed(0)
+    mlp = make(HIDDEN, FFN).to(DEVICE)
+    plain = make(HIDDEN, FFN).to(DEVICE)
+    plain.load_state_dict(mlp.state_dict())
+    kernels.patch(mlp)
+    gate = next(iter(mlp.children()))
+    assert isinstance(mlp, kernels.nn.FusedMLP) and type(gate) is kernels.nn.Linear
+    linears = []
+    monkeypatch.setattr(kernels.nn, "_LINEAR", lambda *args: linears.append((args[0].shape[0], args[1].shape)) or
+                        torch.nn.functional.linear(*args))
+    gate_calls = []
+    hook = gate.register_forward_pre_hook(lambda module, args: gate_calls.append(args[0].shape[0]))
+    x = torch.randn(4096, HIDDEN, device=DEVICE)
+    with torch.no_grad():
+        assert torch.equal(mlp(x), plain(x))  # a hooked gate: the module's own forward, the hook sees its call
+        assert gate_calls == [4096] and (4096, gate.weight.shape) in linears  # its Linear's own torch path
+        linears.clear()
+        hook.remove()
+        for rows in (16, 4096):
+            x = torch.randn(rows, HIDDEN, device=DEVICE)
+            got = mlp(x)
+            if rows == 4096:
+                assert torch.equal(got, plain(x))
+            else:
+                assert relative_error(got, plain(x)) < TOLERANCE
+    gate_linears = [(4096, gate.weight.shape)] * (1 if make is _Phi3MLP else 2)  # gate and up, or gate_up
+    assert [call for call in linears if call[1] == gate.weight.shape] == gate_linears
+    assert gate_calls == [4096]  # no module call of the gate since
+    mlp(x).square().sum().backward()  # with a gradient: the same calls, autograd through the Parameters
+    plain(x).square().sum().backward()
+    for (name, got), want in zip(mlp.named_parameters(), plain.parameters()):
+        assert torch.equal(got.grad, want.grad), name
+
+
+@pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 takes our path on every call, to count it")
+def test_a_fused_mlp_whose_gate_linear_takes_our_kernel_runs_its_own_forward_there(db_url: str, monkeypatch) -> None:
+    """The gated product goes to cuBLAS at 4096 rows, but the gate and up problem has a Triton record there:
+    their patched Linears run it (their own evidence), so the MLP runs its own forward, module by module."""
+    _store(db_url, ("gated_matmul", f"fp32:nt:16x{FFN}x{HIDDEN}", _gated_triton()),
+           ("gated_matmul", f"fp32:nt:4096x{FFN}x{HIDDEN}", BASELINE),
+           ("matmul", f"fp32:nt:4096x{FFN}x{HIDDEN}", TILED))
     mlp = LlamaMLP(HIDDEN, FFN).to(DEVICE)
     plain = LlamaMLP(HIDDEN, FFN).to(DEVICE)
     plain.load_state_dict(mlp.state_dict())
     kernels.patch(mlp)
-    assert isinstance(mlp, kernels.nn.FusedMLP)
+    assert isinstance(mlp, kernels.nn.FusedMLP) and type(mlp.gate_proj) is kernels.nn.Linear
     own = []
     monkeypatch.setattr(type(mlp), "_unfused", type("Spy", (LlamaMLP,), {
         "forward": lambda self, x: own.append(x.shape[0]) or LlamaMLP.forward(self, x)}))
