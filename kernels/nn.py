@@ -10,6 +10,7 @@ and autograd runs.
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from typing import Any, NamedTuple
@@ -20,12 +21,13 @@ from torch.nn.modules import module as _torch_module
 
 from . import ops
 from ._evidence import Evidence, Route, takes_ours
+from .norm import FORMULAS, MAX_WIDTH, Formula, rms_norm, rms_norm_reference
 from ._routing import combine, sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
 
-__all__ = ["FusedMLP", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route", "sort_by_expert",
-           "unpatch"]
+__all__ = ["FusedMLP", "FusedRMSNorm", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route",
+           "sort_by_expert", "unpatch"]
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,8 @@ class Linear(nn.Linear):
         return linear
 
 
-def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everywhere: bool = False) -> nn.Module:
+def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everywhere: bool = False,
+          fuse_norm: bool = True) -> nn.Module:
     """Make the ``nn.Linear`` layers in ``model`` (itself included) run on the tuned kernels, in place; returns it.
 
     Only where that can be faster: a Linear (or a fused group below) is patched where dispatch runs one of
@@ -108,8 +111,12 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
     model calls them on one input (see ``SharedInput``). A transformers 5 MoE model's routed experts switch
     to the ``"triton_tuner"`` experts implementation (kernels/hf.py): one ``moe_gated_matmul`` for the gate/up
     product with its SiLU gating where dispatch runs a Triton config for it, one ``moe_matmul`` per other GEMM.
+    With ``fuse_norm``, each RMSNorm whose forward computes one of ``kernels.norm.FORMULAS`` runs it as one
+    launch (see ``FusedRMSNorm``) where its weight lives on a GPU: no table is asked, as there is no cuBLAS
+    call to compare with, only torch's six to eight launches where ours is one.
     """
     evidence = Evidence(everywhere=everywhere)
+    norms = sum(_fuse_norm(module) for module in model.modules()) if fuse_norm else 0
     # The MLPs first: the check runs each one's own forward on torch's Linears.
     fused = sum(_fuse(module, evidence) for module in model.modules()) if fuse_mlp else 0
     shared = sum(_share_input(module, evidence) for module in model.modules()) if fuse_qkv else 0
@@ -126,8 +133,9 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
                 left += 1
     hf = _transformers()
     experts = hf is not None and hf.patch_experts(model, evidence)
-    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused%s%s",
-             linears, fused, shared, ", routed experts on moe_matmul" if experts else "",
+    log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused, "
+             "%d RMSNorms in one launch%s%s", linears, fused, shared, norms,
+             ", routed experts on moe_matmul" if experts else "",
              f"; {left} nn.Linear left on torch's path (dispatch runs cuBLAS for every problem of theirs here: "
              f"record and tune them to change that, docs/PYTORCH.md)" if left else "")
     return model
@@ -153,7 +161,7 @@ def _transformers() -> Any:
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again, and every
-    ``FusedMLP`` its own class (its gate and up weights stay in one storage: the same values, the same state
+    ``FusedMLP`` and ``FusedRMSNorm`` its own class (its gate and up weights stay in one storage: the same values, the same state
     dict, as do the projections of a ``SharedInput`` group)."""
     for module in model.modules():
         if type(module) in (Linear, SharedInputLinear):
@@ -162,6 +170,10 @@ def unpatch(model: nn.Module) -> nn.Module:
             module.__class__ = nn.Linear
         elif isinstance(module, FusedMLP):
             for name in _FUSED_STATE:
+                module.__dict__.pop(name, None)
+            module.__class__ = type(module)._unfused
+        elif isinstance(module, FusedRMSNorm):
+            for name in _NORM_STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = type(module)._unfused
     hf = _transformers()
@@ -514,6 +526,117 @@ def _fuse(module: nn.Module, evidence: Evidence) -> bool:
     if names.up is not None:
         module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
     return True
+
+
+# ------------------------------------------------------------------------------------------ RMSNorms
+
+class FusedRMSNorm:
+    """An RMSNorm module whose forward is one launch of ``kernels.norm.rms_norm`` in the formula its own forward
+    was found to compute (``kernels.norm.FORMULAS``: Llama's, Gemma's, or the weight's product before rounding).
+
+    ``kernels.patch`` makes one of a module with a single 1-D ``weight`` Parameter and an ``eps`` or
+    ``variance_epsilon`` float, on a GPU, once a copy of it, given a random weight, has computed that formula
+    on random rows and on a row whose mean square is near eps (which tells a wrong eps). The class is the
+    module's own class with this forward mixed in (``isinstance`` still holds), and the state dict is
+    unchanged. Its own forward runs under ``torch.compile`` (Inductor fuses it), where a gradient is wanted
+    (the kernel has no backward), under autocast, and on operands the kernel does not take (``rms_norm``).
+    A pickle or deep copy of the module is of its own class (patch it again).
+    """
+
+    _unfused: type
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args or kwargs or _COMPILING():
+            return self._unfused.forward(self, x, *args, **kwargs)
+        state = self.__dict__
+        weight = self._parameters.get("weight")
+        out = None if weight is None else rms_norm(x, weight, state[state["_eps_name"]], state["_formula"])
+        return out if out is not None else self._unfused.forward(self, x)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # as FusedMLP's: its class cannot be found by name
+        state = {name: value for name, value in self.__getstate__().items() if name not in _NORM_STATE}
+        return _new_module, (type(self)._unfused,), state
+
+
+_NORM_STATE = ("_formula", "_eps_name")
+_NORM_CLASSES: dict[type, type] = {}
+_EPS_NAMES = ("variance_epsilon", "eps")
+
+
+def _fuse_norm(module: nn.Module) -> bool:
+    """Make ``module`` a ``FusedRMSNorm`` where it has an RMSNorm's parameters and its forward computes one of
+    the formulas (``_norm_formula``)."""
+    if isinstance(module, FusedRMSNorm) or module._modules or module._buffers:
+        return False
+    weight = module._parameters.get("weight")
+    if type(weight) is not nn.Parameter or len(module._parameters) != 1 or weight.dim() != 1 \
+            or not 0 < weight.shape[0] <= MAX_WIDTH or weight.dtype not in (torch.float16, torch.bfloat16,
+                                                                           torch.float32):
+        return False
+    eps_name = next((name for name in _EPS_NAMES if isinstance(module.__dict__.get(name), float)), None)
+    if eps_name is None or not (weight.is_cuda or (weight.is_cpu and _interpreted())):
+        return False
+    formula = _norm_formula(module, eps_name)
+    if formula is None:
+        return False
+    cls = type(module)
+    fused = _NORM_CLASSES.get(cls)
+    if fused is None:
+        fused = _NORM_CLASSES[cls] = type(f"Fused{cls.__name__}", (FusedRMSNorm, cls),
+                                          {"_unfused": cls, "__module__": cls.__module__})
+    module.__class__ = fused
+    module.__dict__["_formula"] = formula
+    module.__dict__["_eps_name"] = eps_name
+    return True
+
+
+def _interpreted() -> bool:
+    from . import _device
+    return _device.INTERPRETED
+
+
+_NORM_CHECK_ROWS = 3
+
+
+def _norm_formula(module: nn.Module, eps_name: str) -> Formula | None:
+    """The formula ``module``'s forward computes, found on a copy of it given a random weight (a freshly
+    initialised weight of ones, or of zeros in Gemma, cannot tell the formulas apart): random rows and one
+    scaled so that its mean square is near eps, each within a relative error of ``tolerance``; None where no
+    formula holds (a LayerNorm, another epsilon, another formula) or the forward raises."""
+    weight = module._parameters["weight"]
+    eps = module.__dict__[eps_name]
+    # In the module's dtype, and in bfloat16, whose rounding tells the formulas' orders apart (in float32
+    # Llama's and the weighted-then-rounded one agree): a model patched in float32 may be cast after.
+    errors = {formula: 0.0 for formula in FORMULAS}
+    for dtype in dict.fromkeys((weight.dtype, torch.bfloat16)):
+        generator = torch.Generator(device=weight.device).manual_seed(0)
+        try:
+            probe = copy.deepcopy(module).to(dtype)
+            with torch.no_grad():
+                probe.weight.copy_(torch.rand(weight.shape, generator=generator, device=weight.device) * 2 - 0.5)
+                x = torch.randn(_NORM_CHECK_ROWS, weight.shape[0], generator=generator, device=weight.device,
+                                dtype=dtype)
+                x[-1] *= max(eps, 1e-30) ** 0.5  # mean square near eps: a wrong eps moves this row by ~sqrt(2)
+                got = probe.forward(x)
+                for formula in FORMULAS:
+                    error = _row_error(got, rms_norm_reference(x, probe.weight, eps, formula))
+                    errors[formula] = max(errors[formula], error / (1e-5 if dtype == torch.float32 else 2e-3))
+        except Exception as exc:  # another signature or input: not a norm to fuse
+            log.debug("%s is not fused: its forward on random rows raised %r", type(module).__name__, exc)
+            return None
+    formula = min(FORMULAS, key=errors.__getitem__)  # errors in units of each dtype's tolerance
+    return formula if errors[formula] <= 1.0 else None
+
+
+def _row_error(got: object, want: torch.Tensor) -> float:
+    """The largest relative L2 error of a row (inf where the shapes or dtypes differ)."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+        return float("inf")
+    difference = (got.float() - want.float()).norm(dim=-1)
+    scale = want.float().norm(dim=-1)
+    if not bool(torch.isfinite(difference).all()) or not bool((scale > 0).all()):
+        return float("inf")
+    return float((difference / scale).max())
 
 
 # ------------------------------------------------------------------------- projections of one input

@@ -11,7 +11,8 @@ patched module's call beside vanilla's in interleaved pairs (``--pairs``, vanill
 in us, as ``scripts/moe_host_cost.py`` times them, and "gpu" (the GPU's own time per call: ``gpu_us``), and says
 which path the patched call took at those rows:
 "ours" or "torch" for a Linear (its route: dispatch's evidence per call, docs/PYTORCH.md "Never slower"), "fused"
-or "its Linears" for a fused gated MLP, "ours, everywhere" for a module patched without evidence; and the share
+or "its Linears" for a fused gated MLP, "one launch" for an RMSNorm, "ours, everywhere" for a module patched
+without evidence; and the share
 of its calls the C++ path launched. The routed experts of a MoE model are ``scripts/moe_host_cost.py``'s. Writes
 DIR/module_cost.json and prints a table; the script waits for the C++ path first (docs/BENCHMARKS.md, "A
 benchmark's first minute, and the experts' sort").
@@ -37,7 +38,7 @@ from moe_host_cost import host_and_loop_us  # noqa: E402
 import kernels  # noqa: E402
 from kernels import _native  # noqa: E402
 from kernels._evidence import takes_ours  # noqa: E402
-from kernels.nn import FusedMLP  # noqa: E402
+from kernels.nn import FusedMLP, FusedRMSNorm  # noqa: E402
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Cell:
 def patched_modules(vanilla: torch.nn.Module, patched: torch.nn.Module) -> list[tuple[str, torch.nn.Module,
                                                                                         torch.nn.Module]]:
     """(name, vanilla's module, patched module) for each module of the first decoder layer and the head that
-    ``kernels.patch`` changed and that takes one tensor: Linears, fused MLPs, q/k/v members."""
+    ``kernels.patch`` changed and that takes one tensor: Linears, fused MLPs, q/k/v members, RMSNorms."""
     ours = dict(patched.named_modules())
     found = []
     for name, module in vanilla.named_modules():
@@ -67,17 +68,22 @@ def patched_modules(vanilla: torch.nn.Module, patched: torch.nn.Module) -> list[
         mine = ours.get(name)
         if not first_layer or mine is None or type(mine) is type(module):
             continue
-        if isinstance(module, torch.nn.Linear) or isinstance(mine, FusedMLP):
+        if isinstance(module, torch.nn.Linear) or isinstance(mine, (FusedMLP, FusedRMSNorm)):
             found.append((name, module, mine))
     return found
 
 
 def width_of(module: torch.nn.Module, vanilla: torch.nn.Module) -> int:
-    return module.in_features if isinstance(module, torch.nn.Linear) else vanilla.config.hidden_size
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features
+    weight = module._parameters.get("weight")
+    return weight.shape[0] if weight is not None and weight.dim() == 1 else vanilla.config.hidden_size
 
 
 def path_of(module: torch.nn.Module, x: torch.Tensor) -> str:
     """The path the patched ``module`` takes for ``x`` (its route's answer; record mode aside)."""
+    if isinstance(module, FusedRMSNorm):
+        return "one launch"
     route = module.__dict__.get("_route")
     if route is None:
         return "ours, everywhere"
