@@ -101,7 +101,7 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
     Only where that can be faster: a Linear (or a fused group below) is patched where dispatch runs one of
     our kernels for its problem at some row count on this GPU (kernels/_evidence.py). The others keep
     torch's forward, which costs less host time than ours around the same cuBLAS call: on a GPU with no
-    table nothing changes. Record mode (``TUNER_RECORD=1``) patches everything, to see every problem, as
+    table no GEMM changes (the RMSNorms below still do). Record mode (``TUNER_RECORD=1``) patches everything, to see every problem, as
     does ``everywhere=True`` (every module on our path whatever dispatch runs: to test or profile it).
 
     Subclasses of ``nn.Linear`` other than plain ones (e.g. quantized layers) are left alone: their forward
