@@ -270,20 +270,29 @@ def profile(setting: Setting, cols: tuple[str, ...], models: dict, args: argpars
 
 # ------------------------------------------------------------------------------------------ correctness
 
-def errors(spec: ModelSpec, model: torch.nn.Module, models: dict, device: torch.device, tokens: int) -> dict:
-    """Relative L2 error of vanilla's and patched's last-token logits to an fp32 copy's, on one prompt."""
-    ids = torch.randint(1, model.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(7)).to(device)
+def errors(spec: ModelSpec, model: torch.nn.Module, models: dict, device: torch.device, tokens: int,
+           prompts: int = 1) -> dict:
+    """Relative L2 error of vanilla's and patched's last-token logits to an fp32 copy's, per prompt (``prompts``
+    random prompts of ``tokens``): the medians, each prompt's patched-over-vanilla ratio, and whether patched
+    was no further on every prompt. One prompt's ratio moves either way with the order of a sum (Qwen3-30B-A3B
+    with its tuned experts: 0.985-1.007x over 8 prompts, H200, 2026-11-29), so a verdict on one is a coin."""
     reference = copy.deepcopy(model).float()
     if spec.moe:
         reference.set_experts_implementation("eager")  # fp32 experts: torch's grouped GEMM takes bf16 only
+    per_prompt = []
     with torch.no_grad():
-        want = reference(ids, use_cache=False).logits.float()
-        del reference
-        got = {col: model_for(col, models)(ids, use_cache=False).logits.float() for col in ("vanilla", "patched")}
+        for seed in range(7, 7 + prompts):
+            ids = torch.randint(1, model.config.vocab_size, (1, tokens),
+                                generator=torch.Generator().manual_seed(seed)).to(device)
+            want = reference(ids, use_cache=False).logits.float()
+            got = {col: model_for(col, models)(ids, use_cache=False).logits.float() for col in ("vanilla", "patched")}
+            per_prompt.append({col: float((out - want).norm() / want.norm()) for col, out in got.items()})
+    del reference
     model_for("vanilla", models)
-    found = {col: float((out - want).norm() / want.norm()) for col, out in got.items()}
-    found["patched_no_further"] = found["patched"] <= found["vanilla"]
-    return found
+    ratios = [found["patched"] / found["vanilla"] if found["vanilla"] else 1.0 for found in per_prompt]
+    return {"vanilla": statistics.median(f["vanilla"] for f in per_prompt),
+            "patched": statistics.median(f["patched"] for f in per_prompt),
+            "ratios": ratios, "patched_no_further": all(f["patched"] <= f["vanilla"] for f in per_prompt)}
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -329,13 +338,15 @@ def table(rows: list[Row], checks: dict) -> str:
             noisy = [r for r in under if ratio(r, "control") < NEVER_SLOWER]
             lines.append(f"{part}: {len(under)} cells under {NEVER_SLOWER:.2f}x, {len(noisy)} of them where the A/A "
                          f"cell reads under {NEVER_SLOWER:.2f}x too")
-    lines.append("\ncorrectness (relative L2 error of last-token logits to an fp32 copy)")
+    lines.append("\ncorrectness (relative L2 error of last-token logits to an fp32 copy, the median over the prompts)")
     for name, found in checks.items():
         if "error" in found:
             lines.append(f"{name:<18} {found['error']}")
             continue
-        further = found["patched"] / found["vanilla"]
-        verdict = "ok" if found["patched_no_further"] else f"patched further, x{further:.3f}"
+        ratios = found.get("ratios") or [found["patched"] / found["vanilla"]]
+        further = sum(r > 1 for r in ratios)
+        verdict = "ok" if found["patched_no_further"] else \
+            f"patched further on {further} of {len(ratios)} prompt(s), x{min(ratios):.3f}-x{max(ratios):.3f}"
         lines.append(f"{name:<18} vanilla {found['vanilla']:.2e}  patched {found['patched']:.2e}  {verdict}")
     return "\n".join(lines)
 
@@ -363,6 +374,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true",
                         help="write torch.profiler's tables of one call per column and setting under OUT/profiles")
     parser.add_argument("--iters", type=int, default=5, help="forwards per prefill round (default 5)")
+    parser.add_argument("--check-prompts", type=int, default=4,
+                        help="prompts of the logits check against an fp32 copy (default 4; medians reported)")
     parser.add_argument("--budget-s", type=float, default=400.0,
                         help="start no new setting after this many seconds, and no static-cache one with less than "
                              f"{STATIC_SETTING_S:g} s of it left (default 400)")
@@ -378,6 +391,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.prefill, args.batches, args.static, args.rounds = [512], [1, 16], [], 2
     if args.cpu_smoke:
         args.layers, args.prefill, args.batches, args.new_tokens, args.rounds, args.iters = 1, [8], [1], 2, 1, 1
+        args.check_prompts = min(args.check_prompts, 2)
+    if args.check_prompts < 1:
+        parser.error("--check-prompts must be at least 1")
     args.models = args.models or list(DEFAULT_MODELS)
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
@@ -405,7 +421,7 @@ def run(args: argparse.Namespace, on_row: Callable[[list[Row], dict], None] | No
             models = variants(spec, model, args.control)
             if phase == "eager":
                 try:
-                    checks[name] = errors(spec, model, models, device, 8 if smoke else 512)
+                    checks[name] = errors(spec, model, models, device, 8 if smoke else 512, args.check_prompts)
                 except Exception as exc:  # noqa: BLE001 - as a failing setting: noted, the timings still run
                     LOG.exception("%s: the correctness check failed", name)
                     checks[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}

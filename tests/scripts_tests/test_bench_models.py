@@ -30,6 +30,8 @@ def test_cpu_smoke_times_every_column_and_checks_both_models_against_fp32(tmp_pa
     assert [row["part"] for row in found["rows"]] == ["held-out"] * 4
     for errors in found["correctness"].values():
         assert 0 < errors["vanilla"] < 1e-2 and 0 < errors["patched"] < 1e-2  # fp16 against fp32
+        assert len(errors["ratios"]) == 2 and all(r > 0 for r in errors["ratios"])  # --cpu-smoke: two prompts
+        assert errors["patched_no_further"] == all(r <= 1 for r in errors["ratios"])
     assert "held-out models" in (tmp_path / "bench_models.txt").read_text()
 
 
@@ -74,3 +76,15 @@ def test_every_column_takes_every_place_in_the_rounds() -> None:
         assert sorted(order.index(col) for order in orders) == [0, 0, 1, 1, 2, 2]
     assert [bench_models.round_order(("vanilla", "patched"), r) for r in range(4)] == [
         ("vanilla", "patched"), ("patched", "vanilla"), ("patched", "vanilla"), ("vanilla", "patched")]
+
+
+def test_the_correctness_line_says_on_how_many_prompts_patched_was_further() -> None:
+    checks = {"A": {"vanilla": 1e-2, "patched": 1e-2, "ratios": [0.99, 1.0], "patched_no_further": True},
+              "B": {"vanilla": 1e-2, "patched": 1.01e-2, "ratios": [0.985, 1.004, 1.007], "patched_no_further": False},
+              "C": {"error": "RuntimeError: no GPU"}}
+    text = bench_models.table([], checks)
+    assert "A                  vanilla 1.00e-02  patched 1.00e-02  ok" in text
+    assert "patched further on 2 of 3 prompt(s), x0.985-x1.007" in text
+    assert "C                  RuntimeError: no GPU" in text
+    with pytest.raises(SystemExit):
+        bench_models.parse_args(["--check-prompts", "0"])
