@@ -29,6 +29,7 @@ import torch
 from . import _plans, moe, moe_gated
 from ._device import current_device
 from ._families import KERNELS
+from ._launch import BoundedDict
 from ._modes import MODES
 from ._record_mode import RECORDER
 from ._spec import DeviceInfo, KernelSpec, Problem, is_baseline
@@ -119,9 +120,8 @@ class Route:
 
 
 # The per-call answers: (route, x's shape, dtype, device index) -> take our path. Prompts of ever-new lengths
-# must not grow it for ever: past ROUTES_CAPACITY answers it starts again (each is one dispatch question).
-_ROUTES: dict[tuple, bool] = {}
-ROUTES_CAPACITY = 1 << 16
+# must not grow it for ever: past its capacity it starts again (each answer is one dispatch question).
+_ROUTES: BoundedDict = BoundedDict(1 << 16)
 _INTERNED: dict[tuple[str, int, int], Route] = {}
 _plans.ON_CLEAR.append(_ROUTES.clear)
 
@@ -147,8 +147,6 @@ def takes_ours(route: Route, x: torch.Tensor) -> bool:
     if found is None:
         if RECORDER.on:
             return True  # not kept: the answer changes when recording stops (which clears these anyway)
-        if len(_ROUTES) >= ROUTES_CAPACITY:
-            _ROUTES.clear()
         spec = KERNELS[route.kernel]
         found = _ROUTES[key] = _runs_a_kernel_at(spec, x.numel() // route.k if route.k else 0, route.n, route.k, x)
     return found

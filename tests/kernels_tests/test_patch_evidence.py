@@ -266,9 +266,9 @@ def test_a_pickled_or_copied_patched_module_keeps_routing_as_the_original(db_url
 
 @pytest.mark.skipif(RECORDER.on, reason="TUNER_RECORD=1 keeps no route answers")
 def test_route_answers_start_again_past_their_capacity(db_url: str, monkeypatch) -> None:
-    """Prompts of ever-new lengths: the kept answers stay under ROUTES_CAPACITY, and are right after a restart."""
+    """Prompts of ever-new lengths: the kept answers stay under their capacity, and are right after a restart."""
     _store(db_url, ("matmul", f"fp32:nt:16x8x{HIDDEN}", TILED), ("matmul", f"fp32:nt:4096x8x{HIDDEN}", BASELINE))
-    monkeypatch.setattr(kernels._evidence, "ROUTES_CAPACITY", 4)
+    monkeypatch.setattr(kernels._evidence._ROUTES, "capacity", 4)
     route = kernels._evidence.route_of(MATMUL, 8, HIDDEN)
     answers = [kernels._evidence.takes_ours(route, torch.empty(rows, HIDDEN, device=DEVICE))
                for rows in (16, 4096, 15, 17, 4095, 16, 4096)]
