@@ -261,6 +261,13 @@ def _launcher_of(compiled: Any) -> tuple[Any, tuple]:
 _ABSENT = object()
 
 
+def data_layout(t: torch.Tensor) -> tuple[int, torch.dtype, torch.Size, tuple[int, ...]]:
+    """Where ``t``'s data lies and how: what a view kept of it (a transposed weight, a stacked or [E, K, N]
+    one) stays right for. New data may keep the address (``w.data = w.data[:2]``, a transposed square weight):
+    its dtype, shape and strides tell it apart."""
+    return t.data_ptr(), t.dtype, t.shape, t.stride()
+
+
 class BoundedDict(dict):
     """A plain dict for what a hot path looks up on every call (ready launches, kept plans by signature): one
     ``get``, no lock and no reordering (``LruCache``'s cost about a microsecond of host time a call: timeit, CPU

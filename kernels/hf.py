@@ -30,7 +30,7 @@ from transformers.integrations import moe as _hf_moe
 
 from . import _device, _modes, moe, moe_gated, ops
 from ._evidence import Evidence
-from ._launch import BoundedDict
+from ._launch import BoundedDict, data_layout
 from .dispatch import DISPATCHER
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
@@ -118,21 +118,15 @@ class _Kept:
     Valid while the module's Parameters are the same objects over the same data (``_kept``); with them, the
     path each routed row count takes (``_path``), valid while the dispatcher's ``changes`` count reads the same."""
 
-    __slots__ = ("gate_up", "down", "shapes", "gate_up_w", "down_w", "paths")
+    __slots__ = ("gate_up", "down", "layouts", "gate_up_w", "down_w", "paths")
 
     def __init__(self, gate_up: nn.Parameter, down: nn.Parameter, transposed: bool) -> None:
         self.gate_up, self.down = gate_up, down
-        self.shapes = _fingerprint(gate_up, down)
+        self.layouts = (data_layout(gate_up), data_layout(down))
         with torch.no_grad():  # the eager path's views (a call that wants a gradient views them itself)
             self.gate_up_w = gate_up if transposed else gate_up.transpose(1, 2)
             self.down_w = down if transposed else down.transpose(1, 2)
         self.paths = BoundedDict(_KEPT_PATHS)  # (routed rows, mode) -> (dispatcher's changes, path)
-
-
-def _fingerprint(gate_up: torch.Tensor, down: torch.Tensor) -> tuple:
-    # New data may keep the address (``w.data = w.data[:2]``): shapes, strides and dtypes tell it apart.
-    return (gate_up.data_ptr(), down.data_ptr(), gate_up.shape, down.shape, gate_up.stride(), down.stride(),
-            gate_up.dtype, down.dtype)
 
 
 def _kept(module: nn.Module) -> _Kept:
@@ -142,7 +136,7 @@ def _kept(module: nn.Module) -> _Kept:
     gate_up, down = params["gate_up_proj"], params["down_proj"]
     kept = module.__dict__.get(_KEPT)
     if kept is None or kept.gate_up is not gate_up or kept.down is not down or \
-            kept.shapes != _fingerprint(gate_up, down):
+            kept.layouts != (data_layout(gate_up), data_layout(down)):
         kept = _Kept(gate_up, down, module.is_transposed)
         module.__dict__[_KEPT] = kept
         # ``.to()``, ``.cpu()``, ``.half()``: the kept views would hold the old data until the next call.

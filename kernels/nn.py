@@ -21,6 +21,7 @@ from torch.nn.modules import module as _torch_module
 
 from . import ops
 from ._evidence import Evidence, Route, takes_ours
+from ._launch import data_layout
 from .norm import FORMULAS, MAX_WIDTH, Formula, rms_norm, rms_norm_reference
 from ._routing import combine, sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
@@ -67,15 +68,13 @@ class Linear(nn.Linear):
         if type(weight) is not nn.Parameter:
             return None
         kept = self.__dict__.get("_kept_t")
-        # New data may keep the address (``weight.data = weight.data[:2]``, a transposed square weight):
-        # its shape and strides tell it apart.
-        if kept is not None and kept[0] is weight and kept[1].data_ptr() == weight.data_ptr() \
-                and kept[1].dtype is weight.dtype and kept[2] == weight.shape and kept[3] == weight.stride():
+        layout = data_layout(weight)
+        if kept is not None and kept[0] is weight and kept[2] == layout:
             return kept[1]
         with torch.no_grad():  # the direct path's view (no gradient is wanted there)
             weight_t = weight.t()
         # not Module.__setattr__: no parameter bookkeeping
-        self.__dict__["_kept_t"] = (weight, weight_t, weight.shape, weight.stride())
+        self.__dict__["_kept_t"] = (weight, weight_t, layout)
         return weight_t
 
     def _apply(self, fn, recurse: bool = True):  # .to(), .half(), .cpu(): the kept view would pin the old data
@@ -202,8 +201,8 @@ _CONVENTIONS = (
 class _Joint(NamedTuple):
     """Weights (and biases) whose data share one storage, and the views a fused call runs on."""
     params: tuple[torch.Tensor, ...]  # the Parameter objects it was made from: another object means stale
-    # their data's (address, shape, strides) then: another (new .data, even at the same address) means stale too
-    ptrs: tuple[tuple[int, torch.Size, tuple[int, ...]], ...]
+    # their data's layouts then (``data_layout``): another (new .data, even at the same address) means stale too
+    layouts: tuple[tuple, ...]
     weight: torch.Tensor  # [N_1 + N_2 + ..., K], each weight a view of its rows
     weight_t: torch.Tensor
     bias: torch.Tensor | None
@@ -214,12 +213,7 @@ def _holds(joint: _Joint | None, params: tuple[torch.Tensor, ...]) -> bool:
     the same data (asked in eager calls only: data_ptr() would break the graph)."""
     return joint is not None and len(joint.params) == len(params) and \
         all(a is b for a, b in zip(joint.params, params)) and \
-        (torch.compiler.is_compiling() or all(_layout(p) == seen for p, seen in zip(params, joint.ptrs)))
-
-
-def _layout(p: torch.Tensor) -> tuple[int, torch.Size, tuple[int, ...]]:
-    """Where ``p``'s data lies and how: what a joint view of it stays right for."""
-    return p.data_ptr(), p.shape, p.stride()
+        (torch.compiler.is_compiling() or all(data_layout(p) == seen for p, seen in zip(params, joint.layouts)))
 
 
 def _may_stack(first: torch.Tensor) -> bool:
@@ -235,7 +229,7 @@ def _joint_of(weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor, ...
     weight = _join(weights)
     bias = _join(biases) if biases else None  # moves the biases' data: their addresses are read after it
     params = weights + biases
-    return _Joint(params, tuple(_layout(p) for p in params), weight, weight.t(), bias)
+    return _Joint(params, tuple(data_layout(p) for p in params), weight, weight.t(), bias)
 
 
 class FusedMLP:
