@@ -9,6 +9,7 @@
 #              all three take more than one call), then host time per cached call against torch.matmul
 #              (scripts/host_cost.py)
 #   models     whole transformers models (scripts/bench_models.py --control) with the GPU's table and without
+#   models-static  the static-cache columns (transformers compiles forward) of the dense models, with the table
 #   record-tune  one model (MODEL) recorded, its problems tuned (search --recorded), then timed again
 #   moe-model  Qwen3-30B-A3B with a tuned database: its experts' host time by piece, then the model, 9 rounds
 #   modules    each patched module of the dense models against vanilla's at decode and prefill row counts, with the
@@ -122,6 +123,11 @@ models)
     # Whole transformers models with this GPU's shipped table, then with none; each with the A/A column.
     $py scripts/bench_models.py --control --static '' --budget-s 240 --out "$out/models-table" 2>&1 | tail -40 | tee -a "$log"
     $py scripts/bench_models.py --control --no-shipped --quick --out "$out/models-no-table" 2>&1 | tail -25 | tee -a "$log" ;;
+models-static)
+    # generate with cache_implementation="static" at batch 1 and 16: the decode target's compiled half (the norms
+    # and our GEMMs' operators traced; reduce-overhead's CUDA graphs), against vanilla compiled the same way.
+    $py scripts/bench_models.py --control --prefill '' --batches '' --static 1,16 --budget-s 480 \
+        --out "$out/models-static" 2>&1 | tail -25 | tee -a "$log" ;;
 modules)
     $py scripts/module_cost.py --models "${MODELS:-Qwen2.5-7B,Llama-3.1-8B,DeepSeek-V2-Lite}" \
         --rows "${ROWS:-1,16,64,512}" ${2:+--db "$db"} --out "$out/modules" 2>&1 | tail -60 | tee -a "$log" ;;
