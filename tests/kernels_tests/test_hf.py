@@ -23,7 +23,7 @@ from _helpers import DEVICE, relative_error
 
 import kernels
 from kernels._record_mode import RECORDER
-from kernels.nn import FusedMLP, Linear, SharedInputLinear, sort_by_expert
+from kernels.nn import FusedMLP, FusedRMSNorm, Linear, SharedInputLinear, sort_by_expert
 
 if os.environ.get("CI"):
     import transformers  # CI installs the [hf] extra (scripts/setup.sh): a missing one fails, not skips
@@ -97,6 +97,7 @@ def test_patch_swaps_every_linear_fuses_silu_mlps_and_keeps_the_logits(name: str
     model = build(DENSE[name], torch.float32)
     ids = tokens()
     want = logits(model, ids)
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
     kernels.patch(model, everywhere=True)
     layer = model.model.layers[0]
     assert not [n for n, m in model.named_modules() if type(m) is torch.nn.Linear]
@@ -104,10 +105,14 @@ def test_patch_swaps_every_linear_fuses_silu_mlps_and_keeps_the_logits(name: str
     assert isinstance(layer.mlp, FusedMLP) == DENSE[name][3]
     if hasattr(layer.self_attn, "q_proj"):  # Phi-3 has one stacked qkv_proj
         assert type(layer.self_attn.k_proj) is SharedInputLinear
+    # every RMSNorm (Qwen3's per-head q and k norms too) in one launch, in its family's formula
+    assert len(norms) >= 3 and all(isinstance(m, FusedRMSNorm) for m in norms)
+    assert {m.__dict__["_formula"].name for m in norms} == {"gemma" if name.startswith("gemma") else "llama"}
     got = logits(model, ids)
     assert relative_error(got, want) < TOLERANCE[torch.float32]
     kernels.unpatch(model)
     assert not isinstance(layer.mlp, FusedMLP) and type(model.lm_head) is torch.nn.Linear
+    assert not any(isinstance(m, FusedRMSNorm) for m in model.modules())
 
 
 @pytest.mark.parametrize("name", list(MOE))
