@@ -252,8 +252,8 @@ class FusedMLP:
 
     The module's own forward also runs where the fused one would not be what it computes: a call with more
     arguments than x; a training flag under which the check did not hold (a dropout after the product: the
-    check runs in both modes); gate or up Linears replaced since patch (an adapter), or with hooks of their
-    own or global module hooks (the fused call would skip them).
+    check runs in both modes); gate or up Linears or the activation replaced since patch (an adapter, another
+    activation), a child added, or hooks on them or global module hooks (the fused call would skip them).
     """
 
     _unfused: type  # the module's own class
@@ -344,15 +344,20 @@ _GLOBAL_HOOKS = (_torch_module._global_forward_pre_hooks, _torch_module._global_
 
 
 def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, nn.Module], ...]) -> bool:
-    """Whether the gate and up Linears are the objects the check ran on, still plain Linears, with no hook
-    of their own and no global module hook: a fused call skips their forward, which hooks must see."""
+    """Whether the gate and up Linears, and the module's other children but the down Linear (its activation),
+    are the objects the check ran on (the Linears still plain ones), with no hook of their own and no global
+    module hook: a fused call skips their forward, which hooks must see (an activation hook that records the
+    MLP's activations, say), and an activation replaced since would compute another formula."""
     first, second, third, fourth = _GLOBAL_HOOKS
     if first or second or third or fourth:
         return False
     modules = module._modules
-    for name, child in kept:
-        if modules.get(name) is not child or type(child) not in _PLAIN_LINEARS or child._forward_hooks or \
-                child._forward_pre_hooks or child._backward_hooks or child._backward_pre_hooks:
+    if len(modules) != len(kept) + 1:  # a child added since: not what the check ran
+        return False
+    for name, child, linear in kept:
+        if modules.get(name) is not child or (linear and type(child) not in _PLAIN_LINEARS) or \
+                child._forward_hooks or child._forward_pre_hooks or child._backward_hooks or \
+                child._backward_pre_hooks:
             return False
     return True
 
@@ -515,8 +520,10 @@ def _fuse(module: nn.Module, evidence: Evidence) -> bool:
     module.__dict__["_gated_names"] = names
     module.__dict__["_fused_modes"] = modes
     module.__dict__["_route"] = evidence.route(GATED_MATMUL, width, gate.in_features)  # per call: its own forward
-    module.__dict__["_gated_kept"] = tuple((name, module._modules[name]) for name in (names.gate, names.up)
-                                           if name is not None)
+    # (name, child, whether it is the gate or up Linear) for every child but the down Linear (so the activation
+    # too), as the check saw them
+    module.__dict__["_gated_kept"] = tuple((name, child, name in (names.gate, names.up))
+                                           for name, child in module._modules.items() if name != names.down)
     if names.up is not None:
         module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
     return True

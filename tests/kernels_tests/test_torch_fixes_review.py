@@ -380,3 +380,24 @@ def test_moe_matmul_on_its_baseline_leaves_rows_past_the_last_expert_alone() -> 
     assert torch.equal(x.grad[4:], torch.zeros(2, 8, dtype=torch.float16, device=DEVICE))
     fresh = moe.launch(BASELINE, x.detach(), w, offsets)
     assert torch.equal(fresh[4:], torch.zeros(2, 4, dtype=torch.float16, device=DEVICE))
+
+
+def test_a_hook_on_the_activation_and_an_activation_replaced_after_patch_are_honoured() -> None:
+    """The fused call skips the activation module: a hook that records the MLP's activations sees every call
+    only if the MLP then runs its own forward, and an activation swapped for another computes another formula."""
+    module = _patched_mlp()
+    x = torch.randn(3, 16, device=DEVICE)
+    seen = []
+    handle = module.act_fn.register_forward_hook(lambda mod, args, out: seen.append(out.shape))
+    with torch.no_grad():
+        got = module(x)
+    handle.remove()
+    assert seen == [(3, 24)] and _error(got, _formula(module, x)) < FP32_TOLERANCE
+    module.act_fn = nn.GELU()
+    with torch.no_grad():
+        got = module(x)
+        want = module.down_proj(F.gelu(module.gate_proj(x)) * module.up_proj(x))
+    assert _error(got, want) < FP32_TOLERANCE
+    module.extra = nn.Identity()  # a child added since: not the module the check ran on
+    with torch.no_grad():
+        assert _error(module(x), want) < FP32_TOLERANCE
