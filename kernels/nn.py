@@ -1,9 +1,10 @@
-"""Drop-in modules: a model's ``nn.Linear`` layers, SiLU-gated MLPs and MoE experts run on the tuned kernels.
+"""Drop-in modules: a model's ``nn.Linear`` layers, SiLU-gated MLPs, RMSNorms and MoE experts run on our kernels.
 
 ``kernels.patch(model)`` turns a model's ``nn.Linear`` layers into ``kernels.nn.Linear`` in place (the same
 Parameter objects, the same state dict), and each SiLU-gated MLP it can show to be one into a ``FusedMLP``
 (the gate and up projections in one ``gated_matmul`` launch), where dispatch runs one of our kernels for
-them (kernels/_evidence.py); ``kernels.unpatch(model)`` turns them back.
+them (kernels/_evidence.py), and each RMSNorm into a ``FusedRMSNorm`` (one launch, kernels/norm.py);
+``kernels.unpatch(model)`` turns them back.
 Both go through the custom operators of ``kernels.ops``, so ``torch.compile(fullgraph=True)`` traces them
 and autograd runs.
 """
@@ -114,6 +115,11 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
     launch (see ``FusedRMSNorm``) where its weight lives on a GPU: no table is asked, as there is no cuBLAS
     call to compare with, only torch's six to eight launches where ours is one.
     """
+    first = next(model.parameters(), None)
+    if first is not None and first.device.type == "cpu" and not _interpreted():
+        log.warning("kernels.patch: the model's weights are on the CPU, where none of our kernels runs, so its "
+                    "modules keep torch's forward; move the model to its GPU first (model.to('cuda')), then "
+                    "patch it")
     evidence = Evidence(everywhere=everywhere)
     norms = sum(_fuse_norm(module) for module in model.modules()) if fuse_norm else 0
     # The MLPs first: the check runs each one's own forward on torch's Linears.

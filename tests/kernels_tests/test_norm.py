@@ -229,3 +229,15 @@ def test_bf16_rows_of_a_model_width_match_the_modules_own_on_the_gpu(make) -> No
         two_ulps = want.float().abs().clamp_min(1e-30) * 2.0 ** -6
         assert bool(((got.float() - want.float()).abs() <= two_ulps).all())
         assert float((got != want).float().mean()) < 0.02
+
+
+def test_patch_says_to_move_a_model_on_the_cpu_to_its_gpu_first(monkeypatch, caplog) -> None:
+    """On a machine's CPU without the interpreter (a user who patches before ``model.to('cuda')``) none of our
+    kernels runs: patch says so and names the fix. The interpreter's flag is what CI sets; here it is unset
+    to stand for a plain CPU run."""
+    monkeypatch.setattr(kernels._device, "INTERPRETED", False)
+    block = Block(LlamaNorm)
+    with caplog.at_level("WARNING", logger="kernels.nn"):
+        kernels.patch(block)
+    assert "weights are on the CPU" in caplog.text and "model.to('cuda')" in caplog.text
+    assert type(block.norm) is LlamaNorm  # nothing of ours would run there
