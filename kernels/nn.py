@@ -20,13 +20,13 @@ import torch
 from torch import nn
 from torch.nn.modules import module as _torch_module
 
-from . import ops
+from . import _device, ops
 from ._evidence import Evidence, Route, takes_ours
 from ._launch import data_layout
-from .norm import FORMULAS, MAX_WIDTH, Formula, rms_norm, rms_norm_reference
 from ._routing import combine, sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
+from .norm import FORMULAS, MAX_WIDTH, Formula, rms_norm, rms_norm_reference
 
 __all__ = ["FusedMLP", "FusedRMSNorm", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route",
            "sort_by_expert", "unpatch"]
@@ -116,7 +116,7 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
     call to compare with, only torch's six to eight launches where ours is one.
     """
     first = next(model.parameters(), None)
-    if first is not None and first.device.type == "cpu" and not _interpreted():
+    if first is not None and first.device.type == "cpu" and not _device.INTERPRETED:
         log.warning("kernels.patch: the model's weights are on the CPU, where none of our kernels runs, so its "
                     "modules keep torch's forward; move the model to its GPU first (model.to('cuda')), then "
                     "patch it")
@@ -173,12 +173,8 @@ def unpatch(model: nn.Module) -> nn.Module:
             for name in ("_kept_t", "_route") + _SHARED_STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = nn.Linear
-        elif isinstance(module, FusedMLP):
-            for name in _FUSED_STATE:
-                module.__dict__.pop(name, None)
-            module.__class__ = type(module)._unfused
-        elif isinstance(module, FusedRMSNorm):
-            for name in _NORM_STATE:
+        elif isinstance(module, _MixedIn):  # a FusedMLP or a FusedRMSNorm
+            for name in module._STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = type(module)._unfused
     hf = _transformers()
@@ -238,7 +234,33 @@ def _joint_of(weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor, ...
     return _Joint(params, tuple(data_layout(p) for p in params), weight, weight.t(), bias)
 
 
-class FusedMLP:
+class _MixedIn:
+    """What ``FusedMLP`` and ``FusedRMSNorm`` share: ``patch`` mixes one into a module's own class
+    (``_mixed_class``: ``isinstance`` still holds) and keeps its state in the module's ``__dict__`` under the
+    names ``_STATE`` lists, which ``unpatch`` drops with the class."""
+
+    _unfused: type  # the module's own class
+    _STATE: tuple[str, ...] = ()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # Pickled (and deep-copied) as the module's own class: a class made at patch time cannot be found by
+        # name when a pickle is loaded.
+        state = {name: value for name, value in self.__getstate__().items() if name not in self._STATE}
+        return _new_module, (type(self)._unfused,), state
+
+
+_MIXED_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _mixed_class(mixin: type, cls: type) -> type:
+    mixed = _MIXED_CLASSES.get((mixin, cls))
+    if mixed is None:
+        mixed = _MIXED_CLASSES[(mixin, cls)] = type(f"Fused{cls.__name__}", (mixin, cls),
+                                                    {"_unfused": cls, "__module__": cls.__module__})
+    return mixed
+
+
+class FusedMLP(_MixedIn):
     """A SiLU-gated MLP, ``down(silu(gate(x)) * up(x))``, whose gate and up projections run as one
     ``gated_matmul`` (x read once, one launch, the product in the epilogue).
 
@@ -262,7 +284,7 @@ class FusedMLP:
     activation), a child added, or hooks on them or global module hooks (the fused call would skip them).
     """
 
-    _unfused: type  # the module's own class
+    _STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes", "_route")
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args or kwargs:
@@ -333,23 +355,12 @@ class FusedMLP:
             self.__dict__["_stacked"] = _stack(gate, up)
         return module
 
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        # Pickled (and deep-copied) as the module's own class: a class made at patch time cannot be found by
-        # name when a pickle is loaded.
-        state = self.__getstate__()
-        state = {name: value for name, value in state.items() if name not in _FUSED_STATE}
-        return _new_module, (type(self)._unfused,), state
-
-
-# what a FusedMLP keeps in its __dict__
-_FUSED_STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes", "_route")
-
 # torch's global module hooks (nn.modules.module.register_module_forward_hook ...): dicts changed in place.
 _GLOBAL_HOOKS = (_torch_module._global_forward_pre_hooks, _torch_module._global_forward_hooks,
                  _torch_module._global_backward_pre_hooks, _torch_module._global_backward_hooks)
 
 
-def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, nn.Module], ...]) -> bool:
+def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, nn.Module, bool], ...]) -> bool:
     """Whether the gate and up Linears, and the module's other children but the down Linear (its activation),
     are the objects the check ran on (the Linears still plain ones), with no hook of their own and no global
     module hook: a fused call skips their forward, which hooks must see (an activation hook that records the
@@ -371,17 +382,6 @@ def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, nn.Module], .
 def _new_module(cls: type) -> nn.Module:
     """An empty instance of ``cls``, for a pickle's state to fill (as copyreg.__newobj__ makes one)."""
     return cls.__new__(cls)
-
-
-_FUSED_CLASSES: dict[type, type] = {}
-
-
-def _fused_class(cls: type) -> type:
-    fused = _FUSED_CLASSES.get(cls)
-    if fused is None:
-        fused = type(f"Fused{cls.__name__}", (FusedMLP, cls), {"_unfused": cls, "__module__": cls.__module__})
-        _FUSED_CLASSES[cls] = fused
-    return fused
 
 
 def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -522,7 +522,7 @@ def _fuse(module: nn.Module, evidence: Evidence) -> bool:
     modes = _fused_modes(module, names, children)
     if not modes:
         return False
-    module.__class__ = _fused_class(type(module))
+    module.__class__ = _mixed_class(FusedMLP, type(module))
     module.__dict__["_gated_names"] = names
     module.__dict__["_fused_modes"] = modes
     module.__dict__["_route"] = evidence.route(GATED_MATMUL, width, gate.in_features)  # per call: its own forward
@@ -537,7 +537,7 @@ def _fuse(module: nn.Module, evidence: Evidence) -> bool:
 
 # ------------------------------------------------------------------------------------------ RMSNorms
 
-class FusedRMSNorm:
+class FusedRMSNorm(_MixedIn):
     """An RMSNorm module whose forward is one launch of ``kernels.norm.rms_norm`` in the formula its own forward
     was found to compute (``kernels.norm.FORMULAS``: Llama's, Gemma's, or the weight's product before rounding).
 
@@ -550,7 +550,7 @@ class FusedRMSNorm:
     A pickle or deep copy of the module is of its own class (patch it again).
     """
 
-    _unfused: type
+    _STATE = ("_formula", "_eps_name")
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args or kwargs or _COMPILING():
@@ -560,13 +560,7 @@ class FusedRMSNorm:
         out = None if weight is None else rms_norm(x, weight, state[state["_eps_name"]], state["_formula"])
         return out if out is not None else self._unfused.forward(self, x)
 
-    def __reduce_ex__(self, protocol: Any) -> Any:  # as FusedMLP's: its class cannot be found by name
-        state = {name: value for name, value in self.__getstate__().items() if name not in _NORM_STATE}
-        return _new_module, (type(self)._unfused,), state
 
-
-_NORM_STATE = ("_formula", "_eps_name")
-_NORM_CLASSES: dict[type, type] = {}
 _EPS_NAMES = ("variance_epsilon", "eps")
 
 
@@ -581,25 +575,15 @@ def _fuse_norm(module: nn.Module) -> bool:
                                                                            torch.float32):
         return False
     eps_name = next((name for name in _EPS_NAMES if isinstance(module.__dict__.get(name), float)), None)
-    if eps_name is None or not (weight.is_cuda or (weight.is_cpu and _interpreted())):
+    if eps_name is None or not (weight.is_cuda or (weight.is_cpu and _device.INTERPRETED)):
         return False
     formula = _norm_formula(module, eps_name)
     if formula is None:
         return False
-    cls = type(module)
-    fused = _NORM_CLASSES.get(cls)
-    if fused is None:
-        fused = _NORM_CLASSES[cls] = type(f"Fused{cls.__name__}", (FusedRMSNorm, cls),
-                                          {"_unfused": cls, "__module__": cls.__module__})
-    module.__class__ = fused
+    module.__class__ = _mixed_class(FusedRMSNorm, type(module))
     module.__dict__["_formula"] = formula
     module.__dict__["_eps_name"] = eps_name
     return True
-
-
-def _interpreted() -> bool:
-    from . import _device
-    return _device.INTERPRETED
 
 
 _NORM_CHECK_ROWS = 3
