@@ -239,6 +239,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
 # from its first token. Since our calls keep their plans (moe.Ready, _Kept; 2026-11-29) our path at 8 routed
 # rows read 123-247 us against batched_mm's 140-268 (faster in two of four processes), and generate at batch 1
 # and 2 read the same with the rule and without it (0.993x and 1.002x, 0.988x and 0.974x of vanilla; H200,
+# 2026-11-29, torch 2.11.0+cu130, triton 3.6.0, experts_probe.py and decode_rule_probe.py in
 # docs/runs/2026-11-29-h200-moe-ready-plans): the rule stands until a measurement tells the two apart.
 _BATCHED_DECODE_BYTES = 160 << 20
 

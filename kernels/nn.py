@@ -303,7 +303,8 @@ class FusedMLP(_MixedIn):
         """What the module's own forward computes, as the same torch calls in the same order (the gate's and
         up's ``F.linear``, SiLU, the product, then the down Linear's call), without the module calls of the
         gate, the up and the activation: at decode rows, where each GEMM is short, those cost the patched MLP
-        more host time than vanilla's (5-8 us a call, H200, 2026-11-29, ``scripts/module_cost.py``). The module's
+        more host time than vanilla's (vanilla's over ours 0.909-0.982x at 16 and 64 rows, H200, 2026-11-29, torch
+        2.11.0+cu130, triton 3.6.0, ``scripts/module_cost.py``; docs/PYTORCH.md "Never slower"). The module's
         own forward runs where this would not be what it computes (a training flag the check did not hold
         under, the gate or up Linears replaced or hooked) and where the gate and up Linears themselves run our
         kernels at these rows (their own evidence)."""

@@ -275,7 +275,8 @@ def errors(spec: ModelSpec, model: torch.nn.Module, models: dict, device: torch.
     """Relative L2 error of vanilla's and patched's last-token logits to an fp32 copy's, per prompt (``prompts``
     random prompts of ``tokens``): the medians, each prompt's patched-over-vanilla ratio, and whether patched
     was no further on every prompt. One prompt's ratio moves either way with the order of a sum (Qwen3-30B-A3B
-    with its tuned experts: 0.985-1.007x over 8 prompts, H200, 2026-11-29), so a verdict on one is a coin."""
+    with its tuned experts: 0.985-1.007x over 8 prompts, H200, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0,
+    docs/runs/2026-11-29-h200-lean-mlp/logit_errors_probe.py), so a verdict on one is a coin."""
     reference = copy.deepcopy(model).float()
     if spec.moe:
         reference.set_experts_implementation("eager")  # fp32 experts: torch's grouped GEMM takes bf16 only

@@ -214,7 +214,8 @@ def test_bf16_rows_of_a_model_width_match_the_modules_own_on_the_gpu(make) -> No
     """bf16 at Qwen2.5-7B's width, decode and prefill rows: at most two units in the last place apart, on few
     elements. The sum of squares is reduced in another order, so a normed value near a rounding midpoint may
     round to the next bf16 value (one unit of it), and Llama's product by the weight is rounded again: a bound
-    of one unit failed for Llama's formula on an H200 (2026-11-29) and held for the other two."""
+    of one unit failed for Llama's formula on an H200 (2026-11-29, torch 2.11.0+cu130, triton 3.6.0, this test)
+    and held for the other two."""
     torch.manual_seed(2)
     module = make(3584).cuda().to(torch.bfloat16)
     with torch.no_grad():

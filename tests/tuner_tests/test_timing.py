@@ -88,7 +88,8 @@ def test_an_eager_reading_sets_aside_turns_in_a_slow_host_burst() -> None:
     clean = timing.eager_side_by_side([lambda x: torch.mm(*x)], inputs, 20.0)
     # The scripted fast spins are real ones too: on a jittery host (H100 box, 2026-11-26: one run in three)
     # a 20 ms reading can hold no pair of them within the slack of the fastest; with 8 test processes beside it
-    # on an H200 box (pytest-xdist, 2026-11-29), three readings in a row held none. Up to eight readings.
+    # on an H200 box (`pytest -n 8 tests/tuner_tests`, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0), three
+    # readings in a row held none. Up to eight readings.
     for _ in range(8):
         reading = timing.eager_side_by_side([call], inputs, 20.0, host=host)
         if reading.nominal_turns:

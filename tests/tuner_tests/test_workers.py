@@ -136,7 +136,8 @@ def test_candidate_queued_behind_hung_ones_is_still_checked(pool, monkeypatch) -
 def private_cache_pool(tmp_path, monkeypatch) -> Iterator[CheckPool]:
     """A pool whose workers, and this process, keep Triton's cache (and so the compile locks) in a folder of
     this test's own: under pytest-xdist another test's worker compiling GOOD holds the host's lock for it
-    (1.3 s on an H200 with 8 test processes, 2026-11-29), which this test would read as its own wait."""
+    (1.3 s on an H200 under `pytest -n 8 tests/tuner_tests`, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0),
+    which this test would read as its own wait."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     with CheckPool(workers=2, timeout_s=60) as opened:
         yield opened
