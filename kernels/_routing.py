@@ -1,8 +1,8 @@
-"""Tokens sorted by expert on the device (no host sync, static sizes), and the experts' rows summed back per token:
-the steps between a router and ``moe_matmul``, and after it.
+"""A router's top-k choice, tokens sorted by expert on the device (no host sync, static sizes), and the experts' rows
+summed back per token: the steps before ``moe_matmul``, and after it.
 
 ``kernels.nn`` (its ``MoE`` block and ``route``) and ``kernels.hf`` (transformers' experts) both sort this way;
-``kernels.hf`` combines with ``combine``.
+``kernels.hf`` combines with ``combine``, and its routers choose with ``top_k_softmax``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import triton.language as tl
 from . import _device
 from ._launch import BoundedDict, DirectLaunch
 
-__all__ = ["Sorted", "combine", "sort_by_expert"]
+__all__ = ["Sorted", "combine", "sort_by_expert", "top_k_softmax", "top_k_softmax_reference"]
 
 # Rows are sorted by expert by counting (a running count per expert, one scan) rather than by torch.sort
 # where that pays: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's radix sort, eager
@@ -261,3 +261,78 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor, d
             _combine_kernel, (tokens, triton.cdiv(hidden, COMBINE_BLOCK)), dict(TOP_K=top_k, BLOCK=COMBINE_BLOCK))
     launch(rows, position, weights, out, hidden, rows.stride(0), hidden)
     return out
+
+
+# ------------------------------------------------------------------------------------------ a router's choice
+
+# transformers' top-k routers (Mixtral's, Qwen2/3-MoE's, OLMoE's) compute, after their logits' GEMM, a softmax in
+# float32, torch.topk, optionally the chosen probabilities' renormalization, and a cast: four to five launches of
+# a decode step's host time, 118 us of a Qwen3-30B-A3B router's at one token on an H200 (2026-11-29, torch
+# 2.11.0+cu130, scripts/moe_host_cost.py), where one launch does it all. One program takes a row of logits.
+_ROUTER_EXPERTS = 1024  # a row of logits in one program's registers
+_ROUTERS = BoundedDict(256)
+
+
+def top_k_softmax_reference(logits: torch.Tensor, k: int, renormalize: bool,
+                            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routers' formula in torch's ops: (scores [rows, k] in ``dtype``, experts [rows, k] int64)."""
+    probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    scores, experts = torch.topk(probabilities, k, dim=-1)
+    if renormalize:
+        scores = scores / scores.sum(dim=-1, keepdim=True)
+    return scores.to(dtype), experts
+
+
+@triton.jit
+def _top_k_softmax_kernel(logits_ptr, scores_ptr, experts_ptr, experts, stride, K: tl.constexpr,
+                          BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALIZE: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_E)
+    live = offs < experts
+    logits = tl.load(logits_ptr + row * stride + offs, mask=live, other=float("-inf")).to(tl.float32)
+    exps = tl.where(live, tl.exp(logits - tl.max(logits, axis=0)), 0.0)
+    probabilities = exps / tl.sum(exps, axis=0)  # torch's softmax: exp(x - max) / sum
+    # k rounds of the largest left; among equal probabilities the lowest expert first, as torch.topk's CUDA
+    # kernel takes the values equal to the k-th in index order
+    left = tl.where(live, probabilities, -1.0)
+    slots = tl.arange(0, BLOCK_K)
+    scores = tl.zeros([BLOCK_K], dtype=tl.float32)
+    chosen = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for slot in tl.static_range(K):
+        best = tl.max(left, axis=0)
+        expert = tl.min(tl.where(left == best, offs, BLOCK_E), axis=0)
+        scores = tl.where(slots == slot, best, scores)
+        chosen = tl.where(slots == slot, expert, chosen)
+        left = tl.where(offs == expert, -1.0, left)
+    if RENORMALIZE:
+        scores = scores / tl.sum(scores, axis=0)
+    tl.store(scores_ptr + row * K + slots, scores.to(scores_ptr.dtype.element_ty), mask=slots < K)
+    tl.store(experts_ptr + row * K + slots, chosen.to(tl.int64), mask=slots < K)
+
+
+def top_k_softmax(logits: torch.Tensor, k: int, renormalize: bool,
+                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``top_k_softmax_reference`` in one launch: each row's ``k`` most probable experts under a float32
+    softmax of ``logits`` [rows, E], largest first, their probabilities (renormalized to sum to one with
+    ``renormalize``) in ``dtype``. None where the kernel does not take the operands (the caller runs torch's
+    ops): a gradient wanted (no backward), another device or dtype, more than 1024 experts, logits not laid out
+    along E, misaligned data."""
+    if logits.dim() != 2 or torch.is_grad_enabled() and logits.requires_grad:
+        return None
+    rows, experts = logits.shape
+    if (not 0 < k <= experts <= _ROUTER_EXPERTS or logits.dtype not in (torch.float16, torch.bfloat16, torch.float32)
+            or dtype not in (torch.float16, torch.bfloat16, torch.float32) or logits.stride(1) != 1
+            or not _on_triton(logits) or not _aligned(logits)):
+        return None
+    scores = torch.empty(rows, k, dtype=dtype, device=logits.device)
+    chosen = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
+    if rows == 0:
+        return scores, chosen
+    key = (rows, experts, logits.stride(0), k, renormalize, logits.dtype, dtype, logits.device)
+    launch = _ROUTERS.get(key)
+    if launch is None:
+        launch = _ROUTERS[key] = DirectLaunch(_top_k_softmax_kernel, (rows,), dict(
+            K=k, BLOCK_E=triton.next_power_of_2(experts), BLOCK_K=triton.next_power_of_2(k),
+            RENORMALIZE=renormalize, num_warps=4 if experts > 256 else 2))
+    launch(logits, scores, chosen, experts, logits.stride(0))
+    return scores, chosen

@@ -10,7 +10,8 @@ one ``moe_matmul`` launch; the rows are sorted by expert on the device (``kernel
 no host sync, CUDA-graph safe). Where dispatch runs none of our kernels for a call, transformers' own
 "grouped_mm" implementation runs it (``_path``).
 
-``kernels.patch(model)`` calls ``patch_experts`` when transformers is imported; everything else of a
+``kernels.patch(model)`` calls ``patch_experts`` when transformers is imported, and ``fuse_rotary``: each
+modeling module's ``apply_rotary_pos_emb`` as one launch (kernels/rope.py); everything else of a
 transformers model (its ``nn.Linear`` layers, SiLU-gated MLPs, query/key/value projections, DeepSeek's
 shared experts) is patched as any torch module is (kernels/nn.py). Importing ``kernels`` never imports
 this module, nor transformers.
@@ -19,9 +20,12 @@ this module, nor transformers.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -35,9 +39,12 @@ from .dispatch import DISPATCHER
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
 from .epilogue import silu_mul
-from ._routing import combine, sort_by_expert
+from .rope import apply_rotary, fused_rotary
+from ._routing import combine, sort_by_expert, top_k_softmax
+from .nn import _COMPILING, _MixedIn, _mixed_class
 
-__all__ = ["IMPLEMENTATION", "experts_forward", "patch_experts", "register", "stock_implementation", "unpatch_experts"]
+__all__ = ["IMPLEMENTATION", "FusedTopKRouter", "experts_forward", "fuse_rotary", "fuse_routers", "patch_experts", "register", "stock_implementation",
+           "unfuse_rotary", "unpatch_experts"]
 
 log = logging.getLogger(__name__)
 
@@ -371,6 +378,184 @@ def unpatch_experts(model: nn.Module) -> None:
         module.__dict__.pop("_apply", None)
     if before is not None:
         model.set_experts_implementation(before)
+
+
+# ---------------------------------------------------------------------------------------------- routers
+
+class _RouterFormula(NamedTuple):
+    k: int
+    renormalize: bool  # the chosen probabilities divided by their sum (Mixtral; Qwen's norm_topk_prob)
+    scores_in_float32: bool  # Mixtral's scores stay float32; Qwen's are cast to the logits' dtype
+
+
+class FusedTopKRouter(_MixedIn):
+    """A transformers top-k router (Mixtral's, Qwen2/3-MoE's, OLMoE's) whose softmax, top-k, renormalization and
+    cast run as one launch (``kernels._routing.top_k_softmax``) after its logits' ``F.linear``: it returns
+    what its own forward does, ``(logits, scores, experts)``, the experts chosen alike (among equal
+    probabilities the lowest, as torch.topk on a GPU chooses) and the scores within a rounding.
+
+    ``kernels.patch`` makes one of a module with one 2-D ``weight`` Parameter and an integer ``top_k``, on a GPU,
+    once a copy of it, given a random weight, has returned that triple on random rows (``_router_formula``).
+    The class is the module's own class with this forward mixed in; its own forward runs in training, under
+    ``torch.compile`` (Inductor fuses it), where a gradient is wanted, and for operands the kernel does not take.
+    """
+
+    _STATE = ("_router_formula",)
+
+    def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object) -> object:
+        if args or kwargs or self.training or _COMPILING():
+            return self._unfused.forward(self, hidden_states, *args, **kwargs)
+        formula = self.__dict__["_router_formula"]
+        weight = self._parameters.get("weight")
+        # DeepSeek-V2's router casts the rows to its float32 weight's dtype first: that is its own forward's
+        if (weight is None or hidden_states.dtype != weight.dtype or self.__dict__.get("top_k") != formula.k
+                or torch.is_grad_enabled() and (weight.requires_grad or hidden_states.requires_grad)):
+            return self._unfused.forward(self, hidden_states)
+        logits = torch.nn.functional.linear(hidden_states.reshape(-1, weight.shape[1]), weight)
+        chosen = top_k_softmax(logits, formula.k, formula.renormalize,
+                               torch.float32 if formula.scores_in_float32 else logits.dtype)
+        if chosen is None:
+            return self._unfused.forward(self, hidden_states)
+        return logits, chosen[0], chosen[1]
+
+
+def fuse_routers(model: nn.Module) -> int:
+    """Make each top-k router of the model a ``FusedTopKRouter`` (``_fuse_router``); returns how many."""
+    return sum(_fuse_router(module) for module in model.modules())
+
+
+def _fuse_router(module: nn.Module) -> bool:
+    weight = module._parameters.get("weight")
+    if (isinstance(module, FusedTopKRouter) or module._modules or module._buffers or len(module._parameters) != 1
+            or type(weight) is not nn.Parameter or weight.dim() != 2 or not isinstance(module.__dict__.get("top_k"), int)
+            or not (weight.is_cuda or (weight.is_cpu and _device.INTERPRETED))):
+        return False
+    formula = _router_formula(module)
+    if formula is None:
+        return False
+    module.__class__ = _mixed_class(FusedTopKRouter, type(module))
+    module.__dict__["_router_formula"] = formula
+    return True
+
+
+_ROUTER_CHECK_ROWS = 16
+
+
+def _router_formula(module: nn.Module) -> _RouterFormula | None:
+    """What ``module``'s forward computes, found on a copy of it given a random weight: ``(logits, scores,
+    experts)`` for random rows, the logits ``F.linear``'s, and the experts and scores ``top_k_softmax``'s with
+    or without renormalization (the experts as a set, up to equal probabilities; the scores within 1e-5 in
+    float32, 1e-2 in half precision); None where it computes something else (a sigmoid, grouped choice, a
+    bias: DeepSeek's) or raises."""
+    weight = module._parameters["weight"]
+    generator = torch.Generator(device=weight.device).manual_seed(0)
+    try:
+        probe = copy.deepcopy(module)
+        with torch.no_grad():
+            probe.weight.copy_(torch.randn(weight.shape, generator=generator, device=weight.device))
+            x = torch.randn(_ROUTER_CHECK_ROWS, weight.shape[1], generator=generator, device=weight.device).to(
+                weight.dtype)
+            out = probe.forward(x)
+            if not (isinstance(out, tuple) and len(out) == 3 and all(isinstance(t, torch.Tensor) for t in out)):
+                return None
+            logits, scores, experts = out
+            k = experts.shape[-1] if experts.dim() == 2 else 0
+            if (k != module.__dict__["top_k"] or experts.dtype != torch.int64 or scores.shape != experts.shape
+                    or logits.shape != (x.shape[0], weight.shape[0])
+                    or not torch.equal(logits, torch.nn.functional.linear(x, probe.weight))
+                    or scores.dtype not in (logits.dtype, torch.float32)):
+                return None
+            probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            tolerance = 1e-5 if scores.dtype == torch.float32 else 1e-2
+            for renormalize in (True, False):
+                chosen = top_k_softmax(logits, k, renormalize, scores.dtype)
+                if chosen is None:
+                    return None
+                # the same experts but for equal probabilities: the same probabilities chosen
+                same_experts = torch.equal(probabilities.gather(1, chosen[1]).sort(dim=1).values,
+                                           probabilities.gather(1, experts).sort(dim=1).values)
+                if same_experts and torch.allclose(chosen[0].float(), scores.float(), rtol=tolerance, atol=1e-6):
+                    return _RouterFormula(k, renormalize, scores.dtype == torch.float32 != logits.dtype)
+    except Exception as exc:  # another signature or input: not a router to fuse
+        log.debug("%s is not fused: its forward on random rows raised %r", type(module).__name__, exc)
+    return None
+
+
+# --------------------------------------------------------------------------------------- rotary embeddings
+
+_ROTARY = "apply_rotary_pos_emb"  # the function each modeling module defines and its attention forward calls
+
+
+def _modeling_modules(model: nn.Module) -> list[object]:
+    """The transformers modeling modules (``transformers.models.<name>.modeling_<name>``) of the model's classes."""
+    names = {type(m).__module__ for m in model.modules()}
+    return [sys.modules[name] for name in sorted(names)
+            if name.startswith("transformers.models.") and name in sys.modules]
+
+
+def fuse_rotary(model: nn.Module) -> int:
+    """Put ``kernels.rope.fused_rotary`` in place of ``apply_rotary_pos_emb`` in each modeling module of the
+    model's classes whose function gives the same bits as ``kernels.rope.apply_rotary`` on random queries,
+    keys and angles (``_computes_rotary``): Llama's, Mistral's, Qwen2/3's, Gemma's, Mixtral's and their MoE
+    variants' do; an interleaved one (GLM's) or another formula keeps its own. Returns how many modules
+    changed. The function is the module's, so every model of those classes in the process runs it; where
+    the kernel does not take a call (``kernels.rope._takes``: float32, partial rotary, a gradient, tracing)
+    the module's own function runs it, and where it does, the outputs are the same bits."""
+    weight = next(model.parameters(), None)
+    if weight is None or not (weight.is_cuda or (weight.is_cpu and _device.INTERPRETED)):
+        return 0
+    fused = 0
+    for module in _modeling_modules(model):
+        original = getattr(module, _ROTARY, None)
+        if not callable(original) or getattr(original, "fused_by_kernels", False):
+            continue
+        if _computes_rotary(original, weight.device):
+            setattr(module, _ROTARY, fused_rotary(original))
+            fused += 1
+    return fused
+
+
+def unfuse_rotary(model: nn.Module) -> None:
+    """Give the modeling modules of the model's classes their own ``apply_rotary_pos_emb`` back (every model of
+    those classes in the process then runs it)."""
+    for module in _modeling_modules(model):
+        function = getattr(module, _ROTARY, None)
+        if getattr(function, "fused_by_kernels", False):
+            setattr(module, _ROTARY, function.__wrapped__)
+
+
+def _computes_rotary(original: Callable, device: torch.device) -> bool:
+    """Whether ``original(q, k, cos, sin)`` gives ``apply_rotary``'s outputs, bit for bit and laid out alike, on
+    random [B, heads, S, D] queries and keys (transposed views, as attention modules make them; a single key
+    head) and the cos and sin of random angles, in float16 and, on a GPU, bfloat16 (the interpreter rounds
+    bfloat16 otherwise than a GPU does)."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    dtypes = (torch.float16,) if device.type == "cpu" else (torch.float16, torch.bfloat16)
+    try:
+        for dtype in dtypes:
+            for dim in (16, 64):
+                def rand(*shape: int) -> torch.Tensor:
+                    return torch.randn(shape, generator=generator, device=device).to(dtype)
+                q, k = rand(2, 5, 3, dim).transpose(1, 2), rand(2, 5, 1, dim).transpose(1, 2)
+                angles = torch.rand(2, 5, dim // 2, generator=generator, device=device) * 100
+                angles = torch.cat((angles, angles), dim=-1)
+                cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+                with torch.no_grad():
+                    want, got = original(q, k, cos, sin), apply_rotary(q, k, cos, sin)
+                if got is None or not isinstance(want, tuple) or len(want) != 2 \
+                        or not all(_same(a, b) for a, b in zip(got, want)):
+                    return False
+    except Exception as exc:  # another signature: not the formula
+        log.debug("%s is not fused: it raised %r on random queries and keys", original, exc)
+        return False
+    return True
+
+
+def _same(got: torch.Tensor, want: object) -> bool:
+    """The same values, bit for bit, and the same strides along every dimension longer than one."""
+    return (isinstance(want, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype
+            and torch.equal(got, want)
+            and all(a == b for a, b, size in zip(got.stride(), want.stride(), got.shape) if size > 1))
 
 
 register()  # importing this module makes "triton_tuner" a name set_experts_implementation takes

@@ -95,7 +95,7 @@ class Linear(nn.Linear):
 
 
 def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everywhere: bool = False,
-          fuse_norm: bool = True) -> nn.Module:
+          fuse_norm: bool = True, fuse_rotary: bool = True, fuse_router: bool = True) -> nn.Module:
     """Make the ``nn.Linear`` layers in ``model`` (itself included) run on the tuned kernels, in place; returns it.
 
     Only where that can be faster: a Linear (or a fused group below) is patched where dispatch runs one of
@@ -138,8 +138,12 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
                 left += 1
     hf = _transformers()
     experts = hf is not None and hf.patch_experts(model, evidence)
+    rotary = hf.fuse_rotary(model) if hf is not None and fuse_rotary else 0
+    routers = hf.fuse_routers(model) if hf is not None and fuse_router else 0
     log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused, "
-             "%d RMSNorms in one launch%s%s", linears, fused, shared, norms,
+             "%d RMSNorms in one launch%s%s%s%s", linears, fused, shared, norms,
+             f", rotary embeddings in one launch ({rotary} modeling module{'s' * (rotary != 1)})" if rotary else "",
+             f", {routers} MoE routers in one launch" if routers else "",
              ", routed experts on moe_matmul" if experts else "",
              f"; {left} nn.Linear left on torch's path (dispatch runs cuBLAS for every problem of theirs here: "
              f"record and tune them to change that, docs/PYTORCH.md)" if left else "")
@@ -167,19 +171,21 @@ def _transformers() -> Any:
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again, and every
     ``FusedMLP`` and ``FusedRMSNorm`` its own class (its gate and up weights stay in one storage: the same values, the same state
-    dict, as do the projections of a ``SharedInput`` group)."""
+    dict, as do the projections of a ``SharedInput`` group), and a transformers model's modeling modules their own
+    ``apply_rotary_pos_emb``."""
     for module in model.modules():
         if type(module) in (Linear, SharedInputLinear):
             for name in ("_kept_t", "_route") + _SHARED_STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = nn.Linear
-        elif isinstance(module, _MixedIn):  # a FusedMLP or a FusedRMSNorm
+        elif isinstance(module, _MixedIn):  # a FusedMLP, a FusedRMSNorm, a FusedTopKRouter (kernels.hf)
             for name in module._STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = type(module)._unfused
     hf = _transformers()
     if hf is not None:
         hf.unpatch_experts(model)
+        hf.unfuse_rotary(model)
     return model
 
 

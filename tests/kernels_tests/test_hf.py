@@ -115,6 +115,126 @@ def test_patch_swaps_every_linear_fuses_silu_mlps_and_keeps_the_logits(name: str
     assert not any(isinstance(m, FusedRMSNorm) for m in model.modules())
 
 
+# The families whose apply_rotary_pos_emb is rotate_half's formula on the whole head, laid out as q is. Phi-3's
+# concatenates a rotated part and a passed-through one (a contiguous output), GLM's rotates interleaved pairs of
+# a partial head, DeepSeek-V2's multiplies complex numbers: each keeps its own.
+ROTATE_HALF = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe",
+               "deepseek_v3"}
+
+
+@pytest.mark.parametrize("name", list(DENSE) + list(MOE))
+def test_rotary_embeddings_run_in_one_launch_with_the_same_logits_bit_for_bit(name: str) -> None:
+    from kernels import rope
+
+    model = build({**DENSE, **MOE}[name], torch.float16)
+    modeling = sys.modules[type(model).__module__]
+    own = getattr(modeling, "apply_rotary_pos_emb", None)
+    ids = tokens()
+    # Norms and MLPs left, no table's evidence for the Linears: the rest of the model is patched alike in both
+    # runs (a MoE model's experts switch on the CPU), so only the rotary changes.
+    lean = dict(fuse_mlp=False, fuse_qkv=False, fuse_norm=False)
+    kernels.patch(model, fuse_rotary=False, **lean)
+    want = logits(model, ids)
+    rope._LAUNCHES.clear()
+    kernels.patch(model, **lean)
+    try:
+        fused = getattr(modeling, "apply_rotary_pos_emb", None)
+        assert getattr(fused, "fused_by_kernels", False) == (name in ROTATE_HALF)
+        got = logits(model, ids)
+        if name in ROTATE_HALF:
+            assert len(rope._LAUNCHES) > 0  # the kernel ran, in place of torch's ops
+            assert fused.__wrapped__ is own
+        assert torch.equal(got, want)  # float16: the kernel's bits are torch's
+        kernels.patch(model, **lean)  # patching again keeps one stand-in, around the module's own function
+        assert getattr(getattr(modeling, "apply_rotary_pos_emb", None), "__wrapped__", own) is own
+    finally:
+        kernels.unpatch(model)
+    assert getattr(modeling, "apply_rotary_pos_emb", None) is own
+
+
+# The routers whose forward is a softmax, top-k and (Mixtral, and Qwen's with norm_topk_prob) renormalization.
+# DeepSeek-V3's adds a correction bias (a buffer) to sigmoid scores; DeepSeek-V2's in half precision computes
+# in float32 from rows it casts (in a float32 model it is a softmax and a top-k, scaled by 1.0 here).
+TOP_K_ROUTERS = {("mixtral", torch.float16), ("qwen3_moe", torch.float16), ("qwen2_moe", torch.float16),
+                 ("mixtral", torch.float32), ("qwen3_moe", torch.float32), ("qwen2_moe", torch.float32),
+                 ("deepseek_v2", torch.float32)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("name", list(MOE))
+def test_top_k_routers_run_in_one_launch_and_keep_the_logits(name: str, dtype: torch.dtype) -> None:
+    from kernels import _routing
+
+    model = build(MOE[name], dtype)
+    ids = tokens()
+    lean = dict(fuse_mlp=False, fuse_qkv=False, fuse_norm=False, fuse_rotary=False)
+    kernels.patch(model, fuse_router=False, **lean)  # the experts switch alike in both runs
+    want = logits(model, ids)
+    _routing._ROUTERS.clear()
+    kernels.patch(model, **lean)
+    routers = [m for m in model.modules() if isinstance(m, hf.FusedTopKRouter)]
+    assert len(routers) == ((name, dtype) in TOP_K_ROUTERS)
+    got = logits(model, ids)
+    if routers:
+        assert len(_routing._ROUTERS) > 0  # the kernel ran
+        formula = routers[0].__dict__["_router_formula"]
+        assert formula.renormalize == (name == "mixtral" or bool(getattr(model.config, "norm_topk_prob", False)))
+        assert formula.scores_in_float32 == (name == "mixtral" and dtype == torch.float16)
+    assert relative_error(got, want) <= (0.0 if dtype == torch.float16 else 1e-6)
+    kernels.unpatch(model)
+    assert not any(isinstance(m, hf.FusedTopKRouter) for m in model.modules())
+
+
+def test_a_fused_router_returns_its_own_forwards_triple_and_falls_back_where_the_kernel_cannot() -> None:
+    spec = MOE["qwen3_moe"]
+    model = build((spec[0], spec[1], dict(spec[2], num_experts=16, num_experts_per_tok=4, norm_topk_prob=True)),
+                  torch.float32)
+    router = model.model.layers[0].mlp.gate
+    vanilla = copy.deepcopy(router)
+    with torch.no_grad():
+        router.weight.normal_()
+        router.weight[5] = router.weight[3]  # experts 3 and 5 always tie: either may be chosen
+    vanilla.load_state_dict(router.state_dict())
+    kernels.patch(model)
+    assert isinstance(router, hf.FusedTopKRouter)
+    x = torch.randn(2, 7, router.hidden_dim, device=DEVICE)
+    with torch.no_grad():
+        (logits, scores, experts), (want_logits, want_scores, want_experts) = router(x), vanilla(x)
+        probabilities = torch.softmax(want_logits, dim=-1)
+        assert torch.equal(logits, want_logits)
+        # the chosen experts are the most probable, up to equal probabilities; largest first
+        assert torch.equal(probabilities.gather(1, experts).sort(dim=1).values,
+                           probabilities.gather(1, want_experts).sort(dim=1).values)
+        assert torch.allclose(scores, want_scores, rtol=1e-5, atol=1e-7)
+        assert bool((scores[:, :-1] >= scores[:, 1:]).all()) and torch.allclose(scores.sum(-1), torch.ones(14))
+        # its own forward: a router whose top_k changed since patch
+        router.top_k = 2
+        assert torch.equal(router(x)[2], vanilla.__class__.forward(router, x)[2])
+        router.top_k = 4
+    # a gradient wanted: its own forward, whose autograd graph reaches the weight
+    _, scores, _ = router(x)
+    scores.sum().backward()
+    assert router.weight.grad is not None and scores.grad_fn is not None
+    assert pickle_roundtrip_class(router) is type(vanilla)
+
+
+def test_a_fused_router_given_rows_of_another_dtype_runs_its_own_forward() -> None:
+    model = build(MOE["deepseek_v2"], torch.float32)  # its router casts rows to float32 itself
+    router = model.model.layers[0].mlp.gate
+    vanilla = copy.deepcopy(router)
+    kernels.patch(model)
+    assert isinstance(router, hf.FusedTopKRouter)
+    x = torch.randn(5, router.hidden_dim, device=DEVICE, dtype=torch.float16)
+    with torch.no_grad():
+        assert all(torch.equal(a, b) for a, b in zip(router(x), vanilla(x)))
+
+
+def pickle_roundtrip_class(module: torch.nn.Module) -> type:
+    import pickle
+
+    return type(pickle.loads(pickle.dumps(module)))
+
+
 @pytest.mark.parametrize("name", list(MOE))
 def test_patch_puts_routed_experts_on_moe_matmul_and_keeps_the_logits(name: str) -> None:
     model = build(MOE[name], torch.float16)
