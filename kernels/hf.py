@@ -10,8 +10,9 @@ one ``moe_matmul`` launch; the rows are sorted by expert on the device (``kernel
 no host sync, CUDA-graph safe). Where dispatch runs none of our kernels for a call, transformers' own
 "grouped_mm" implementation runs it (``_path``).
 
-``kernels.patch(model)`` calls ``patch_experts`` when transformers is imported, and ``fuse_rotary``: each
-modeling module's ``apply_rotary_pos_emb`` as one launch (kernels/rope.py); everything else of a
+``kernels.patch(model)`` calls ``patch_experts`` when transformers is imported, ``fuse_routers`` (a top-k router's
+softmax, top-k and renormalization as one launch) and ``fuse_rotary`` (the attention modules' rotary embeddings
+as one launch, kernels/rope.py); everything else of a
 transformers model (its ``nn.Linear`` layers, SiLU-gated MLPs, query/key/value projections, DeepSeek's
 shared experts) is patched as any torch module is (kernels/nn.py). Importing ``kernels`` never imports
 this module, nor transformers.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 import sys
 import weakref
@@ -39,12 +41,13 @@ from .dispatch import DISPATCHER
 from ._record_mode import RECORDER as _REC
 from ._spec import is_baseline
 from .epilogue import silu_mul
-from .rope import apply_rotary, fused_rotary
+from . import rope
+from .rope import apply_rotary
 from ._routing import combine, sort_by_expert, top_k_softmax
 from .nn import _COMPILING, _MixedIn, _mixed_class
 
 __all__ = ["IMPLEMENTATION", "FusedTopKRouter", "experts_forward", "fuse_rotary", "fuse_routers", "patch_experts", "register", "stock_implementation",
-           "unfuse_rotary", "unpatch_experts"]
+           "RotaryAttention", "unpatch_experts"]
 
 log = logging.getLogger(__name__)
 
@@ -486,42 +489,65 @@ def _router_formula(module: nn.Module) -> _RouterFormula | None:
 _ROTARY = "apply_rotary_pos_emb"  # the function each modeling module defines and its attention forward calls
 
 
-def _modeling_modules(model: nn.Module) -> list[object]:
-    """The transformers modeling modules (``transformers.models.<name>.modeling_<name>``) of the model's classes."""
-    names = {type(m).__module__ for m in model.modules()}
-    return [sys.modules[name] for name in sorted(names)
-            if name.startswith("transformers.models.") and name in sys.modules]
+class RotaryAttention(_MixedIn):
+    """An attention module whose forward calls its modeling module's ``apply_rotary_pos_emb`` where that is
+    ``kernels.rope.fused_rotary``'s stand-in: the stand-in runs the one-launch kernel during this forward only
+    (``kernels.rope.ACTIVE``), so that models of the same class left unpatched keep torch's ops. Under
+    ``torch.compile`` the module's own forward is traced as it is."""
+
+    def forward(self, *args: object, **kwargs: object) -> object:
+        if _COMPILING():
+            return self._unfused.forward(self, *args, **kwargs)
+        active = rope.ACTIVE
+        before, active.on = active.on, True
+        try:
+            return self._unfused.forward(self, *args, **kwargs)
+        finally:
+            active.on = before
 
 
 def fuse_rotary(model: nn.Module) -> int:
-    """Put ``kernels.rope.fused_rotary`` in place of ``apply_rotary_pos_emb`` in each modeling module of the
-    model's classes whose function gives the same bits as ``kernels.rope.apply_rotary`` on random queries,
-    keys and angles (``_computes_rotary``): Llama's, Mistral's, Qwen2/3's, Gemma's, Mixtral's and their MoE
-    variants' do; an interleaved one (GLM's) or another formula keeps its own. Returns how many modules
-    changed. The function is the module's, so every model of those classes in the process runs it; where
-    the kernel does not take a call (``kernels.rope._takes``: float32, partial rotary, a gradient, tracing)
-    the module's own function runs it, and where it does, the outputs are the same bits."""
+    """Make the model's attention modules ``RotaryAttention``s where their forward calls their modeling module's
+    ``apply_rotary_pos_emb`` and that function gives the same bits as ``kernels.rope.apply_rotary`` on random
+    queries, keys and angles (``_computes_rotary``): Llama's, Mistral's, Qwen2/3's, Gemma's, Mixtral's and their
+    MoE variants' do; Phi-3's (a partial rotary, concatenated), GLM's (interleaved pairs) and DeepSeek-V2's
+    (complex numbers) keep theirs. The modeling module's function is replaced by the stand-in
+    (``kernels.rope.fused_rotary``), which runs the module's own function outside a patched attention's
+    forward and stays in place after ``unpatch``. Returns how many attention modules changed."""
     weight = next(model.parameters(), None)
     if weight is None or not (weight.is_cuda or (weight.is_cpu and _device.INTERPRETED)):
         return 0
+    checked: dict[str, bool] = {}
     fused = 0
-    for module in _modeling_modules(model):
-        original = getattr(module, _ROTARY, None)
-        if not callable(original) or getattr(original, "fused_by_kernels", False):
+    for module in model.modules():
+        cls = type(module)
+        if isinstance(module, RotaryAttention) or not _calls_rotary(cls):
             continue
-        if _computes_rotary(original, weight.device):
-            setattr(module, _ROTARY, fused_rotary(original))
+        modeling = sys.modules.get(cls.__module__)
+        if cls.__module__ not in checked:
+            checked[cls.__module__] = modeling is not None and _put_stand_in(modeling, weight.device)
+        if checked[cls.__module__]:
+            module.__class__ = _mixed_class(RotaryAttention, cls)
             fused += 1
     return fused
 
 
-def unfuse_rotary(model: nn.Module) -> None:
-    """Give the modeling modules of the model's classes their own ``apply_rotary_pos_emb`` back (every model of
-    those classes in the process then runs it)."""
-    for module in _modeling_modules(model):
-        function = getattr(module, _ROTARY, None)
-        if getattr(function, "fused_by_kernels", False):
-            setattr(module, _ROTARY, function.__wrapped__)
+def _calls_rotary(cls: type) -> bool:
+    """Whether ``cls.forward`` (under its decorators: transformers' ``deprecate_kwarg``) names the function."""
+    code = getattr(inspect.unwrap(cls.forward), "__code__", None)
+    return code is not None and _ROTARY in code.co_names
+
+
+def _put_stand_in(modeling: object, device: torch.device) -> bool:
+    """Whether ``modeling.apply_rotary_pos_emb`` is (now) ``fused_rotary``'s stand-in for a function that gives
+    ``apply_rotary``'s bits."""
+    function = getattr(modeling, _ROTARY, None)
+    if getattr(function, "fused_by_kernels", False):
+        return True
+    if not callable(function) or not _computes_rotary(function, device):
+        return False
+    setattr(modeling, _ROTARY, rope.fused_rotary(function))
+    return True
 
 
 def _computes_rotary(original: Callable, device: torch.device) -> bool:

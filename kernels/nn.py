@@ -142,7 +142,7 @@ def patch(model: nn.Module, fuse_mlp: bool = True, fuse_qkv: bool = True, everyw
     routers = hf.fuse_routers(model) if hf is not None and fuse_router else 0
     log.info("kernels.patch: %d nn.Linear patched, %d SiLU-gated MLPs fused, %d query/key/value groups fused, "
              "%d RMSNorms in one launch%s%s%s%s", linears, fused, shared, norms,
-             f", rotary embeddings in one launch ({rotary} modeling module{'s' * (rotary != 1)})" if rotary else "",
+             f", {rotary} attention modules' rotary embeddings in one launch" if rotary else "",
              f", {routers} MoE routers in one launch" if routers else "",
              ", routed experts on moe_matmul" if experts else "",
              f"; {left} nn.Linear left on torch's path (dispatch runs cuBLAS for every problem of theirs here: "
@@ -171,21 +171,20 @@ def _transformers() -> Any:
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: every ``kernels.nn.Linear`` in ``model`` becomes a plain ``nn.Linear`` again, and every
     ``FusedMLP`` and ``FusedRMSNorm`` its own class (its gate and up weights stay in one storage: the same values, the same state
-    dict, as do the projections of a ``SharedInput`` group), and a transformers model's modeling modules their own
-    ``apply_rotary_pos_emb``."""
+    dict, as do the projections of a ``SharedInput`` group), and every other module ``patch`` mixed a forward
+    into (transformers' routers and attention modules, kernels/hf.py) its own class."""
     for module in model.modules():
         if type(module) in (Linear, SharedInputLinear):
             for name in ("_kept_t", "_route") + _SHARED_STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = nn.Linear
-        elif isinstance(module, _MixedIn):  # a FusedMLP, a FusedRMSNorm, a FusedTopKRouter (kernels.hf)
+        elif isinstance(module, _MixedIn):  # FusedMLP, FusedRMSNorm; kernels.hf's FusedTopKRouter, RotaryAttention
             for name in module._STATE:
                 module.__dict__.pop(name, None)
             module.__class__ = type(module)._unfused
     hf = _transformers()
     if hf is not None:
         hf.unpatch_experts(model)
-        hf.unfuse_rotary(model)
     return model
 
 

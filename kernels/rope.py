@@ -2,9 +2,10 @@
 attention's queries and keys, ``x * cos + rotate_half(x) * sin`` for both, as one Triton kernel in place of
 torch's ten launches (for each of q and k: a product, a negation, a concatenation, a product, a sum).
 
-In an eager decode step each of those launches is host time, 10 a layer. ``kernels.hf`` puts ``apply_rotary``
-in place of a transformers modeling module's ``apply_rotary_pos_emb`` once it has given the same bits as that
-function on random inputs (``kernels.hf.fuse_rotary``).
+In an eager decode step each of those launches is host time, 10 a layer. ``kernels.hf.fuse_rotary`` puts a
+stand-in (``fused_rotary``) in place of a transformers modeling module's ``apply_rotary_pos_emb`` once
+``apply_rotary`` has given the same bits as that function on random inputs; the stand-in runs the kernel for the
+attention modules of patched models only (``ACTIVE``).
 
 The kernel rounds where torch's ops round: each product is rounded to the inputs' dtype before the sum, and the
 sum rounded again, each in float32 first as torch computes half-precision arithmetic. So the outputs are torch's,
@@ -14,6 +15,7 @@ would round once where torch rounds twice).
 
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import torch
@@ -23,7 +25,7 @@ import triton.language as tl
 from ._launch import BoundedDict, DirectLaunch
 from ._routing import _aligned, _on_triton
 
-__all__ = ["apply_rotary", "rotary_reference"]
+__all__ = ["ACTIVE", "apply_rotary", "fused_rotary", "rotary_reference"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
 # One program holds a position's heads of q (and of k) in registers, [heads, head_dim] at a time.
@@ -129,18 +131,25 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     return q_out, k_out
 
 
+class _Active(threading.local):
+    on = False  # set while a patched attention module's forward runs, in this thread
+
+
+ACTIVE = _Active()
+
+
 def fused_rotary(original: Callable) -> Callable:
     """A stand-in for ``original`` (a modeling module's ``apply_rotary_pos_emb(q, k, cos, sin,
-    unsqueeze_dim=1)``) that runs ``apply_rotary`` where it takes the call, ``original`` elsewhere (under
-    tracing too: Inductor fuses torch's ops itself)."""
+    unsqueeze_dim=1)``) that runs ``apply_rotary`` where a patched attention module calls it (``ACTIVE``; the
+    module's class is shared with unpatched models, which keep ``original``) and the kernel takes the call,
+    ``original`` elsewhere (under tracing too: Inductor fuses torch's ops itself)."""
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if not torch.compiler.is_compiling() and len(args) + len(kwargs) <= 1:
-            unsqueeze_dim = args[0] if args else kwargs.get("unsqueeze_dim", 1)
-            if not kwargs or "unsqueeze_dim" in kwargs:
-                out = apply_rotary(q, k, cos, sin, unsqueeze_dim)
-                if out is not None:
-                    return out
+        if ACTIVE.on and not torch.compiler.is_compiling() and len(args) + len(kwargs) <= 1 \
+                and (not kwargs or "unsqueeze_dim" in kwargs):
+            out = apply_rotary(q, k, cos, sin, args[0] if args else kwargs.get("unsqueeze_dim", 1))
+            if out is not None:
+                return out
         return original(q, k, cos, sin, *args, **kwargs)
 
     apply_rotary_pos_emb.__wrapped__ = original  # type: ignore[attr-defined]

@@ -120,6 +120,8 @@ def test_patch_swaps_every_linear_fuses_silu_mlps_and_keeps_the_logits(name: str
 # a partial head, DeepSeek-V2's multiplies complex numbers: each keeps its own.
 ROTATE_HALF = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe",
                "deepseek_v3"}
+# DeepSeek-V3's attention names it, but with rope_interleave (its config's default) calls an interleaved one
+CALLS_ROTATE_HALF = ROTATE_HALF - {"deepseek_v3"}
 
 
 @pytest.mark.parametrize("name", list(DENSE) + list(MOE))
@@ -127,29 +129,34 @@ def test_rotary_embeddings_run_in_one_launch_with_the_same_logits_bit_for_bit(na
     from kernels import rope
 
     model = build({**DENSE, **MOE}[name], torch.float16)
+    unpatched = build({**DENSE, **MOE}[name], torch.float16, seed=1)  # the same class, left as it is
     modeling = sys.modules[type(model).__module__]
     own = getattr(modeling, "apply_rotary_pos_emb", None)
     ids = tokens()
+    unpatched_logits, vanilla_logits = logits(unpatched, ids), logits(model, ids)
     # Norms and MLPs left, no table's evidence for the Linears: the rest of the model is patched alike in both
     # runs (a MoE model's experts switch on the CPU), so only the rotary changes.
-    lean = dict(fuse_mlp=False, fuse_qkv=False, fuse_norm=False)
+    lean = dict(fuse_mlp=False, fuse_qkv=False, fuse_norm=False, fuse_router=False)
     kernels.patch(model, fuse_rotary=False, **lean)
     want = logits(model, ids)
-    rope._LAUNCHES.clear()
     kernels.patch(model, **lean)
-    try:
-        fused = getattr(modeling, "apply_rotary_pos_emb", None)
-        assert getattr(fused, "fused_by_kernels", False) == (name in ROTATE_HALF)
-        got = logits(model, ids)
-        if name in ROTATE_HALF:
-            assert len(rope._LAUNCHES) > 0  # the kernel ran, in place of torch's ops
-            assert fused.__wrapped__ is own
-        assert torch.equal(got, want)  # float16: the kernel's bits are torch's
-        kernels.patch(model, **lean)  # patching again keeps one stand-in, around the module's own function
-        assert getattr(getattr(modeling, "apply_rotary_pos_emb", None), "__wrapped__", own) is own
-    finally:
-        kernels.unpatch(model)
-    assert getattr(modeling, "apply_rotary_pos_emb", None) is own
+    attention = [m for m in model.modules() if isinstance(m, hf.RotaryAttention)]
+    assert len(attention) == (name in ROTATE_HALF)  # one layer, one attention module
+    rope._LAUNCHES.clear()
+    assert torch.equal(logits(unpatched, ids), unpatched_logits)
+    assert len(rope._LAUNCHES) == 0  # an unpatched model of the class keeps torch's ops
+    got = logits(model, ids)
+    if name in ROTATE_HALF:
+        stand_in = modeling.apply_rotary_pos_emb
+        assert stand_in.fused_by_kernels and stand_in.__wrapped__ is own
+        assert (len(rope._LAUNCHES) > 0) == (name in CALLS_ROTATE_HALF)  # the kernel ran, in place of torch's ops
+    assert torch.equal(got, want)  # float16: the kernel's bits are torch's
+    kernels.patch(model, **lean)  # patching again mixes nothing in twice, and keeps one stand-in
+    assert getattr(getattr(modeling, "apply_rotary_pos_emb", None), "__wrapped__", own) is own
+    kernels.unpatch(model)
+    assert not any(isinstance(m, hf.RotaryAttention) for m in model.modules())
+    rope._LAUNCHES.clear()
+    assert torch.equal(logits(model, ids), vanilla_logits) and len(rope._LAUNCHES) == 0
 
 
 # The routers whose forward is a softmax, top-k and (Mixtral, and Qwen's with norm_topk_prob) renormalization.
