@@ -80,7 +80,7 @@ class Evidence:
         ``gated``, a ``moe_gated_matmul`` config for the gate/up weights ``w`` [E, K, 2I]."""
         if RECORDER.on or self.everywhere or w.device.type != "cuda":
             return True  # on the CPU kernels/hf.py's experts_forward decides per call, as before
-        if w.dtype not in DTYPE_NAMES:
+        if w.dtype not in moe.DTYPES:  # float32 experts: torch's (our MoE kernels take half precision)
             return False
         family = moe_gated if gated else moe
         key = (family.KERNEL, tuple(w.shape), moe.weight_layout(w), w.dtype, w.device)

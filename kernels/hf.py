@@ -455,7 +455,10 @@ def _router_formula(module: nn.Module) -> _RouterFormula | None:
     try:
         probe = copy.deepcopy(module)
         with torch.no_grad():
-            probe.weight.copy_(torch.randn(weight.shape, generator=generator, device=weight.device))
+            # logits of about unit scale: a peaked softmax (one expert near 1) cannot tell a renormalized
+            # choice from a plain one
+            probe.weight.copy_(torch.randn(weight.shape, generator=generator, device=weight.device)
+                               / weight.shape[1] ** 0.5)
             x = torch.randn(_ROUTER_CHECK_ROWS, weight.shape[1], generator=generator, device=weight.device).to(
                 weight.dtype)
             out = probe.forward(x)
@@ -470,6 +473,7 @@ def _router_formula(module: nn.Module) -> _RouterFormula | None:
                 return None
             probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
             tolerance = 1e-5 if scores.dtype == torch.float32 else 1e-2
+            held = []
             for renormalize in (True, False):
                 chosen = top_k_softmax(logits, k, renormalize, scores.dtype)
                 if chosen is None:
@@ -478,7 +482,9 @@ def _router_formula(module: nn.Module) -> _RouterFormula | None:
                 same_experts = torch.equal(probabilities.gather(1, chosen[1]).sort(dim=1).values,
                                            probabilities.gather(1, experts).sort(dim=1).values)
                 if same_experts and torch.allclose(chosen[0].float(), scores.float(), rtol=tolerance, atol=1e-6):
-                    return _RouterFormula(k, renormalize, scores.dtype == torch.float32 != logits.dtype)
+                    held.append(renormalize)
+            if len(held) == 1 or held and k == weight.shape[0]:  # one formula told apart (all experts: one)
+                return _RouterFormula(k, held[0], scores.dtype == torch.float32 != logits.dtype)
     except Exception as exc:  # another signature or input: not a router to fuse
         log.debug("%s is not fused: its forward on random rows raised %r", type(module).__name__, exc)
     return None

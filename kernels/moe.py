@@ -39,6 +39,7 @@ from .gemm import overlapping
 from .grouped import _DTYPE_NAMES, _TORCH_DTYPES, _VECTOR, _cdiv, default_config, distance, tile_product
 
 KERNEL = "moe_matmul"
+DTYPES = tuple(_DTYPE_NAMES)  # the dtypes it takes: float16 and bfloat16
 
 _OFFSET_DTYPES = (torch.int32, torch.int64)
 
@@ -542,4 +543,4 @@ MOE_MATMUL = KernelSpec(
     check_inputs=check_inputs,
 )
 
-__all__ = ["MOE_MATMUL", "balanced_problem", "moe_matmul_with", "problem_of", "weight_layout"]
+__all__ = ["DTYPES", "MOE_MATMUL", "balanced_problem", "moe_matmul_with", "problem_of", "weight_layout"]

@@ -8,7 +8,8 @@ stand-in (``fused_rotary``) in place of a transformers modeling module's ``apply
 attention modules of patched models only (``ACTIVE``).
 
 The kernel rounds where torch's ops round: each product is rounded to the inputs' dtype before the sum, and the
-sum rounded again, each in float32 first as torch computes half-precision arithmetic. So the outputs are torch's,
+sum rounded again, each in float32 first as torch computes half-precision arithmetic (compiled with
+``enable_fp_fusion=False``, which keeps those roundings). So the outputs are torch's,
 bit for bit, for float16 and bfloat16 inputs; float32 and mixed dtypes keep torch's ops (a fused multiply-add
 would round once where torch rounds twice).
 """
@@ -123,7 +124,10 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         block_d = triton.next_power_of_2(dim)
         block_h = max(1, min(triton.next_power_of_2(max(q_heads, k.shape[1])), 4096 // block_d))
         launch = _LAUNCHES[key] = DirectLaunch(_rotary_kernel, (batch * positions,), dict(
-            HALF=dim // 2, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d >= 2048 else 2))
+            HALF=dim // 2, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d >= 2048 else 2,
+            # without it the compiler drops the products' rounding and fuses them into the sum (an FMA): on an
+            # H200 (2026-11-29, triton 3.6.0) 24% of the outputs then differed from torch's by a unit or two
+            enable_fp_fusion=False))
     launch(q, k, cos, sin, q_out, k_out, positions, q_heads, k.shape[1],
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
            q_out.stride(0), q_out.stride(1), q_out.stride(2), k_out.stride(0), k_out.stride(1), k_out.stride(2),

@@ -225,6 +225,24 @@ def test_a_fused_router_returns_its_own_forwards_triple_and_falls_back_where_the
     assert pickle_roundtrip_class(router) is type(vanilla)
 
 
+@pytest.mark.parametrize("renormalized", [True, False])
+def test_a_router_of_many_experts_is_found_renormalized_or_not_as_its_config_says(renormalized: bool) -> None:
+    # Qwen3-30B-A3B's router: 128 experts, top-8. At its initial weights (std 0.02) the softmax is near uniform;
+    # the patch-time check's random weight must not make it so peaked that both formulas hold.
+    spec = MOE["qwen3_moe"]
+    model = build((spec[0], spec[1], dict(spec[2], num_experts=128, num_experts_per_tok=8,
+                                          norm_topk_prob=renormalized)), torch.float16)
+    router = model.model.layers[0].mlp.gate
+    vanilla = copy.deepcopy(router)
+    kernels.patch(model)
+    assert isinstance(router, hf.FusedTopKRouter)
+    assert router.__dict__["_router_formula"].renormalize == renormalized
+    x = torch.randn(9, router.hidden_dim, device=DEVICE, dtype=torch.float16)
+    with torch.no_grad():
+        (_, scores, _), (_, want, _) = router(x), vanilla(x)
+    assert torch.allclose(scores.float(), want.float(), rtol=1e-2, atol=1e-4)
+
+
 def test_a_fused_router_given_rows_of_another_dtype_runs_its_own_forward() -> None:
     model = build(MOE["deepseek_v2"], torch.float32)  # its router casts rows to float32 itself
     router = model.model.layers[0].mlp.gate
