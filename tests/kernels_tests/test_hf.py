@@ -213,7 +213,7 @@ def test_a_fused_router_returns_its_own_forwards_triple_and_falls_back_where_the
         assert torch.equal(probabilities.gather(1, experts).sort(dim=1).values,
                            probabilities.gather(1, want_experts).sort(dim=1).values)
         assert torch.allclose(scores, want_scores, rtol=1e-5, atol=1e-7)
-        assert bool((scores[:, :-1] >= scores[:, 1:]).all()) and torch.allclose(scores.sum(-1), torch.ones(14))
+        assert bool((scores[:, :-1] >= scores[:, 1:]).all()) and torch.allclose(scores.sum(-1), torch.ones(14, device=DEVICE))
         # its own forward: a router whose top_k changed since patch
         router.top_k = 2
         assert torch.equal(router(x)[2], vanilla.__class__.forward(router, x)[2])
