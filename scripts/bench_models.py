@@ -85,7 +85,8 @@ MODELS = {spec.name: spec for spec in (
     ModelSpec("Qwen3-30B-A3B", "held-out", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         _GQA, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
         num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
-        decoder_sparse_step=1, mlp_only_layers=[]), moe=True, why="in no corpus file; 128 experts, top-8"),
+        decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True),  # as released (transformers' default: False)
+        moe=True, why="in no corpus file; 128 experts, top-8"),
     ModelSpec("Mixtral-8x7B", "held-out", "MixtralConfig", "MixtralForCausalLM", dict(
         _GQA, hidden_size=4096, intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2,
         num_attention_heads=32, num_key_value_heads=8, vocab_size=32000), moe=True,
