@@ -696,6 +696,22 @@ def test_experts_trace_whole_under_torch_compile_fullgraph() -> None:
     assert relative_error(got, want) < TOLERANCE[torch.float16]
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe"])
+def test_a_patched_model_with_every_fusion_traces_whole_under_torch_compile(name: str) -> None:
+    """The norms, rotary embeddings, routers and experts under Dynamo: 0 graph breaks, the eager logits (each
+    mixed-in forward traces its module's own ops there)."""
+    model = kernels.patch(build({**DENSE, **MOE}[name], torch.float16), everywhere=True)
+    assert any(isinstance(m, hf.RotaryAttention) for m in model.modules())
+    assert (name == "qwen3_moe") == any(isinstance(m, hf.FusedTopKRouter) for m in model.modules())
+    ids = tokens()
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+        explained = torch._dynamo.explain(lambda i: model(i, use_cache=False).logits)(ids)
+        assert explained.graph_break_count == 0, explained.break_reasons
+        got = torch.compile(lambda i: model(i, use_cache=False).logits, fullgraph=True, backend="aot_eager")(ids)
+    assert relative_error(got, want) < TOLERANCE[torch.float16]
+
+
 @pytest.mark.gpu
 def test_experts_never_make_the_host_wait_once_warm() -> None:
     model = kernels.patch(build(MOE["qwen3_moe"], torch.bfloat16), everywhere=True)
