@@ -44,12 +44,13 @@ from .epilogue import silu_mul
 from . import rope
 from .rope import apply_rotary
 from ._routing import combine, sort_by_expert, top_k_softmax
-from .nn import _COMPILING, _MixedIn, _mixed_class
+from ._mixin import _mixed_class, _MixedIn
 
 __all__ = ["IMPLEMENTATION", "FusedTopKRouter", "experts_forward", "fuse_rotary", "fuse_routers", "patch_experts", "register", "stock_implementation",
            "RotaryAttention", "unpatch_experts"]
 
 log = logging.getLogger(__name__)
+_COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces (kernels/_plans.py)
 
 IMPLEMENTATION = "triton_tuner"  # the name users pass to set_experts_implementation / experts_implementation=
 

@@ -23,6 +23,7 @@ from torch.nn.modules import module as _torch_module
 from . import _device, ops
 from ._evidence import Evidence, Route, takes_ours
 from ._launch import data_layout
+from ._mixin import _mixed_class, _MixedIn, _new_module  # _new_module: pickles of patched modules name it here
 from ._routing import combine, sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
@@ -239,32 +240,6 @@ def _joint_of(weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor, ...
     return _Joint(params, tuple(data_layout(p) for p in params), weight, weight.t(), bias)
 
 
-class _MixedIn:
-    """What ``FusedMLP`` and ``FusedRMSNorm`` share: ``patch`` mixes one into a module's own class
-    (``_mixed_class``: ``isinstance`` still holds) and keeps its state in the module's ``__dict__`` under the
-    names ``_STATE`` lists, which ``unpatch`` drops with the class."""
-
-    _unfused: type  # the module's own class
-    _STATE: tuple[str, ...] = ()
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        # Pickled (and deep-copied) as the module's own class: a class made at patch time cannot be found by
-        # name when a pickle is loaded.
-        state = {name: value for name, value in self.__getstate__().items() if name not in self._STATE}
-        return _new_module, (type(self)._unfused,), state
-
-
-_MIXED_CLASSES: dict[tuple[type, type], type] = {}
-
-
-def _mixed_class(mixin: type, cls: type) -> type:
-    mixed = _MIXED_CLASSES.get((mixin, cls))
-    if mixed is None:
-        mixed = _MIXED_CLASSES[(mixin, cls)] = type(f"Fused{cls.__name__}", (mixin, cls),
-                                                    {"_unfused": cls, "__module__": cls.__module__})
-    return mixed
-
-
 class FusedMLP(_MixedIn):
     """A SiLU-gated MLP, ``down(silu(gate(x)) * up(x))``, whose gate and up projections run as one
     ``gated_matmul`` (x read once, one launch, the product in the epilogue).
@@ -383,11 +358,6 @@ def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, nn.Module, bo
                 child._backward_pre_hooks:
             return False
     return True
-
-
-def _new_module(cls: type) -> nn.Module:
-    """An empty instance of ``cls``, for a pickle's state to fill (as copyreg.__newobj__ makes one)."""
-    return cls.__new__(cls)
 
 
 def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
