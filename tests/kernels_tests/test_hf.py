@@ -244,6 +244,22 @@ def test_a_router_of_many_experts_is_found_renormalized_or_not_as_its_config_say
     assert torch.allclose(scores.float(), want.float(), rtol=1e-2, atol=1e-4)
 
 
+def test_olmoe_routes_and_rotates_in_one_launch_with_the_same_logits() -> None:
+    # OLMoE: a top-k router without renormalization by default, Llama's rotary; not in MOE (its experts are
+    # transformers' generic ones, covered there), here for the two fusions alone
+    model = build(("OlmoeConfig", "OlmoeForCausalLM", dict(_EXPERTS, num_experts=8)), torch.float16)
+    ids = tokens()
+    lean = dict(fuse_mlp=False, fuse_qkv=False, fuse_norm=False)
+    kernels.patch(model, fuse_rotary=False, fuse_router=False, **lean)
+    want = logits(model, ids)
+    kernels.patch(model, **lean)
+    routers = [m for m in model.modules() if isinstance(m, hf.FusedTopKRouter)]
+    assert len(routers) == 1 and not routers[0].__dict__["_router_formula"].renormalize
+    assert sum(isinstance(m, hf.RotaryAttention) for m in model.modules()) == 1
+    assert torch.equal(logits(model, ids), want)
+    kernels.unpatch(model)
+
+
 def test_a_fused_router_given_rows_of_another_dtype_runs_its_own_forward() -> None:
     model = build(MOE["deepseek_v2"], torch.float32)  # its router casts rows to float32 itself
     router = model.model.layers[0].mlp.gate
