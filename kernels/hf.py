@@ -43,11 +43,11 @@ from ._spec import is_baseline
 from .epilogue import silu_mul
 from . import rope
 from .rope import apply_rotary
-from ._routing import combine, sort_by_expert, top_k_softmax
+from ._routing import _on_triton, combine, sort_by_expert, top_k_softmax
 from ._mixin import _mixed_class, _MixedIn
 
-__all__ = ["IMPLEMENTATION", "FusedTopKRouter", "experts_forward", "fuse_rotary", "fuse_routers", "patch_experts", "register", "stock_implementation",
-           "RotaryAttention", "unpatch_experts"]
+__all__ = ["IMPLEMENTATION", "FusedTopKRouter", "RotaryAttention", "experts_forward", "fuse_rotary", "fuse_routers",
+           "patch_experts", "register", "stock_implementation", "unpatch_experts"]
 
 log = logging.getLogger(__name__)
 _COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces (kernels/_plans.py)
@@ -432,7 +432,7 @@ def _fuse_router(module: nn.Module) -> bool:
     weight = module._parameters.get("weight")
     if (isinstance(module, FusedTopKRouter) or module._modules or module._buffers or len(module._parameters) != 1
             or type(weight) is not nn.Parameter or weight.dim() != 2 or not isinstance(module.__dict__.get("top_k"), int)
-            or not (weight.is_cuda or (weight.is_cpu and _device.INTERPRETED))):
+            or not _on_triton(weight)):
         return False
     formula = _router_formula(module)
     if formula is None:
@@ -485,7 +485,8 @@ def _router_formula(module: nn.Module) -> _RouterFormula | None:
                 if same_experts and torch.allclose(chosen[0].float(), scores.float(), rtol=tolerance, atol=1e-6):
                     held.append(renormalize)
             if len(held) == 1 or held and k == weight.shape[0]:  # one formula told apart (all experts: one)
-                return _RouterFormula(k, held[0], scores.dtype == torch.float32 != logits.dtype)
+                float32_scores = scores.dtype == torch.float32 and logits.dtype != torch.float32
+                return _RouterFormula(k, held[0], float32_scores)
     except Exception as exc:  # another signature or input: not a router to fuse
         log.debug("%s is not fused: its forward on random rows raised %r", type(module).__name__, exc)
     return None
@@ -522,7 +523,7 @@ def fuse_rotary(model: nn.Module) -> int:
     (``kernels.rope.fused_rotary``), which runs the module's own function outside a patched attention's
     forward and stays in place after ``unpatch``. Returns how many attention modules changed."""
     weight = next(model.parameters(), None)
-    if weight is None or not (weight.is_cuda or (weight.is_cpu and _device.INTERPRETED)):
+    if weight is None or not _on_triton(weight):
         return 0
     checked: dict[str, bool] = {}
     fused = 0

@@ -24,7 +24,7 @@ from . import _device, ops
 from ._evidence import Evidence, Route, takes_ours
 from ._launch import data_layout
 from ._mixin import _mixed_class, _MixedIn, _new_module  # _new_module: pickles of patched modules name it here
-from ._routing import combine, sort_by_expert
+from ._routing import _on_triton, combine, sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
 from .norm import FORMULAS, MAX_WIDTH, Formula, rms_norm, rms_norm_reference
@@ -551,7 +551,7 @@ def _fuse_norm(module: nn.Module) -> bool:
                                                                            torch.float32):
         return False
     eps_name = next((name for name in _EPS_NAMES if isinstance(module.__dict__.get(name), float)), None)
-    if eps_name is None or not (weight.is_cuda or (weight.is_cpu and _device.INTERPRETED)):
+    if eps_name is None or not _on_triton(weight):
         return False
     formula = _norm_formula(module, eps_name)
     if formula is None:
