@@ -268,7 +268,7 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor, d
 # transformers' top-k routers (Mixtral's, Qwen2/3-MoE's, OLMoE's) compute, after their logits' GEMM, a softmax in
 # float32, torch.topk, optionally the chosen probabilities' renormalization, and a cast: four to five launches of
 # a decode step's host time, 118 us of a Qwen3-30B-A3B router's at one token on an H200 (2026-11-29, torch
-# 2.11.0+cu130, scripts/moe_host_cost.py), where one launch does it all. One program takes a row of logits.
+# 2.11.0+cu130, triton 3.6.0, scripts/moe_host_cost.py), where one launch does it all. One program takes a row of logits.
 _ROUTER_EXPERTS = 1024  # a row of logits in one program's registers
 _ROUTERS = BoundedDict(256)
 

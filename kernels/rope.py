@@ -126,7 +126,8 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
         launch = _LAUNCHES[key] = DirectLaunch(_rotary_kernel, (batch * positions,), dict(
             HALF=dim // 2, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d >= 2048 else 2,
             # without it the compiler drops the products' rounding and fuses them into the sum (an FMA): on an
-            # H200 (2026-11-29, triton 3.6.0) 24% of the outputs then differed from torch's by a unit or two
+            # H200 (2026-11-29, torch 2.11.0+cu130, triton 3.6.0, docs/runs/2026-11-29-h200-rotary-router/
+            # j-rotary-variants-probe.py) 24% of the outputs then differed from torch's by a unit or two
             enable_fp_fusion=False))
     launch(q, k, cos, sin, q_out, k_out, positions, q_heads, k.shape[1],
            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
