@@ -148,9 +148,12 @@ def _graphs_side_by_side(graphs: list[torch.cuda.CUDAGraph], budget: tuple[int, 
 
 
 # Back-to-back GPU time (``queued_ms_side_by_side``): blocks of at least this many calls and about this much
-# time per block as an eager loop takes it (wall time, host included: where the host bounds the call a
-# block holds less GPU work), at most this many calls (each may launch two kernels; the launch queue holds
-# about a thousand), in turns for about this long per side. The stream is held this much longer than the
+# time per block as the slowest side's eager loop takes it (wall time, host included: where the host bounds
+# the call a block holds less GPU work), at most this many calls (each may launch two kernels; the launch
+# queue holds about a thousand), in turns for about this long per side. Sized by the slowest side, not the
+# fastest: a side that launches ten kernels a call, in blocks sized by a one-launch side, filled the launch
+# queue, the host then waited on the GPU and every try was caught up (1,470 launches a block; H200,
+# 2026-11-29, torch 2.11.0+cu130, triton 3.6.0, tests/tuner_tests/test_timing.py under 8 test processes). The stream is held this much longer than the
 # host's estimated time to queue a block, twice as long again whenever the GPU caught up with the host, up
 # to QUEUE_TRIES tries and QUEUE_MAX_HOLD_MS.
 QUEUE_CALLS = 16
@@ -178,8 +181,8 @@ def queued_ms_side_by_side(calls: Sequence[Callable[[tuple], Any]], inputs: Sequ
     the gaps an eager loop pays, and bf16 32x1024x8192's split-K winner, within 1% of cuBLAS there, ran
     6-7% behind it in eager loops on a fast host (H100, docs/BENCHMARKS.md, 2026-11-26)."""
     wall_ms = [_warmed_estimate_ms(call, inputs) for call in calls]
-    count = int(max(QUEUE_CALLS, min(QUEUE_MAX_CALLS, math.ceil(QUEUE_BLOCK_MS / min(wall_ms)))))
-    turns = int(min(QUEUE_TURNS[1], max(QUEUE_TURNS[0], budget_ms / (count * min(wall_ms)))))
+    count = int(max(QUEUE_CALLS, min(QUEUE_MAX_CALLS, math.ceil(QUEUE_BLOCK_MS / max(wall_ms)))))
+    turns = int(min(QUEUE_TURNS[1], max(QUEUE_TURNS[0], budget_ms / (count * max(wall_ms)))))
     # The host queues a call in at most its wall time per call (max of host and GPU): hold that long, and more.
     hold_ms = [QUEUE_HOLD_FACTOR * count * ms + 0.05 for ms in wall_ms]
     per_call: list[list[float]] = [[] for _ in calls]
