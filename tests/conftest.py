@@ -6,9 +6,12 @@ TRITON_INTERPRET must be set before triton is first imported, so it is set here,
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
+
+from tests.gpu_turn import gpu_turn
 
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
@@ -29,6 +32,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if marker in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=HAS_GPU)
+def _gpu_turn(request: pytest.FixtureRequest) -> Iterator[None]:
+    """On a GPU machine, a ``timing`` test has the GPU to itself; the others share it (tests/gpu_turn.py)."""
+    with gpu_turn(alone=request.node.get_closest_marker("timing") is not None):
+        yield
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from kernels import BASELINE, MATMUL, Problem
 from tuner import timing
 from tuner.bench import Bench, SideBySide
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.timing]
 
 
 def _operands(m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
