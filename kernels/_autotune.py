@@ -14,6 +14,7 @@ import logging
 import operator
 import os
 import re
+import sys
 import threading
 import weakref
 import warnings
@@ -496,12 +497,24 @@ def _specialized(value: Any) -> Any:
     return operator.index(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-@torch.compiler.assume_constant_result
 def _config_while_tracing(serial: int, key_values: tuple, device: torch.device | None
                           ) -> tuple[tuple[tuple[str, Any], ...], int]:
     # Dynamo runs this at trace time and bakes its answer into the graph, as a constant: locks, dict lookups and
     # database reads stay out of the traced code.
     return _ALL[serial].config_while_tracing(key_values, device)
+
+
+# What ``torch.compiler.assume_constant_result`` does (torch 2.11 and 2.13: it sets this attribute), without the
+# import of torch._dynamo that it makes: 1.2 of the 3.9 s of ``import kernels`` on our CPU build machine
+# (python -X importtime, torch 2.13.0+cpu, 2026-11-29), paid by every process that imports us, a fleet's workers
+# and their compile processes among them, most of which never compile a model. Where Dynamo is loaded already
+# the decorator itself is used. tests/autotune_tests/test_autotune.py checks that the attribute is still
+# what the decorator sets, and the fullgraph tests that Dynamo treats the function as constant.
+CONSTANT_RESULT_MARK = "_dynamo_marked_constant"
+if "torch._dynamo" in sys.modules:
+    _config_while_tracing = torch.compiler.assume_constant_result(_config_while_tracing)
+else:
+    setattr(_config_while_tracing, CONSTANT_RESULT_MARK, True)
 
 
 def _first_line(exc: BaseException | None) -> str:

@@ -283,6 +283,43 @@ def test_a_bad_mode_is_refused() -> None:
 
 # Never tune under a trace or a capture ------------------------------------------------------------------------
 
+def test_the_trace_time_lookup_is_marked_constant_as_torchs_own_decorator_marks_a_function() -> None:
+    # kernels/_autotune.py sets the decorator's mark itself, so that importing kernels does not import Dynamo;
+    # a torch whose decorator marks a function otherwise fails here (and the fullgraph tests of
+    # tests/kernels_tests/test_compile_public.py would see a graph break in the lookup).
+    from kernels import _autotune
+
+    marked = torch.compiler.assume_constant_result(lambda: 0)
+    assert [name for name, value in vars(marked).items() if value is True] == [_autotune.CONSTANT_RESULT_MARK]
+    assert getattr(_autotune._config_while_tracing, _autotune.CONSTANT_RESULT_MARK) is True
+
+
+def test_dynamo_takes_a_function_with_the_mark_for_a_constant_under_fullgraph() -> None:
+    # The mark alone, on a function Dynamo cannot trace (a lock: "Unsupported context manager"), in a real trace.
+    import threading
+
+    from kernels import _autotune
+
+    lock = threading.Lock()
+
+    def looked_up(n: int) -> int:
+        with lock:
+            return 2 * n
+
+    setattr(looked_up, _autotune.CONSTANT_RESULT_MARK, True)
+    compiled = torch.compile(lambda x: x * looked_up(3), fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(torch.ones(2)), torch.full((2,), 6.0))
+
+
+def test_importing_kernels_and_the_tuner_leaves_dynamo_unloaded() -> None:
+    # Dynamo's import was 1.2 of the 3.9 s of `import kernels` (CPU build machine, torch 2.13.0+cpu, 2026-11-29),
+    # paid by every fleet worker and compile process, which never trace.
+    code = "import sys, kernels, tuner.cli, tuner.search, tuner.workers; print('torch._dynamo' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2], env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
 def test_under_a_torch_compile_trace_nothing_is_timed_and_a_later_eager_call_tunes(db_url, monkeypatch) -> None:
     # torch.compile cannot trace the interpreter's kernels on the CPU, so the trace is stood in for by its own
     # flag (torch's function, not ours); the GPU test below captures a CUDA graph for real.
