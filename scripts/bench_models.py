@@ -14,7 +14,9 @@ and patched are two copies of one model, timed in interleaved rounds, each colum
 (``round_order``: the GPU's speed drifts within a run); a cell's speed-up is the median over rounds of each
 round's vanilla / patched ratio (the two timed in one round, so a drift of the host's speed between rounds
 cancels). ``--control`` adds an A/A column: a second, unpatched copy of the model timed as patched is; its
-ratio to vanilla is what the host's noise alone makes of a cell (1.00 ideally). ``--profile`` writes
+ratio to vanilla is what the host's noise alone makes of a cell (1.00 ideally). A static-cache cell also gives
+the GPU's own time of one call per column ("GPU x": vanilla's over patched's, and its A/A): the host paces a
+small model's compiled step, so that its wall cell reads the host's noise. ``--profile`` writes
 torch.profiler's tables of one call of each column per setting (where the time goes). Correctness: the
 relative L2 error of vanilla's and patched's prefill logits to an fp32 copy of the same model; patched must
 be no further than vanilla.
@@ -120,6 +122,7 @@ class Row:
     ms: dict = field(default_factory=dict)  # column -> median ms
     rounds: dict = field(default_factory=dict)  # column -> every round's ms
     ratios: dict = field(default_factory=dict)  # column -> median over rounds of that round's column / patched
+    gpu_ms: dict = field(default_factory=dict)  # column -> the GPU's own ms per unit, one profiled call (static)
     note: str = ""
 
 
@@ -243,10 +246,30 @@ def bench_setting(spec: ModelSpec, setting: Setting, models: dict, args: argpars
                   for col, times in row.rounds.items() if col != "patched"}
     if "control" in row.rounds:  # the A/A ratio: vanilla over its unpatched copy
         row.ratios["control"] = statistics.median(v / c for v, c in zip(row.rounds["vanilla"], row.rounds["control"]))
+    if setting.kind == "static" and device.type == "cuda":
+        row.gpu_ms = {col: gpu_ms(call_for(setting, model_for(col, models), device, args.new_tokens, vocab))
+                      for col in cols}
     if args.profile:
         profile(setting, cols, models, args, device, Path(args.out) / "profiles" / f"{spec.name}_{setting.name}.txt")
     model_for("vanilla", models)
     return row
+
+
+def gpu_ms(timed_call: tuple[Callable[[], object], float]) -> float:
+    """The GPU's own time of one call, per unit: the sum of every kernel's time in torch.profiler's record (the
+    "Self CUDA time total" of its table). A static-cache step of a 2-layer model is paced by the host (1.3-2.1 ms
+    of wall time a token, 0.6 ms of it on the GPU; H200, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0,
+    transformers 5.24.0, this script with --profile), so its wall cell moves with the host's noise (an unpatched
+    copy read 0.907x of vanilla) where this one does not (0.999-1.004x)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fn, per = timed_call
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(event.self_device_time_total for event in prof.key_averages()) / 1e3 / per
 
 
 def profile(setting: Setting, cols: tuple[str, ...], models: dict, args: argparse.Namespace, device: torch.device,
@@ -309,6 +332,13 @@ def ratio(row: Row, column: str) -> float | None:
     return row.ms[column] / row.ms["patched"]
 
 
+def gpu_ratio(row: Row, column: str) -> float | None:
+    """Vanilla's GPU time over ``column``'s (patched, or the unpatched copy), where the cell was profiled."""
+    if "vanilla" not in row.gpu_ms or not row.gpu_ms.get(column):
+        return None
+    return row.gpu_ms["vanilla"] / row.gpu_ms[column]
+
+
 def table(rows: list[Row], checks: dict) -> str:
     lines = []
     for part in ("tuned", "held-out"):
@@ -317,7 +347,7 @@ def table(rows: list[Row], checks: dict) -> str:
             continue
         lines.append(f"\n{part} models (patched speed-up; >1.00 is faster)")
         lines.append(f"{'model':<18} {'setting':<13} {'vanilla ms':>11} {'patched ms':>11} {'x vanilla':>10} "
-                     f"{'x eager_exp':>11} {'A/A':>6}  unit")
+                     f"{'x eager_exp':>11} {'A/A':>6}  {'GPU x':>6} {'A/A':>6}  unit")
         speedups, controls = [], []
         for r in chosen:
             if r.note:
@@ -327,9 +357,10 @@ def table(rows: list[Row], checks: dict) -> str:
             speedups.append(vs)
             if aa is not None:
                 controls.append(aa)
+            gv, ga = gpu_ratio(r, "patched"), gpu_ratio(r, "control")
             lines.append(f"{r.model:<18} {r.setting:<13} {r.ms['vanilla']:>11.3f} {r.ms['patched']:>11.3f} "
                          f"{vs:>10.3f} {'' if ve is None else f'{ve:.3f}':>11} {'' if aa is None else f'{aa:.3f}':>6}"
-                         f"  {r.unit}")
+                         f"  {'' if gv is None else f'{gv:.3f}':>6} {'' if ga is None else f'{ga:.3f}':>6}  {r.unit}")
         if speedups:
             geomean = statistics.geometric_mean(speedups)
             lines.append(f"{part}: geomean {geomean:.3f}x vanilla, min {min(speedups):.3f}x over {len(speedups)} cells")

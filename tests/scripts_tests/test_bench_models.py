@@ -88,3 +88,21 @@ def test_the_correctness_line_says_on_how_many_prompts_patched_was_further() -> 
     assert "C                  RuntimeError: no GPU" in text
     with pytest.raises(SystemExit):
         bench_models.parse_args(["--check-prompts", "0"])
+
+
+def test_a_profiled_static_cell_gives_the_gpus_ratio_beside_the_walls() -> None:
+    # The GPU's times as a static cell stores them (gpu_ms fills them on a GPU only); a cell without them
+    # leaves the two columns blank.
+    static = bench_models.Row("Qwen2.5-7B", "tuned", "static_b1", "ms/token",
+                              ms={"vanilla": 1.701, "patched": 1.814, "control": 1.6},
+                              ratios={"vanilla": 0.976, "control": 0.907},
+                              gpu_ms={"vanilla": 0.637, "patched": 0.601, "control": 0.635})
+    eager = bench_models.Row("Qwen2.5-7B", "tuned", "generate_b1", "ms/token",
+                             ms={"vanilla": 2.0, "patched": 1.6}, ratios={"vanilla": 1.25})
+    lines = bench_models.table([static, eager], {}).splitlines()
+    header = next(line for line in lines if line.startswith("model"))
+    assert header.split()[-4:] == ["GPU", "x", "A/A", "unit"]
+    row = next(line for line in lines if "static_b1" in line).split()
+    assert row[-3:] == [f"{0.637 / 0.601:.3f}", f"{0.637 / 0.635:.3f}", "ms/token"]
+    assert next(line for line in lines if "generate_b1" in line).split()[-1] == "ms/token"
+    assert bench_models.gpu_ratio(eager, "patched") is None
