@@ -48,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 CPU_SHAPES = ("16x32x32", "32x16x32", "16x16x32", "32x32x16", "16x32x16", "32x16x16")
 DEFAULT_TOKENS = "1,4,8,16,32,64,128,512"
 READY = re.compile(r"ready ([\d.]+) s after its start")
+PHASES = re.compile(r"ready [\d.]+ s after its start \(([^)]*)\)")
+PHASE = re.compile(r"([a-z ]+?) ([\d.]+) s")
 STATS = re.compile(r"sampler ([\d.]+) s, waiting for compiles ([\d.]+) s, timing ([\d.]+) s, head-to-head ([\d.]+) s")
 
 
@@ -214,9 +216,21 @@ def timeline(url: str, launched: float, ended: float, log_text: str) -> dict:
         # Each worker's start-up (spawned to taking jobs), as it printed it: the part of first_claim_s that is
         # the worker's own; the rest is the run opening the database and enqueueing.
         "worker_ready_s": [float(m) for m in READY.findall(log_text)],
+        # and phase by phase (imports, device, waiting for the run, database), the longest worker's of each
+        "worker_phases_s": start_phases(log_text),
         "log_sums_s": {"sampler": sum(s[0] for s in stats), "compile_wait": sum(s[1] for s in stats),
                        "timing": sum(s[2] for s in stats), "head_to_head": sum(s[3] for s in stats)},
     }
+
+
+def start_phases(log_text: str) -> dict[str, float]:
+    """Each start-up phase's seconds, the most any worker of the run spent in it."""
+    found: dict[str, float] = {}
+    for line in PHASES.findall(log_text):
+        for name, seconds in PHASE.findall(line):
+            name = name.strip(", ")
+            found[name] = max(found.get(name, 0.0), float(seconds))
+    return found
 
 
 def check(url: str, args: argparse.Namespace) -> dict:
@@ -287,6 +301,9 @@ def report(out: Path) -> dict:
         print(f"{run['name']:<22} {run['workers']:>4} {run['wall_s']:7.1f} {t.get('first_claim_s', 0):12.1f} {ready:5.1f} "
               f"{t.get('job_seconds', 0):7.1f} {t.get('idle_worker_s', 0):7.1f} {t.get('last_job_alone_s', 0):7.1f} "
               f"{t.get('exit_s', 0):6.1f}  {run['states']}")
+        if t.get("worker_phases_s"):
+            print(f"{'':<22} worker start-up: " + ", ".join(f"{name} {seconds:.1f} s"
+                                                          for name, seconds in t["worker_phases_s"].items()))
     by_count: dict[int, list[float]] = {}
     for run in runs:
         by_count.setdefault(run["workers"], []).append(run["wall_s"])

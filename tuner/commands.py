@@ -19,7 +19,7 @@ from . import fleet_commands
 from .fleet import WorkerHooks
 from .fleet_commands import (check_size, problems_from_file, recorded_problems, search_through_queue,
                              start_gpu_workers)
-from .gpu_workers import gpu_list, lease_seconds, wait_for_go
+from .gpu_workers import gpu_list, lease_seconds, phase_done, wait_for_go
 from .workers import CheckPool, search_workers
 from db.queue import Job, JobQueue, JobSpec
 
@@ -261,17 +261,22 @@ def _print_hooks(store: Store) -> WorkerHooks:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    phase_done("imports")
     lease_seconds(args)  # before the database is opened: a bad flag creates nothing
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
+    phase_done("device")
     # A job may carry a larger --ahead than the default; `search --gpus` passes its own as --workers.
     pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or search_workers(DEFAULT_AHEAD))
     if pool:
         pool.start()
     try:
-        if args.after_go and not wait_for_go():
-            return 0  # the run that started this worker stopped before it needed it
+        if args.after_go:
+            if not wait_for_go():
+                return 0  # the run that started this worker stopped before it needed it
+            phase_done("waiting for the run")
         with _open_store(args.db) as store:
+            phase_done("database")
             hooks = _print_hooks(store)
             hooks.tune_options["pool"] = pool
             return fleet_commands.cmd_worker(args, device, store, hooks)

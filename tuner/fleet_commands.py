@@ -22,7 +22,8 @@ from db.recorded import recorded
 
 from .errors import DEVICE_FAULT_EXIT, UserError
 from .fleet import WorkerHooks, job_specs, run_worker
-from .gpu_workers import gpu_list, lease_seconds, say_go, spawn_gpu_workers, started_s_ago, worker_flags
+from .gpu_workers import (gpu_list, lease_seconds, say_go, spawn_gpu_workers, start_phases_line, started_s_ago,
+                          worker_flags)
 from .search import Budget
 
 # How often `search --gpus` prints the queue's state while its workers run.
@@ -222,8 +223,10 @@ def _counts_line(queue: JobQueue, ids: set[int]) -> str:
 def cmd_worker(args: argparse.Namespace, device: kernels.DeviceInfo, store: Store, hooks: WorkerHooks) -> int:
     # How long start-up took (imports, CUDA, the database): a fleet run's time before its first claim.
     ready = started_s_ago()
+    phases = start_phases_line()
     print(f"worker on {device.name} ({device.alias}) taking jobs from {store.url}"
-          + (f", ready {ready:.1f} s after its start" if ready is not None else ""), flush=True)
+          + (f", ready {ready:.1f} s after its start" if ready is not None else "")
+          + (f" ({phases})" if ready is not None and phases else ""), flush=True)
     summary = run_worker(store, device, wait=args.wait, lease_s=lease_seconds(args),
                          max_jobs=args.max_jobs, hooks=hooks)
     print(f"worker {summary.name}: {summary.done} done, {summary.failed} failed, {summary.lost} lost", flush=True)

@@ -105,6 +105,27 @@ def started_s_ago() -> float | None:
         return None
 
 
+# A spawned worker's start-up, phase by phase: (name, seconds since its spawn when the phase ended). Its ready
+# line gives each phase's share, so that a fleet run says where the seconds before its first claim go.
+START_PHASES: list[tuple[str, float]] = []
+
+
+def phase_done(name: str) -> None:
+    """Note that start-up phase ``name`` ended now (nothing where this process was not spawned as a worker)."""
+    since = started_s_ago()
+    if since is not None:
+        START_PHASES.append((name, since))
+
+
+def start_phases_line() -> str:
+    """'imports 6.1 s, device 2.0 s, ...': each noted phase's own seconds ('' where none was noted)."""
+    parts, before = [], 0.0
+    for name, since in START_PHASES:
+        parts.append(f"{name} {since - before:.1f} s")
+        before = since
+    return ", ".join(parts)
+
+
 def spawn_gpu_workers(url: str, gpus: Sequence[str], device_arg: str, extra: Sequence[str] = (),
                       log_dir: str | None = None, gated: bool = False) -> list[subprocess.Popen]:
     """One ``python -m tuner worker`` process per GPU, each seeing only its GPU (CUDA_VISIBLE_DEVICES).

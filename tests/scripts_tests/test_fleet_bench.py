@@ -36,10 +36,14 @@ def test_scale_kill_and_report_on_cpu_workers(tmp_path: Path) -> None:
         # Each worker said when it was ready, after its spawn and before the run's first claim.
         ready = run["timeline"]["worker_ready_s"]
         assert len(ready) == run["workers"] and all(0 < r < run["timeline"]["first_claim_s"] for r in ready), ready
+        # and where its start-up went, phase by phase, no phase longer than the longest start-up
+        phases = run["timeline"]["worker_phases_s"]
+        assert list(phases) == ["imports", "device", "waiting for the run", "database"], phases
+        assert all(0 <= seconds <= max(ready) for seconds in phases.values()), (phases, ready)
     assert set(result["speedup"]) == {"1", "2"} and result["speedup"]["1"]["speedup"] == 1.0
     assert result["replay"]["2"]["perfect"] <= result["replay"]["2"]["longest_first"]
     assert result["kill"]["passed"], result["kill"]
-    assert "speed-up" in report.stdout and "PASS" in report.stdout
+    assert "speed-up" in report.stdout and "PASS" in report.stdout and "worker start-up: imports" in report.stdout
 
 
 def test_a_models_problems_are_its_layers_at_each_row_count() -> None:
