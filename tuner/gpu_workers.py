@@ -118,7 +118,7 @@ def phase_done(name: str) -> None:
 
 
 def start_phases_line() -> str:
-    """'imports 6.1 s, device 2.0 s, ...': each noted phase's own seconds ('' where none was noted)."""
+    """'NAME S s, NAME S s, ...': each noted phase's own seconds, in order ('' where none was noted)."""
     parts, before = [], 0.0
     for name, since in START_PHASES:
         parts.append(f"{name} {since - before:.1f} s")
