@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,31 @@ def test_bad_search_flag_exits_2_naming_it_and_creates_nothing(args, message, tm
                  "--db", f"sqlite:///{tmp_path / 'never.db'}", timeout=120)
     _refused(done, message)
     assert _created(tmp_path) == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
+def test_gpus_past_this_hosts_are_refused_after_the_gated_workers_started_and_those_end(tmp_path: Path) -> None:
+    # Indices start their workers before torch counts the GPUs (tuner/gpu_workers.py started_early); an index
+    # past them is then refused, and the gated worker it started ends without opening the database.
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    done = tuner(tmp_path, "search", "--shape", SHAPE, "--trials", "1", "--gpus", "3", "--db", url, timeout=120)
+    _refused(done, "this process sees 0 GPU(s), numbered from 0, so 3 is not one")
+    deadline = time.monotonic() + 60
+    while _processes_naming(url) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _processes_naming(url) == [], "the gated worker outlived the run that refused its GPU"
+    assert _created(tmp_path) == []
+
+
+def _processes_naming(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:  # it ended while we looked
+            pass
+    return found
 
 
 @pytest.mark.parametrize("lease", ["-5", "0", "inf"])

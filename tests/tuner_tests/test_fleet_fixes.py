@@ -181,6 +181,31 @@ def test_gpus_on_gpus_and_as_labels_of_cpu_workers() -> None:
     assert parse_gpus("0,7", None) == ["0", "7"]  # --device cpu: labels, no GPU to check against
 
 
+def test_workers_named_by_index_start_before_the_run_imports_torch() -> None:
+    # A fresh process, as `python -m tuner search --gpus 0,1` is one: torch is imported by the check of the
+    # indices against the host's GPUs, after the (gated) workers were spawned; here that check refuses them
+    # (no GPU in this process's view) and they are called off.
+    code = """
+import argparse, sys
+from tuner import gpu_workers
+from tuner.errors import UserError
+seen = []
+gpu_workers.spawn_gpu_workers = lambda *args, **kw: seen.append("torch" in sys.modules) or []
+args = argparse.Namespace(gpus="0,1", device="auto", db="sqlite:///unused.db", lease=None, workers=None, ahead=4)
+try:
+    gpu_workers.started_early(args)
+except UserError as exc:
+    print("refused:", exc)
+print("torch at spawn:", seen)
+"""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU in its view, whatever this host has
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch at spawn: [False]" in done.stdout, done.stdout
+    assert "refused: --gpus '0,1': this process sees 0 GPU(s)" in done.stdout, done.stdout
+
+
 def test_a_worker_sees_the_gpu_its_index_names_among_this_processs_own() -> None:
     """With CUDA_VISIBLE_DEVICES=2,3 here, --gpus 0 is the host's GPU 2: index 0 of what this process sees."""
     from tuner.gpu_workers import child_visible_devices
