@@ -14,7 +14,6 @@ import logging
 import operator
 import os
 import re
-import sys
 import threading
 import weakref
 import warnings
@@ -507,14 +506,10 @@ def _config_while_tracing(serial: int, key_values: tuple, device: torch.device |
 # What ``torch.compiler.assume_constant_result`` does (torch 2.11 and 2.13: it sets this attribute), without the
 # import of torch._dynamo that it makes: 1.2 of the 3.9 s of ``import kernels`` on our CPU build machine
 # (python -X importtime, torch 2.13.0+cpu, 2026-11-29), paid by every process that imports us, a fleet's workers
-# and their compile processes among them, most of which never compile a model. Where Dynamo is loaded already
-# the decorator itself is used. tests/autotune_tests/test_autotune.py checks that the attribute is still
-# what the decorator sets, and the fullgraph tests that Dynamo treats the function as constant.
+# and their compile processes among them, most of which never compile a model. tests/autotune_tests/
+# test_autotune.py checks that the attribute is still what the decorator sets, and that Dynamo honours it.
 CONSTANT_RESULT_MARK = "_dynamo_marked_constant"
-if "torch._dynamo" in sys.modules:
-    _config_while_tracing = torch.compiler.assume_constant_result(_config_while_tracing)
-else:
-    setattr(_config_while_tracing, CONSTANT_RESULT_MARK, True)
+setattr(_config_while_tracing, CONSTANT_RESULT_MARK, True)
 
 
 def _first_line(exc: BaseException | None) -> str:
