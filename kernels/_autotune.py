@@ -505,7 +505,7 @@ def _config_while_tracing(serial: int, key_values: tuple, device: torch.device |
 
 # What ``torch.compiler.assume_constant_result`` does (torch 2.11 and 2.13: it sets this attribute), without the
 # import of torch._dynamo that it makes: 1.2 of the 3.9 s of ``import kernels`` on our CPU build machine
-# (python -X importtime, torch 2.13.0+cpu, 2026-11-29), paid by every process that imports us, a fleet's workers
+# (python -X importtime and /usr/bin/time of ``python -c 'import kernels'``, torch 2.13.0+cpu, 2026-11-29), paid by every process that imports us, a fleet's workers
 # and their compile processes among them, most of which never compile a model. tests/autotune_tests/
 # test_autotune.py checks that the attribute is still what the decorator sets, and that Dynamo honours it.
 CONSTANT_RESULT_MARK = "_dynamo_marked_constant"

@@ -176,7 +176,7 @@ def wait_for_go() -> bool:
 def started_early(args: argparse.Namespace) -> list[subprocess.Popen]:
     """``search --gpus``'s workers, gated, started before the run imports anything heavy (``[]`` without --gpus),
     torch included where --gpus names indices: its import (1.2 s on the CPU build machine, torch 2.13.0+cpu,
-    2026-11-29) then overlaps the workers' start-up instead of delaying it. A malformed --gpus or --lease raises
+    2026-11-29, ``python -X importtime -c 'import torch'``) then overlaps the workers' start-up instead of delaying it. A malformed --gpus or --lease raises
     UserError before any process starts; an index past this host's GPUs raises it once they have started, and
     they are called off (gated, they touch no database)."""
     gpus = gpu_list(args, count=False)

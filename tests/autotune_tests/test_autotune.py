@@ -312,8 +312,8 @@ def test_dynamo_takes_a_function_with_the_mark_for_a_constant_under_fullgraph() 
 
 
 def test_importing_kernels_and_the_tuner_leaves_dynamo_unloaded() -> None:
-    # Dynamo's import was 1.2 of the 3.9 s of `import kernels` (CPU build machine, torch 2.13.0+cpu, 2026-11-29),
-    # paid by every fleet worker and compile process, which never trace.
+    # Dynamo's import was 1.2 of the 3.9 s of `import kernels` (CPU build machine, torch 2.13.0+cpu, 2026-11-29,
+    # `python -X importtime -c 'import kernels'` and `/usr/bin/time python -c 'import kernels'`), paid by every fleet worker and compile process, which never trace.
     code = "import sys, kernels, tuner.cli, tuner.search, tuner.workers; print('torch._dynamo' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2], env={**os.environ, "TRITON_INTERPRET": "1"})

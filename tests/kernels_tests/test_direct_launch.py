@@ -385,7 +385,8 @@ def test_tma_calls_that_repeat_or_alternate_addresses_compute_their_own_operands
     outputs = [torch.empty(192, 256, device="cuda", dtype=torch.float16) for _ in range(2)]
     # The first call compiles (unless an earlier test of this process did) and launches through Triton; the
     # launch adopts Triton's C launcher on its next call. Under pytest-xdist the earlier test may have run in
-    # another process (H200, 2026-11-29, -n 8: this test alone in its worker failed here with one call).
+    # another process (H200, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0, `pytest -n 8 tests/kernels_tests`: this
+    # test alone in its worker failed here with one call).
     for _ in range(2):
         kernels.matmul_with(config, inputs[0], b, out=outputs[0])
     launch = gemm.LAUNCHES.get(gemm._launch_key(config, inputs[0], b, outputs[0]))
