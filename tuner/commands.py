@@ -637,11 +637,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import tally, verify
     from .workers import default_workers
 
-    device = _verify_device(args.device)
     if args.kernel is not None and args.kernel not in kernels.KERNELS:
         raise UserError(f"--kernel {args.kernel}: no such kernel; the kernels: {', '.join(sorted(kernels.KERNELS))}")
     if args.db is not None:
         _open_reader(args.db).close()  # a mistyped --db is an error, not "nothing stored"
+    device = _verify_device(args.device, args.db, not args.no_shipped)
     workers = default_workers() if args.workers is None else args.workers
     print(f"verifying the stored winners of {device.name} ({'--db' if args.db else 'the default database'}"
           f"{'' if args.no_shipped else ' and the shipped tables'})", flush=True)
@@ -661,15 +661,33 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _verify_device(wanted: str) -> kernels.DeviceInfo:
-    """This machine's GPU, or the interpreter for cpu; a GPU it does not have is a user error."""
+def _verify_device(wanted: str, url: str | None, shipped: bool) -> kernels.DeviceInfo:
+    """This machine's GPU, or the interpreter for cpu; or another GPU's stored winners where this GPU has its
+    compute capability (the same compiled kernels, so the same numbers: the check holds, timings are not
+    checked). Any other GPU is a user error."""
     import torch
+
+    from .verify import stored_devices
 
     on_gpu = torch.cuda.is_available() and not kernels.interpreter_enabled()
     here = kernels.current_device() if on_gpu else kernels.CPU
     name = wanted.strip().lower()
     if name in ("auto", here.alias, here.name.lower()):
         return here
-    raise UserError(f"--device {wanted}: verify runs the stored winners on the GPU they are for, and this machine "
-                    f"{'has ' + here.name if on_gpu else 'has no GPU'}; run it on that GPU"
-                    + ("" if on_gpu else ", or pass --device cpu for the records tuned under the interpreter"))
+    stored = stored_devices(url, shipped)
+    named = next((d for d in stored if name in (d.alias, d.name.lower())), None)
+    if named is not None and on_gpu and named.compute_capability == here.compute_capability:
+        print(f"checking the stored winners of {named.name} on this {here.name}: both compute capability "
+              f"{here.compute_capability}, so the same compiled kernels compute the same numbers")
+        return named
+    if named is None:
+        known = ", ".join(d.alias for d in stored) or "none"
+        raise UserError(f"--device {wanted}: no stored winners of that GPU (GPUs with stored winners: {known}); "
+                        "name one of them, or auto for this machine's")
+    if on_gpu:
+        raise UserError(f"--device {wanted}: its winners are for compute capability {named.compute_capability} "
+                        f"and this machine's {here.name} is {here.compute_capability}; run it on that GPU, or on "
+                        f"one of compute capability {named.compute_capability}")
+    raise UserError(f"--device {wanted}: verify runs the stored winners on the GPU they are for (or one of its "
+                    "compute capability), and this machine has no GPU; run it on that GPU, or pass --device cpu "
+                    "for the records tuned under the interpreter")

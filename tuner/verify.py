@@ -15,7 +15,7 @@ import torch
 
 import kernels
 from db import Store, StoreError
-from kernels import Config, DeviceInfo, Problem, is_baseline
+from kernels import Config, DeviceInfo, Problem, described_device, is_baseline
 from kernels._check import check_config
 
 from .workers import CheckPool, Precheck
@@ -92,6 +92,34 @@ def stored_winners(device: DeviceInfo, url: str | None, shipped: bool = True,
                               raw.get("mode", "graph"), raw["config"])
                       for raw in kernels.dispatch._shipped_records(device.name, name)]
     return found
+
+
+def stored_devices(url: str | None, shipped: bool = True) -> list[DeviceInfo]:
+    """Each GPU that has winners stored: in the database at ``url`` (none if there is no database there) and,
+    with ``shipped``, in the tables inside the package; by name, the first description found."""
+    found: dict[str, DeviceInfo] = {}
+
+    def add(name: str, capability: str, sm_count: int) -> None:
+        if name != "cpu":
+            found.setdefault(name, described_device(name, capability, sm_count))
+
+    try:
+        with Store(url, create=False) as store:
+            if store.exists():
+                for name, _alias in store.devices():
+                    first = store.records(device=name)[:1]
+                    if first:
+                        add(name, first[0].compute_capability, first[0].sm_count)
+    except StoreError as exc:
+        if url is not None:
+            raise
+        log.info("no default database (%s)", exc)
+    if shipped:
+        for document in kernels.dispatch._shipped_documents():
+            for raw in document.get("records", []):
+                if isinstance(raw, dict) and isinstance(raw.get("device_name"), str):
+                    add(raw["device_name"], str(raw.get("compute_capability", "")), int(raw.get("sm_count", 0)))
+    return sorted(found.values(), key=lambda d: d.alias)
 
 
 def _winner(source: str, kernel: str, key: str, mode: str, config: dict) -> StoredWinner:

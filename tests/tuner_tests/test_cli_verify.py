@@ -66,6 +66,58 @@ def test_a_gpu_this_machine_lacks_is_a_user_error(tmp_path: Path, capsys) -> Non
     assert "--device cpu" in err and "Traceback" not in err
 
 
+def test_a_gpu_with_no_stored_winners_is_named_with_those_that_have_some(tmp_path: Path, capsys) -> None:
+    url = _database(tmp_path, _cpu_record("fp16"), make_record(16, 32, 64))  # the interpreter's and an H100's
+    assert main(["verify", "--device", "a100", "--db", url, "--no-shipped"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device a100: no stored winners of that GPU (GPUs with stored winners: h100)")
+    assert "Traceback" not in err
+
+
+def test_the_shipped_tables_gpus_are_known_without_a_database(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("TUNER_DB", raising=False)
+    assert main(["verify", "--device", "a100"]) == 2
+    assert "(GPUs with stored winners: h100, h200)" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()
+
+
+def _this_gpu() -> dict:
+    import torch
+
+    from kernels import current_device
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    here = current_device()
+    return dict(compute_capability=here.compute_capability, sm_count=here.sm_count)
+
+
+@pytest.mark.gpu
+def test_another_gpus_winners_are_checked_here_where_the_compute_capability_is_the_same(tmp_path: Path,
+                                                                                          capsys) -> None:
+    """A sibling GPU's table (an H100's on an H200): the same compiled kernels, so the check's verdict holds
+    there. The record is stored under a GPU name this machine does not have, with this GPU's capability."""
+    sibling = dict(device_name="Sibling GPU 80GB", device_alias="sibling", **_this_gpu())
+    fp16 = make_record(64, 128, 256, dtype="fp16", layout="nn", config=TILED, triton_config=TILED, **sibling)
+    url = _database(tmp_path, fp16)
+    assert main(["verify", "--device", "sibling", "--db", url, "--no-shipped", "--workers", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "checking the stored winners of Sibling GPU 80GB on this" in out
+    assert "1 of 1 stored winner(s) pass; 0 fail" in out
+
+
+@pytest.mark.gpu
+def test_another_compute_capabilitys_winners_are_refused_here(tmp_path: Path, capsys) -> None:
+    here = _this_gpu()
+    other = "8.0" if here["compute_capability"] != "8.0" else "9.0"
+    url = _database(tmp_path, make_record(64, 128, 256, device_name="Other GPU", device_alias="other",
+                                          compute_capability=other, sm_count=here["sm_count"]))
+    assert main(["verify", "--device", "other", "--db", url, "--no-shipped", "--workers", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --device other: its winners are for compute capability {other} and this machine's" in err
+
+
 @pytest.mark.interpreter
 def test_a_missing_database_is_a_user_error(tmp_path: Path, capsys) -> None:
     assert main(["verify", "--device", "cpu", "--db", f"sqlite:///{tmp_path / 'none.db'}"]) == 2
