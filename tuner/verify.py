@@ -9,13 +9,13 @@ several records (both modes, the database and a table) is checked once per probl
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 import kernels
 from db import Store, StoreError
-from kernels import Config, DeviceInfo, Problem, described_device, is_baseline
+from kernels import Config, DeviceInfo, Problem, alias_of, described_device, is_baseline
 from kernels._check import check_config
 
 from .workers import CheckPool, Precheck
@@ -95,21 +95,22 @@ def stored_winners(device: DeviceInfo, url: str | None, shipped: bool = True,
 
 
 def stored_devices(url: str | None, shipped: bool = True) -> list[DeviceInfo]:
-    """Each GPU that has winners stored: in the database at ``url`` (none if there is no database there) and,
-    with ``shipped``, in the tables inside the package; by name, the first description found."""
+    """Each GPU that has winners stored, under the alias it was stored with: in the database at ``url`` (none
+    if there is no database there) and, with ``shipped``, in the tables inside the package; by name, the first
+    description found."""
     found: dict[str, DeviceInfo] = {}
 
-    def add(name: str, capability: str, sm_count: int) -> None:
-        if name != "cpu":
-            found.setdefault(name, described_device(name, capability, sm_count))
+    def add(name: str, alias: str, capability: str, sm_count: int) -> None:
+        if name != "cpu" and name not in found:
+            found[name] = replace(described_device(name, capability, sm_count), alias=alias or alias_of(name))
 
     try:
         with Store(url, create=False) as store:
             if store.exists():
-                for name, _alias in store.devices():
+                for name, alias in store.devices():
                     first = store.records(device=name)[:1]
                     if first:
-                        add(name, first[0].compute_capability, first[0].sm_count)
+                        add(name, alias, first[0].compute_capability, first[0].sm_count)
     except StoreError as exc:
         if url is not None:
             raise
@@ -118,7 +119,8 @@ def stored_devices(url: str | None, shipped: bool = True) -> list[DeviceInfo]:
         for document in kernels.dispatch._shipped_documents():
             for raw in document.get("records", []):
                 if isinstance(raw, dict) and isinstance(raw.get("device_name"), str):
-                    add(raw["device_name"], str(raw.get("compute_capability", "")), int(raw.get("sm_count", 0)))
+                    add(raw["device_name"], str(raw.get("device_alias", "")), str(raw.get("compute_capability", "")),
+                        int(raw.get("sm_count", 0)))
     return sorted(found.values(), key=lambda d: d.alias)
 
 
