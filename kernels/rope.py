@@ -141,6 +141,7 @@ class _Active(threading.local):
 
 
 ACTIVE = _Active()
+_COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces
 
 
 def fused_rotary(original: Callable) -> Callable:
@@ -150,7 +151,9 @@ def fused_rotary(original: Callable) -> Callable:
     ``original`` elsewhere (under tracing too: Inductor fuses torch's ops itself)."""
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if ACTIVE.on and not torch.compiler.is_compiling() and len(args) + len(kwargs) <= 1 \
+        # The trace check first: Dynamo folds it, so a compiled graph never reads ACTIVE, a thread-local that
+        # would cost a guard in Python on every call of the compiled code.
+        if not _COMPILING() and ACTIVE.on and len(args) + len(kwargs) <= 1 \
                 and (not kwargs or "unsqueeze_dim" in kwargs):
             out = apply_rotary(q, k, cos, sin, args[0] if args else kwargs.get("unsqueeze_dim", 1))
             if out is not None:
