@@ -166,8 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     vf = with_db(sub.add_parser("verify", help="check this GPU's stored winners (database and shipped tables) again "
                                                "with the search's check; exit 1 if any fails"))
     vf.add_argument("--device", default="auto",
-                    help="auto (this GPU, or cpu without one) or this GPU's alias or name; cpu: the records tuned "
-                         "under the interpreter")
+                    help="auto (this GPU, or cpu without one), this GPU's alias or name, or another GPU's with "
+                         "this GPU's compute capability (an h100 table on an h200); cpu: the records tuned under "
+                         "the interpreter")
     vf.add_argument("--kernel", default=None, help="only this kernel's records")
     vf.add_argument("--no-shipped", action="store_true", help="leave the shipped tables out")
     vf.add_argument("--workers", type=int, default=None,
