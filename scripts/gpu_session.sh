@@ -16,7 +16,8 @@
 #              path it takes there (scripts/module_cost.py; MODELS, ROWS), on the shipped table or DB
 #   calibrate  the check's mutants (each in its own process) and valid configs on real shapes
 #              (scripts/calibrate_check.py; CAL_BUDGET seconds, default 270; CAL_ARGS=--no-mutants to go on with
-#              the valid configs a cut run left), then `tuner verify` of this GPU's shipped table
+#              the valid configs a cut run left), then `tuner verify` of this GPU's shipped table, and of the shipped
+#              tables of other GPUs of its compute capability
 #   live       the two live dense searches of docs/SEARCH.md, timed end to end (the 30 s target);
 #              fresh databases, no shipped table; SEED=N picks the sampler seed (default 0)
 #   live-moe   live searches of the swept MoE group: two cold, one warm-started by the fp16 winner
@@ -165,7 +166,16 @@ record-tune)
 calibrate)
     $py scripts/calibrate_check.py --budget-s "${CAL_BUDGET:-270}" ${CAL_ARGS:-} --out "$out/cal" 2>&1 | tail -70 \
         | tee -a "$log"
-    $py -m tuner verify --workers 14 2>&1 | tail -30 | tee -a "$log" ;;
+    $py -m tuner verify --workers 14 2>&1 | tail -30 | tee -a "$log"
+    # The shipped tables of other GPUs with this one's compute capability (an H100's on an H200): the same
+    # compiled kernels, so the same check (docs/RELIABILITY.md, "Stored winners, checked again").
+    for alias in $($py -c 'import kernels
+from tuner.verify import stored_devices
+here = kernels.current_device()
+print(" ".join(d.alias for d in stored_devices(None) if d.name != here.name
+               and d.compute_capability == here.compute_capability))'); do
+        $py -m tuner verify --device "$alias" --workers 14 2>&1 | tail -30 | tee -a "$log"
+    done ;;
 verify)
     # Several processes where pytest-xdist is there (../shared/gpu/wheels.sh pytest-xdist execnet): the suites
     # took more than 290 s in one (2026-11-28).
