@@ -141,7 +141,6 @@ class _Active(threading.local):
 
 
 ACTIVE = _Active()
-_COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces
 
 
 def fused_rotary(original: Callable) -> Callable:
@@ -151,9 +150,9 @@ def fused_rotary(original: Callable) -> Callable:
     ``original`` elsewhere (under tracing too: Inductor fuses torch's ops itself)."""
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        # The trace check first: Dynamo folds it, so a compiled graph never reads ACTIVE, a thread-local that
-        # would cost a guard in Python on every call of the compiled code.
-        if not _COMPILING() and ACTIVE.on and len(args) + len(kwargs) <= 1 \
+        # The trace check first: Dynamo folds it, so a compiled graph never reads ACTIVE (a thread-local) and has
+        # nothing of it to guard.
+        if not torch.compiler.is_compiling() and ACTIVE.on and len(args) + len(kwargs) <= 1 \
                 and (not kwargs or "unsqueeze_dim" in kwargs):
             out = apply_rotary(q, k, cos, sin, args[0] if args else kwargs.get("unsqueeze_dim", 1))
             if out is not None:

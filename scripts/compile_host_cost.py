@@ -70,14 +70,11 @@ def measure(variant: str, layers: int, calls: int) -> dict:
 
 
 def run_in_a_fresh_process(variant: str, layers: int, calls: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    try:
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            env["TRITON_INTERPRET"] = "1"
-    except ImportError:
-        pass
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"  # kernels.patch patches on the CPU under the interpreter alone
     done = subprocess.run([sys.executable, __file__, "--one", variant, "--layers", str(layers), "--calls", str(calls)],
                           env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:

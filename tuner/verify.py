@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 
 import kernels
-from db import Store, StoreError
+from db import Record, Store, StoreError
 from kernels import Config, DeviceInfo, Problem, alias_of, described_device, is_baseline
 from kernels._check import check_config
 
@@ -76,16 +76,8 @@ def stored_winners(device: DeviceInfo, url: str | None, shipped: bool = True,
                    kernel: str | None = None) -> list[StoredWinner]:
     """The winners stored for ``device``: the database's (``url``; none if there is no database there) and,
     with ``shipped``, those of the tables inside the package."""
-    found: list[StoredWinner] = []
-    try:
-        with Store(url, create=False) as store:
-            if store.exists():
-                found += [_winner("database", r.kernel, r.problem_key, r.mode, r.config)
-                          for r in store.records(device=device.name, kernel=kernel)]
-    except StoreError as exc:
-        if url is not None:  # a database the user named must be there; the default one may not exist yet
-            raise
-        log.info("no default database (%s): the shipped tables alone", exc)
+    found = [_winner("database", r.kernel, r.problem_key, r.mode, r.config)
+             for r in _database_records(url, device.name, kernel)]
     if shipped:
         for name in kernels.KERNELS if kernel is None else [kernel]:
             found += [_winner(f"shipped {raw.get('device_alias', device.alias)}", name, raw["problem_key"],
@@ -104,17 +96,8 @@ def stored_devices(url: str | None, shipped: bool = True) -> list[DeviceInfo]:
         if name != "cpu" and name not in found:
             found[name] = replace(described_device(name, capability, sm_count), alias=alias or alias_of(name))
 
-    try:
-        with Store(url, create=False) as store:
-            if store.exists():
-                for name, alias in store.devices():
-                    first = store.records(device=name)[:1]
-                    if first:
-                        add(name, alias, first[0].compute_capability, first[0].sm_count)
-    except StoreError as exc:
-        if url is not None:
-            raise
-        log.info("no default database (%s)", exc)
+    for r in _database_records(url):
+        add(r.device_name, r.device_alias, r.compute_capability, r.sm_count)
     if shipped:
         for document in kernels.dispatch._shipped_documents():
             for raw in document.get("records", []):
@@ -122,6 +105,19 @@ def stored_devices(url: str | None, shipped: bool = True) -> list[DeviceInfo]:
                     add(raw["device_name"], str(raw.get("device_alias", "")), str(raw.get("compute_capability", "")),
                         int(raw.get("sm_count", 0)))
     return sorted(found.values(), key=lambda d: d.alias)
+
+
+def _database_records(url: str | None, device: str | None = None, kernel: str | None = None) -> list[Record]:
+    """The records of the database at ``url`` (of ``device`` and ``kernel`` where given); none where the default
+    database does not exist yet. A database the user named must be there."""
+    try:
+        with Store(url, create=False) as store:
+            return store.records(device=device, kernel=kernel) if store.exists() else []
+    except StoreError as exc:
+        if url is not None:
+            raise
+        log.info("no default database (%s): the shipped tables alone", exc)
+        return []
 
 
 def _winner(source: str, kernel: str, key: str, mode: str, config: dict) -> StoredWinner:
