@@ -37,7 +37,8 @@
 #              OOB_BUDGET seconds (default 540) are spent; every run's files in $OUT/out-of-box.tgz as well
 #   fleet-scale  scripts/fleet_bench.py's scale phase on PostgreSQL: one `search --gpus` run per GPU count of COUNTS
 #              (default 1,2,4, in that order; run 4,2,1 in another call), TRIALS per problem (default 8), then its
-#              report; NO_WARM_UP=1 skips the untimed warm-up run (a later call on a machine already warmed)
+#              report; NO_WARM_UP=1 skips the untimed warm-up run (a later call on a machine already warmed);
+#              TOKENS=1,512: fewer row counts (fewer problems), for a look at the start-up alone
 #   fleet-kill  scripts/fleet_bench.py's kill phase on GPUs 0,1 (PostgreSQL)
 #   fleet-tests  the fleet's GPU tests (2 GPUs or more): a faulting job, the pool's device-fault tests
 #   one-row-layer  the epilogues' one-row loop on the GPU (its tests), then the decoder layer at one decode token
@@ -85,6 +86,7 @@ fleet-scale)
     pg_setup
     warm=(); [ "${NO_WARM_UP:-0}" = 1 ] && warm=(--no-warm-up)
     $py scripts/fleet_bench.py --phase scale --counts "${COUNTS:-1,2,4}" --trials "${TRIALS:-8}" --pg --out "$out/fleet" "${warm[@]}" \
+        ${TOKENS:+--tokens "$TOKENS"} \
         2>&1 | tee -a "$log"
     $py scripts/fleet_bench.py --phase report --out "$out/fleet" 2>&1 | tee -a "$log" ;;
 fleet-kill)

@@ -43,6 +43,34 @@ def _prepare_device(device: str) -> None:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
+def _gpu_likely(device: str) -> bool:
+    """Whether this process will run on a GPU, told without importing torch: a named GPU, or "auto" on a host with
+    NVIDIA's driver where CUDA_VISIBLE_DEVICES leaves a GPU visible. A wrong guess costs only time: the command
+    closes a pool it does not need, or starts its own later (tuner/workers.py ``take_pool``)."""
+    if device.lower() == "cpu":
+        return False
+    if device.lower() != "auto":
+        return True
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() not in ("", "-1") and os.path.exists("/dev/nvidiactl")
+
+
+def _early_pool(args: argparse.Namespace):
+    """The compile and timing processes of a search or worker that checks candidates on a GPU, started before
+    this process imports torch, triton and optuna, so that their own imports and CUDA contexts overlap it. Started
+    after those imports, they made a fleet worker's first trial wait for them: on 2 H200s it came 9-11 s after
+    the first claim, the worker's own imports having taken 5-7 s before it (docs/FLEET.md, 2026-11-29, torch
+    2.11.0+cu130, triton 3.6.0, ``gpu_session.sh fleet-scale``). None where no pool would be used."""
+    if args.command not in ("search", "worker") or args.workers == 0 or not _gpu_likely(args.device):
+        return None
+    if args.command == "search" and (args.gpus or (args.kernel and ":" in args.kernel)):
+        return None  # the workers it starts tune, or a user kernel's search, which starts its own
+    from .workers import DEFAULT_AHEAD, CheckPool, search_workers
+
+    pool = CheckPool(args.workers or search_workers(getattr(args, "ahead", DEFAULT_AHEAD)))
+    pool.start()
+    return pool
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the CLI's rule for every user error), exit 2."""
 
@@ -185,15 +213,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    started = []
+    started, args.early_pool = [], None
     try:
-        if args.command in ("search", "worker", "verify"):
-            _prepare_device(args.device)
         if args.command == "search":
             from .gpu_workers import started_early
 
             # --gpus: the workers start up (gated) while this process imports and checks its input.
             started = args.started_workers = started_early(args)
+        args.early_pool = _early_pool(args)
+        if args.command in ("search", "worker", "verify"):
+            _prepare_device(args.device)  # "auto" imports torch: after the processes above have started
         from . import commands  # imports kernels (and so triton) only now
 
         from .workers import import_user_modules
@@ -221,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("interrupted: finished trials are saved; run the same command again to resume", file=sys.stderr)
         return 130
     finally:
+        if args.early_pool is not None:  # the command closed it, or returned before it took it
+            args.early_pool.close()
         if started:  # the ones never let go on (the run stopped first) end here; the others were stopped
             from .gpu_workers import call_off
 

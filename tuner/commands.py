@@ -14,13 +14,13 @@ from db.store import check_on_conflict
 
 from . import suites
 from .errors import UserError
-from .search import DEFAULT_AHEAD, SAMPLERS, Budget, Progress, SearchStats, make_sampler
+from .search import SAMPLERS, Budget, Progress, SearchStats, make_sampler
 from . import fleet_commands
 from .fleet import WorkerHooks
 from .fleet_commands import (check_size, problems_from_file, recorded_problems, search_through_queue,
                              start_gpu_workers)
 from .gpu_workers import gpu_list, lease_seconds, phase_done, wait_for_go
-from .workers import CheckPool, search_workers
+from .workers import DEFAULT_AHEAD, search_workers, take_pool
 from db.queue import Job, JobQueue, JobSpec
 
 
@@ -126,9 +126,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not named[0]:
         return 0
     in_process = device.is_cpu or args.workers == 0 or args.gpus
-    pool = None if in_process else CheckPool(args.workers or search_workers(args.ahead))
-    if pool:
-        pool.start()  # the workers import torch and triton while the database and study open
+    pool = take_pool(getattr(args, "early_pool", None), not in_process, args.workers or search_workers(args.ahead))
     workers = start_gpu_workers(args)  # likewise: each GPU's worker starts up while this run enqueues
     try:
         with _open_store(args.db) as store:
@@ -267,9 +265,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     device = kernels.resolve_device("cpu" if args.device == "auto" and _no_gpu() else args.device)
     phase_done("device")
     # A job may carry a larger --ahead than the default; `search --gpus` passes its own as --workers.
-    pool = None if device.is_cpu or args.workers == 0 else CheckPool(args.workers or search_workers(DEFAULT_AHEAD))
-    if pool:
-        pool.start()
+    pool = take_pool(getattr(args, "early_pool", None), not (device.is_cpu or args.workers == 0),
+                     args.workers or search_workers(DEFAULT_AHEAD))
     try:
         if args.after_go:
             if not wait_for_go():

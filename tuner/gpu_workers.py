@@ -96,10 +96,6 @@ def child_visible_devices(gpu: str, parent: str | None) -> str:
     return entries[index] if index < len(entries) else gpu
 
 
-# When ``spawn_gpu_workers`` started the process (a Unix time): the worker says how long its start-up took.
-SPAWNED_AT_ENV = "TUNER_SPAWNED_AT"
-
-
 def started_s_ago() -> float | None:
     """Seconds since this process was spawned as a GPU worker (None when it was not)."""
     try:

@@ -35,7 +35,7 @@ from kernels.dispatch import Dispatcher
 from . import timing
 from .bench import Bench, EagerTimer, Measurement, Timer
 from .space import config_of, narrowed, params_of, suggest_config
-from .workers import CheckPool, IsolatedBench
+from .workers import DEFAULT_AHEAD, CheckPool, IsolatedBench
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +105,6 @@ EAGER_PASS_PAUSE_S = 2.0
 
 # Repeats of measured configs in a row after which the sampler counts as converged.
 MAX_REPEATS_IN_A_ROW = 100
-
-# New configs compiling at once ahead of the timer. Replayed on the 16x4096x4096 sweep, seeded TPE
-# with 4 in flight stayed within the quality targets (13.5 trials to 98%, 31.5 to 99.5%); with 8 or
-# more it no longer reached 99.5% within 100 trials (docs/SEARCH.md).
-DEFAULT_AHEAD = 4
 
 # Invalid samples in a row after which a search gives up: the space leaves almost nothing valid.
 MAX_INVALID_IN_A_ROW = 500

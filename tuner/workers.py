@@ -22,12 +22,19 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures import TimeoutError as FutureTimeout  # not the builtin before Python 3.11
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-
-from kernels import Config, Problem
+from typing import TYPE_CHECKING
 
 from .errors import DeviceFault, device_faulted
 
+if TYPE_CHECKING:  # kernels imports torch and triton: this module is imported before them (tuner/cli.py)
+    from kernels import Config, Problem
+
 log = logging.getLogger(__name__)
+
+# New configs compiling at once ahead of the timer. Replayed on the 16x4096x4096 sweep, seeded TPE
+# with 4 in flight stayed within the quality targets (13.5 trials to 98%, 31.5 to 99.5%); with 8 or
+# more it no longer reached 99.5% within 100 trials (docs/SEARCH.md).
+DEFAULT_AHEAD = 4
 
 # A compile plus one check of the largest public-suite shape takes under 20 s on the H100 box
 # (triton 3.6); a candidate still running after this is treated as hung.
@@ -46,6 +53,18 @@ class Precheck:
     rel_error: float | None = None  # the check's worst element in units of its bound (kernels/_check.py)
     reason: str = ""
     seconds: float = 0.0
+
+
+def _config(text: str) -> Config:
+    from kernels import Config
+
+    return Config.parse(text)
+
+
+def _problem(kernel: str, key: str) -> Problem:
+    from kernels import Problem
+
+    return Problem.from_key(kernel, key)
 
 
 def _verdict_of(spec: object, problem: Problem, config: Config, seed: int):
@@ -67,10 +86,10 @@ def _check_in_worker(kernel: str, problem_key: str, config_text: str, seed: int)
     from tuner.bench import _classify, _first_line, wrong_result_reason
 
     start = time.perf_counter()
-    problem = Problem.from_key(kernel, problem_key)
+    problem = _problem(kernel, problem_key)
     try:
         with compiling_alone(kernel, problem, config_text):
-            verdict = _verdict_of(kernels.get_kernel(kernel), problem, Config.parse(config_text), seed)
+            verdict = _verdict_of(kernels.get_kernel(kernel), problem, _config(config_text), seed)
     except Exception as exc:  # report, don't die: the parent decides what a failure means
         exit_if_device_faulted(f"checking {config_text}", exc)
         return Precheck(_classify(exc), reason=f"{type(exc).__name__}: {_first_line(exc)}",
@@ -173,6 +192,20 @@ def search_workers(ahead: int) -> int:
     fleet workers of 15 processes each started at once, and their first jobs waited 16-21 s for compiles against
     8 s on one GPU (docs/FLEET.md, 2026-11-28, torch 2.11.0+cu130, triton 3.6.0, ``gpu_session.sh fleet-scale``). Batch checks (``tuner verify``) keep ``default_workers``."""
     return max(1, min(default_workers(), ahead))
+
+
+def take_pool(started: CheckPool | None, wanted: bool, size: int) -> CheckPool | None:
+    """The compile and timing processes a command checks candidates in: ``started`` (the CLI's, begun before
+    its imports: ``tuner/cli.py``), else a new pool of ``size`` started now; None, and ``started`` closed, where
+    the candidates run in the command's own process (a CPU device, ``--workers 0``)."""
+    if not wanted:
+        if started is not None:
+            started.close()
+        return None
+    if started is None:
+        started = CheckPool(size)
+        started.start()
+    return started
 
 
 def import_user_modules() -> None:
@@ -416,7 +449,7 @@ def _bench_of(kernel: str, problem_key: str, seed: int):
 
     key = (kernel, problem_key, seed)
     if key not in _BENCHES:
-        problem = Problem.from_key(kernel, problem_key)
+        problem = _problem(kernel, problem_key)
         device = _worker_device()
         _BENCHES.clear()  # one problem at a time: the previous one's bench (and inputs) can go
         _BENCHES[key] = Bench(get_kernel(kernel), problem, device, seed=seed)
@@ -436,7 +469,7 @@ def _worker_device():
 def _measure_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, incumbent_ms: float | None,
                        checked_error: float | None = None):
     try:
-        return _bench_of(kernel, problem_key, seed).measure(Config.parse(config_text), incumbent_ms=incumbent_ms,
+        return _bench_of(kernel, problem_key, seed).measure(_config(config_text), incumbent_ms=incumbent_ms,
                                                             checked_error=checked_error)
     except DeviceFault as fault:
         exit_if_device_faulted(f"timing {config_text}", fault)
@@ -448,18 +481,18 @@ def _baseline_in_worker(kernel: str, problem_key: str, seed: int, mode: str = "g
 
 
 def _time_in_worker(kernel: str, problem_key: str, seed: int, config_text: str, mode: str) -> float:
-    return _bench_of(kernel, problem_key, seed).time(Config.parse(config_text), mode)
+    return _bench_of(kernel, problem_key, seed).time(_config(config_text), mode)
 
 
 def _contest_in_worker(kernel: str, problem_key: str, seed: int, config_texts: list[str], mode: str = "graph",
                        graph_text: str | None = None) -> tuple[list[float], float]:
-    graph = Config.parse(graph_text) if graph_text else None
-    return _bench_of(kernel, problem_key, seed).contest([Config.parse(text) for text in config_texts], mode=mode,
+    graph = _config(graph_text) if graph_text else None
+    return _bench_of(kernel, problem_key, seed).contest([_config(text) for text in config_texts], mode=mode,
                                                         graph=graph)
 
 
 def _back_to_back_in_worker(kernel: str, problem_key: str, seed: int, config_text: str) -> tuple[float, float]:
-    return _bench_of(kernel, problem_key, seed).back_to_back(Config.parse(config_text))
+    return _bench_of(kernel, problem_key, seed).back_to_back(_config(config_text))
 
 
 def _release_in_worker(kernel: str, problem_key: str, seed: int) -> None:

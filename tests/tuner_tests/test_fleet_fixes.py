@@ -206,6 +206,76 @@ print("torch at spawn:", seen)
     assert "refused: --gpus '0,1': this process sees 0 GPU(s)" in done.stdout, done.stdout
 
 
+def _fresh_cli(code: str, tmp_path: Path) -> str:
+    """Run ``code`` in a fresh process, as `python -m tuner ...` is one; its stdout."""
+    env = {**_env(tmp_path), "CUDA_VISIBLE_DEVICES": ""}  # no GPU in its view, whatever this host has
+    env.pop("TRITON_INTERPRET")  # the CLI sets it itself once it finds no GPU
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_search_gpus_on_auto_spawns_its_workers_before_the_cli_imports_torch(tmp_path: Path) -> None:
+    # --device auto asks torch whether this host has a GPU; that import comes after the spawn, so the workers'
+    # start-up overlaps it (before, it preceded the spawn: 4.2 s on 2 H200s, docs/FLEET.md).
+    out = _fresh_cli("""
+import sys
+from tuner import gpu_workers
+from tuner.cli import main
+seen = []
+gpu_workers.spawn_gpu_workers = lambda *args, **kw: seen.append("torch" in sys.modules) or []
+code = main(["search", "--gpus", "0,1", "--shape", "16x16x16", "--db", "sqlite:///unused.db"])
+print("exit", code, "torch at spawn:", seen)
+""", tmp_path)
+    assert "exit 2 torch at spawn: [False]" in out, out  # then refused: this process sees no GPU
+
+
+def test_a_workers_compile_pool_starts_before_torch_and_closes_where_the_device_is_a_cpu(tmp_path: Path) -> None:
+    # The pool's processes import torch, triton and kernels and make a CUDA context (seconds each): started first,
+    # that overlaps the worker's own imports. Whether a GPU is there is guessed without torch (_gpu_likely: a test
+    # double here, since this host may have none); the guess proven wrong by torch, the pool is closed unused.
+    db = tmp_path / "fleet.db"
+    out = _fresh_cli(f"""
+import sys
+import tuner.cli, tuner.workers as workers
+events = []
+workers.CheckPool.start = lambda self: events.append("started, torch imported: " + str("torch" in sys.modules))
+workers.CheckPool.close = lambda self: events.append("closed")
+tuner.cli._gpu_likely = lambda device: True
+code = tuner.cli.main(["worker", "--db", "sqlite:///{db}"])
+print("exit", code, events)
+""", tmp_path)
+    assert "exit 0 ['started, torch imported: False', 'closed'" in out, out
+
+
+def test_the_early_pool_is_a_real_pool_for_gpu_commands_and_none_for_the_others() -> None:
+    import argparse
+
+    from tuner.cli import _early_pool, build_parser
+    from tuner.workers import take_pool
+
+    def parsed(*argv: str) -> argparse.Namespace:
+        return build_parser().parse_args(list(argv))
+
+    for argv in (["search", "--device", "cpu"], ["search", "--device", "h100", "--workers", "0"],
+                 ["search", "--device", "h100", "--gpus", "0,1"], ["search", "--device", "h100", "--kernel", "m:k"],
+                 ["worker", "--device", "cpu"], ["status"], ["verify", "--device", "h100"]):
+        assert _early_pool(parsed(*argv)) is None, argv
+    pool = _early_pool(parsed("worker", "--device", "h100", "--workers", "1"))  # a named GPU: no guess needed
+    try:
+        assert pool is not None and pool.workers == 1
+        processes = list(pool._pool._processes.values()) + list(pool.timing._pool._processes.values())
+        assert len(processes) == 2 and all(p.is_alive() for p in processes)
+        assert take_pool(pool, wanted=True, size=4) is pool  # the command takes the one already started
+        assert take_pool(pool, wanted=False, size=4) is None  # or closes it (a CPU device, --workers 0)
+        for process in processes:
+            process.join(timeout=60)
+        assert not any(p.is_alive() for p in processes)
+    finally:
+        pool.close()
+
+
 def test_a_worker_sees_the_gpu_its_index_names_among_this_processs_own() -> None:
     """With CUDA_VISIBLE_DEVICES=2,3 here, --gpus 0 is the host's GPU 2: index 0 of what this process sees."""
     from tuner.gpu_workers import child_visible_devices
