@@ -38,10 +38,9 @@ class Config:
 
     def __post_init__(self) -> None:
         # Lookups happen in every constraint check; a dict built once keeps enumeration fast.
-        values = {**dict(self.kwargs), "num_warps": self.num_warps, "num_stages": self.num_stages}
+        values = dict(self.kwargs)
+        values["num_warps"], values["num_stages"] = self.num_warps, self.num_stages
         object.__setattr__(self, "_values", values)
-        # Dispatch hashes the config on every call of moe_matmul; a frozenset per call costs microseconds.
-        object.__setattr__(self, "_hash", hash(frozenset(values.items())))
 
     @classmethod
     def make(cls, num_warps: int = 4, num_stages: int = 3, **kwargs: Value) -> Config:
@@ -62,7 +61,14 @@ class Config:
         return isinstance(other, Config) and self._values == other._values
 
     def __hash__(self) -> int:
-        return self._hash
+        # Dispatch hashes the config on every call of moe_matmul, so the hash is kept; computed on first use,
+        # since most configs a search enumerates are dropped by a constraint without ever being hashed.
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = hash(frozenset(self._values.items()))
+            object.__setattr__(self, "_hash", value)
+            return value
 
     def get(self, name: str, default: Value | None = None) -> Value | None:
         return self._values.get(name, default)
@@ -337,9 +343,15 @@ class SearchSpace:
             kept = [p for p in self.params if not (p.name in fixed and p.default is not None)]  # as canonical
             axes = [(chosen[p.name],) if p.name in chosen else (fixed[p.name],) if p.name in fixed else p.values
                     for p in kept]
-            names = [p.name for p in kept]
+            # Config.from_dict, unrolled: a matmul problem enumerates about 150,000 configs here, and building
+            # them through from_dict took 40% of it (cProfile, CPU build machine, 2026-11-29).
+            meta = [i for i, p in enumerate(kept) if p.name not in LAUNCH_OPTIONS]
+            names = [kept[i].name for i in meta]
+            warps = next((i for i, p in enumerate(kept) if p.name == "num_warps"), None)
+            stages = next((i for i, p in enumerate(kept) if p.name == "num_stages"), None)
             for values in itertools.product(*axes):
-                config = Config.from_dict(dict(zip(names, values)))
+                config = Config(tuple(zip(names, [values[i] for i in meta])),
+                                4 if warps is None else int(values[warps]), 3 if stages is None else int(values[stages]))
                 if self._first_violation(config, problem, device) is None and self._is_folded(config, problem):
                     yield config
 

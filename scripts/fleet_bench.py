@@ -223,6 +223,13 @@ def timeline(url: str, launched: float, ended: float, log_text: str) -> dict:
     }
 
 
+def outside_the_clocks(timeline: dict) -> float:
+    """A run's job-seconds that no search's own clock counted: between a claim and its search's first ask (the
+    search space narrowed to the problem, the study opened, warm starts read) and after its contests (the
+    winners stored, the job finished)."""
+    return timeline["job_seconds"] - sum(timeline["log_sums_s"].values())
+
+
 def start_phases(log_text: str) -> dict[str, float]:
     """Each start-up phase's seconds, the most any worker of the run spent in it."""
     found: dict[str, float] = {}
@@ -304,6 +311,9 @@ def report(out: Path) -> dict:
         if t.get("worker_phases_s"):
             print(f"{'':<22} worker start-up: " + ", ".join(f"{name} {seconds:.1f} s"
                                                           for name, seconds in t["worker_phases_s"].items()))
+        if t.get("log_sums_s") and t.get("job_seconds"):
+            print(f"{'':<22} job-seconds: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in t["log_sums_s"].items())
+                  + f", outside the searches' clocks {outside_the_clocks(t):.1f} s")
     by_count: dict[int, list[float]] = {}
     for run in runs:
         by_count.setdefault(run["workers"], []).append(run["wall_s"])

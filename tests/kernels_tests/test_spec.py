@@ -221,6 +221,20 @@ def test_gemm_enumerate_yields_only_valid_canonical_distinct_configs() -> None:
     assert {c["VARIANT"] for c in configs} == {"tiled", "splitk", "tma"}
 
 
+def test_enumerated_configs_are_the_ones_from_dict_builds() -> None:
+    # enumerate builds its configs without from_dict (it makes ~150,000 for a matmul problem): each must print,
+    # compare and hash as from_dict's, launch options defaulted where the space has none.
+    problem = _gemm(16, 32, 64)
+    for space in (SPACE, SMALL):
+        for config in space.enumerate(problem, CPU):
+            again = Config.from_dict(config.as_dict())
+            assert str(again) == str(config) and again == config and hash(again) == hash(config)
+            assert type(config.num_warps) is int and type(config.num_stages) is int
+    assert {c.num_stages for c in SMALL.enumerate(problem, CPU)} == {2}  # the space's own value
+    bare = SearchSpace(params=(Param("X", (1, 2)),))
+    assert [(c.num_warps, c.num_stages) for c in bare.enumerate(problem, CPU)] == [(4, 3)] * 2  # Triton's defaults
+
+
 def test_gemm_rules_out_tiles_larger_than_the_problem() -> None:
     problem = _gemm(16, 32, 32)
     reason = SPACE.violation(_tiled(BLOCK_M=64), problem, CPU)
