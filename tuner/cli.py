@@ -11,11 +11,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from db import StoreError  # torch- and triton-free: safe before the interpreter switch
 
 from .errors import DEVICE_FAULT_EXIT, DeviceFault, UserError  # UserError re-exported: tests import it from here
+
+if TYPE_CHECKING:
+    from .workers import CheckPool
 
 # tuner.corpus.PARTS, spelled here: importing tuner.corpus imports kernels (torch, triton) before main() can
 # switch the interpreter on (a test keeps the two equal).
@@ -54,12 +57,12 @@ def _gpu_likely(device: str) -> bool:
     return os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() not in ("", "-1") and os.path.exists("/dev/nvidiactl")
 
 
-def _early_pool(args: argparse.Namespace):
+def _early_pool(args: argparse.Namespace) -> CheckPool | None:
     """The compile and timing processes of a search or worker that checks candidates on a GPU, started before
-    this process imports torch, triton and optuna, so that their own imports and CUDA contexts overlap it. Started
-    after those imports, they made a fleet worker's first trial wait for them: on 2 H200s it came 9-11 s after
-    the first claim, the worker's own imports having taken 5-7 s before it (docs/FLEET.md, 2026-11-29, torch
-    2.11.0+cu130, triton 3.6.0, ``gpu_session.sh fleet-scale``). None where no pool would be used."""
+    this process imports torch, triton and optuna (5-7 s of a fleet worker's start-up on 2 H200s), so that their own
+    imports and CUDA contexts overlap it instead of following it. On one H200 the gain was not measurable: the first
+    job's compile waits were 5.7-7.1 s against 6.8 s before, the first compiles themselves remaining (docs/FLEET.md,
+    2026-11-29, torch 2.11.0+cu130, triton 3.6.0). None where no pool would be used."""
     if args.command not in ("search", "worker") or args.workers == 0 or not _gpu_likely(args.device):
         return None
     if args.command == "search" and (args.gpus or (args.kernel and ":" in args.kernel)):
