@@ -297,6 +297,33 @@ def replay(durations: list[float], workers: int) -> float:
     return max(free)
 
 
+def replay_by_kernel(jobs: list[tuple[str, float]], workers: int) -> float:
+    """The makespan of ``jobs`` (problem, seconds; in claim order) if each claim took, among the jobs left, one of
+    the kernel whose finished jobs took longest on average (a kernel with none finished first, so that its first
+    job tells), the claim order deciding within a kernel: longest first, learnt from the run itself."""
+    free = [0.0] * workers
+    left = list(enumerate(jobs))
+    finished: list[tuple[float, str, float]] = []  # (end, kernel, seconds)
+    while left:
+        worker = min(range(workers), key=free.__getitem__)
+        now = free[worker]
+        seconds_by_kernel: dict[str, list[float]] = {}
+        for end, kernel, seconds in finished:
+            if end <= now:
+                seconds_by_kernel.setdefault(kernel, []).append(seconds)
+
+        def mean_of(item: tuple[int, tuple[str, float]]) -> float:
+            known = seconds_by_kernel.get(item[1][0].split()[0])
+            return statistics.mean(known) if known else float("inf")
+
+        chosen = min(left, key=lambda item: (-mean_of(item), item[0]))
+        left.remove(chosen)
+        problem, seconds = chosen[1]
+        free[worker] = now + seconds
+        finished.append((free[worker], problem.split()[0], seconds))
+    return max(free)
+
+
 def report(out: Path) -> dict:
     runs = [json.loads(p.read_text()) for p in sorted(out.glob("scale-*.json"))]
     runs.sort(key=lambda r: r["started"])
@@ -337,10 +364,13 @@ def report(out: Path) -> dict:
             for count in sorted(by_count):
                 if count > 1:
                     result["replay"][count] = {"claim_order": round(replay(file_order, count), 1),
+                                               "kernel_longest_first": round(replay_by_kernel(
+                                                   [(j["problem"], j["end_s"] - j["start_s"]) for j in jobs], count), 1),
                                                "longest_first": round(replay(largest, count), 1),
                                                "perfect": round(sum(file_order) / count, 1)}
                     print(f"replayed on {count} workers from the 1-GPU run's job times: claim order "
-                          f"{result['replay'][count]['claim_order']} s, longest first "
+                          f"{result['replay'][count]['claim_order']} s, the kernel that ran longest first "
+                          f"{result['replay'][count]['kernel_longest_first']} s, longest first "
                           f"{result['replay'][count]['longest_first']} s, perfectly even {result['replay'][count]['perfect']} s")
     kill_path = out / "kill.json"
     if kill_path.exists():

@@ -42,8 +42,20 @@ def test_scale_kill_and_report_on_cpu_workers(tmp_path: Path) -> None:
         assert all(0 <= seconds <= max(ready) for seconds in phases.values()), (phases, ready)
     assert set(result["speedup"]) == {"1", "2"} and result["speedup"]["1"]["speedup"] == 1.0
     assert result["replay"]["2"]["perfect"] <= result["replay"]["2"]["longest_first"]
+    assert result["replay"]["2"]["perfect"] <= result["replay"]["2"]["kernel_longest_first"]
     assert result["kill"]["passed"], result["kill"]
     assert "speed-up" in report.stdout and "PASS" in report.stdout and "worker start-up: imports" in report.stdout
+
+
+def test_the_kernel_replay_learns_which_kernel_runs_long() -> None:
+    import fleet_bench
+
+    # In claim order a long job comes last and runs alone. Once a job of each kernel has finished, the long
+    # kernel's go first and the short ones fill the end: 6 s, a perfectly even split, against 8.
+    jobs = [("short a", 1.0), ("long a", 4.0), ("short b", 1.0), ("short c", 1.0), ("short d", 1.0), ("long b", 4.0)]
+    assert fleet_bench.replay([s for _, s in jobs], 2) == 8.0
+    assert fleet_bench.replay_by_kernel(jobs, 2) == 6.0
+    assert fleet_bench.replay_by_kernel(jobs, 1) == 12.0  # one worker: the order changes nothing
 
 
 def test_a_models_problems_are_its_layers_at_each_row_count() -> None:
