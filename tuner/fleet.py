@@ -38,6 +38,19 @@ POLL_S = 1.0
 TUNE_OPTIONS = ("sampler", "seed", "ahead", "use_shipped", "eager_passes")
 
 
+def claim_priorities(problems: Sequence[kernels.Problem], weights: Sequence[float]) -> list[float]:
+    """Each problem's job priority: its weight's place among the distinct weights as the integer part (the user's
+    order, which claims keep) and, below it, its place by size, largest first: a fleet's claims reorder within a
+    weight, the jobs of the kernels that run longest first (db/queue.py ``claim_order``), and otherwise take the
+    largest problem first, since it takes longest to tune and, started last, would leave one worker tuning it alone
+    while the others idle. Then the order given."""
+    count = len(problems)
+    tier = {weight: place for place, weight in enumerate(sorted(set(weights)))}
+    by_size = sorted(range(count), key=lambda i: (-problems[i].flops, i))
+    rank = {index: position for position, index in enumerate(by_size)}
+    return [tier[weight] + (count - rank[i]) / (count + 1) for i, weight in enumerate(weights)]
+
+
 def job_specs(problems: Sequence[kernels.Problem], device: kernels.DeviceInfo, budget: Budget,
               options: dict, priorities: Sequence[float] | None = None) -> list[JobSpec]:
     """One job per problem, for ``device``'s kind; higher ``priorities`` are claimed first (default: in

@@ -21,7 +21,7 @@ from db.queue import Job, JobQueue, JobSpec
 from db.recorded import recorded
 
 from .errors import DEVICE_FAULT_EXIT, UserError
-from .fleet import WorkerHooks, job_specs, run_worker
+from .fleet import WorkerHooks, claim_priorities, job_specs, run_worker
 from .gpu_workers import (gpu_list, lease_seconds, say_go, spawn_gpu_workers, start_phases_line, started_s_ago,
                           worker_flags)
 from .search import Budget
@@ -82,19 +82,14 @@ def problems_from_file(path: str) -> tuple[list[kernels.Problem], list[float]]:
     if not problems:
         raise UserError(f"--problems {path} lists no problem; give one 'kernel dtype:layout:shape [weight]' "
                         "per line, e.g. 'matmul bf16:nt:16x4096x4096'")
-    # Weight first; among equal weights the largest problem, which takes longest to tune: started first, it
-    # does not leave a fleet's last worker tuning it alone while the others idle. Then file order.
-    count = len(problems)
-    by_size = sorted(range(count), key=lambda i: (-problems[i].flops, i))
-    rank = {index: position for position, index in enumerate(by_size)}
-    return problems, [w * count + (count - rank[i]) / (count + 1) for i, w in enumerate(weights)]
+    return problems, claim_priorities(problems, weights)  # weight first; among equal weights, see there
 
 
 def recorded_problems(store: Store, device: kernels.DeviceInfo) -> tuple[list[kernels.Problem], list[float]]:
     """What record mode saw on this device kind and nobody tuned yet, the most work first."""
     found = [p for p in recorded(store, device.name, untuned=True) if p.key.kernel in kernels.KERNELS]  # not user kernels
     problems = [kernels.Problem.from_key(p.key.kernel, p.key.problem_key) for p in found]
-    return problems, [p.work for p in found]
+    return problems, claim_priorities(problems, [p.work for p in found])
 
 
 def search_through_queue(args: argparse.Namespace, store: Store, device: kernels.DeviceInfo,

@@ -35,6 +35,46 @@ def test_claims_go_highest_priority_first_and_each_job_once(queue: JobQueue) -> 
     assert queue.counts() == {"queued": 0, "running": 3, "done": 0, "failed": 0}
 
 
+def _job(kernel: str, m: int, priority: float) -> JobSpec:
+    return JobSpec(H100, kernel, f"bf16:nt:{m}x64x64", budget_trials=8, priority=priority)
+
+
+def test_within_a_weight_the_kernel_whose_jobs_ran_longest_is_claimed_first(queue: JobQueue) -> None:
+    # One weight (integer part 1), largest problem first below it: 4 rows of matmul, then of matmul_bias, ...
+    queue.enqueue([_job("matmul", 4, 1.9), _job("matmul_bias", 4, 1.8), _job("matmul", 2, 1.7),
+                   _job("matmul_bias", 2, 1.6), _job("matmul", 1, 1.5), _job("matmul_bias", 1, 1.4)])
+    first, second = queue.claim("w", H100), queue.claim("w", H100)
+    assert (first.spec.kernel, second.spec.kernel) == ("matmul", "matmul_bias")  # nothing known: priority
+    time.sleep(0.5)  # a real duration: the matmul job runs long, the matmul_bias one does not
+    assert queue.finish(first.id, "w")
+    assert queue.finish(second.id, "w")
+    rest = [queue.claim("w", H100) for _ in range(4)]
+    assert [(job.spec.kernel, job.spec.problem_key) for job in rest] == [
+        ("matmul", "bf16:nt:2x64x64"), ("matmul", "bf16:nt:1x64x64"),
+        ("matmul_bias", "bf16:nt:2x64x64"), ("matmul_bias", "bf16:nt:1x64x64")]
+
+
+def test_a_kernel_with_no_finished_job_goes_first_and_weights_stay_above_durations(queue: JobQueue) -> None:
+    queue.enqueue([_job("matmul", 8, 2.5), _job("matmul", 4, 1.9), _job("gated_matmul", 4, 1.5),
+                   _job("matmul_bias", 4, 0.5)])
+    heavy = queue.claim("w", H100)
+    assert heavy.spec.problem_key == "bf16:nt:8x64x64"  # the higher weight (integer part 2) first
+    time.sleep(0.2)
+    assert queue.finish(heavy.id, "w")
+    # matmul has a finished job now, gated_matmul none: gated_matmul's first job comes before matmul's next
+    assert [queue.claim("w", H100).spec.kernel for _ in range(3)] == ["gated_matmul", "matmul", "matmul_bias"]
+
+
+def test_claim_order_keeps_integer_priorities_in_order() -> None:
+    from db.queue import claim_order
+
+    # `search --shape a --shape b`: priorities 3, 2, 1, each its own weight: the order given, whatever ran long
+    assert claim_order([(1, "matmul_bias", 3.0), (2, "matmul", 2.0), (3, "matmul", 1.0)],
+                       {"matmul": 9.0, "matmul_bias": 1.0}) == [1, 2, 3]
+    # equal priorities: the job id (enqueue order) decides last
+    assert claim_order([(5, "matmul", 1.5), (4, "matmul", 1.5)], {}) == [4, 5]
+
+
 def test_worker_takes_only_jobs_of_its_device_kind(queue: JobQueue) -> None:
     queue.enqueue([spec(1, device=A100), spec(2)])
     job = queue.claim("w", H100)

@@ -260,3 +260,18 @@ def test_a_user_kernels_keys_are_tuned_by_the_fleet_each_once(tmp_path: Path) ->
     # before the other is through its start-up, and the run then stops that one before it registers.
     assert 1 <= len(workers) <= 2 and sum(w.jobs_done for w in workers) == 3
     assert {w.name.rsplit(":", 1)[1] for w in workers} <= {"0", "1"}
+
+
+def test_claim_priorities_keep_the_weights_order_and_put_the_largest_first_within_one() -> None:
+    from tuner.fleet import claim_priorities
+
+    problems = [kernels.Problem.from_key("matmul", key) for key in
+                ("fp16:nn:16x32x32", "fp16:nn:64x32x32", "fp16:nn:32x32x32", "fp16:nn:8x32x32")]
+    priorities = claim_priorities(problems, [1.0, 1.0, 5.0, 0.25])
+    # Integer parts: the weights' places (0.25, 1, 5 -> 0, 1, 2), which a claim keeps; below them, size.
+    assert [int(p) for p in priorities] == [1, 1, 2, 0]
+    assert priorities[1] > priorities[0]  # 64 rows before 16 within weight 1
+    assert all(0 < p - int(p) < 1 for p in priorities)
+    # a recorded workload's shares of work, however small, stay in their order
+    shares = claim_priorities(problems, [0.002, 0.5, 0.1, 0.0])
+    assert sorted(range(4), key=lambda i: -shares[i]) == [1, 2, 0, 3]
