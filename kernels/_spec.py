@@ -64,8 +64,8 @@ class Config:
         # Dispatch hashes the config on every call of moe_matmul, so the hash is kept; computed on first use,
         # since most configs a search enumerates are dropped by a constraint without ever being hashed.
         try:
-            return self.__dict__["_hash"]
-        except KeyError:
+            return self._hash  # one attribute read, as before: the dispatch path pays nothing for the laziness
+        except AttributeError:
             value = hash(frozenset(self._values.items()))
             object.__setattr__(self, "_hash", value)
             return value

@@ -298,29 +298,28 @@ def replay(durations: list[float], workers: int) -> float:
 
 
 def replay_by_kernel(jobs: list[tuple[str, float]], workers: int) -> float:
-    """The makespan of ``jobs`` (problem, seconds; in claim order) if each claim took, among the jobs left, one of
-    the kernel whose finished jobs took longest on average (a kernel with none finished first, so that its first
-    job tells), the claim order deciding within a kernel: longest first, learnt from the run itself."""
+    """The makespan of ``jobs`` (problem, seconds; in claim order, one weight) under the queue's own claim rule
+    (db/queue.py ``claim_order``): the jobs of the kernel whose finished jobs took longest first, a kernel with none
+    finished before them, the claim order deciding within a kernel."""
+    from db.queue import claim_order
+
     free = [0.0] * workers
-    left = list(enumerate(jobs))
+    count = len(jobs)
+    # The claim order as priorities of one weight: all below 1, the first highest.
+    left = [(index, problem.split()[0], (count - index) / (count + 1)) for index, (problem, _) in enumerate(jobs)]
     finished: list[tuple[float, str, float]] = []  # (end, kernel, seconds)
     while left:
         worker = min(range(workers), key=free.__getitem__)
         now = free[worker]
-        seconds_by_kernel: dict[str, list[float]] = {}
+        done: dict[str, list[float]] = {}
         for end, kernel, seconds in finished:
             if end <= now:
-                seconds_by_kernel.setdefault(kernel, []).append(seconds)
-
-        def mean_of(item: tuple[int, tuple[str, float]]) -> float:
-            known = seconds_by_kernel.get(item[1][0].split()[0])
-            return statistics.mean(known) if known else float("inf")
-
-        chosen = min(left, key=lambda item: (-mean_of(item), item[0]))
-        left.remove(chosen)
-        problem, seconds = chosen[1]
-        free[worker] = now + seconds
-        finished.append((free[worker], problem.split()[0], seconds))
+                done.setdefault(kernel, []).append(seconds)
+        chosen = claim_order(left, {kernel: statistics.mean(times) for kernel, times in done.items()})[0]
+        index, kernel, _ = next(item for item in left if item[0] == chosen)
+        left = [item for item in left if item[0] != chosen]
+        free[worker] = now + jobs[index][1]
+        finished.append((free[worker], kernel, jobs[index][1]))
     return max(free)
 
 
