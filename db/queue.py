@@ -51,7 +51,8 @@ def claim_order(candidates: Sequence[tuple[int, str, float]], seconds_by_kernel:
     other workers have nothing left, are short: first the jobs of kernels that have no finished job on this device
     kind yet (their first one tells), then of the kernel whose finished jobs took longest on average
     (``seconds_by_kernel``), then by priority (largest problem first: tuner/fleet.py ``claim_priorities``). On the
-    jobs of 2026-11-28 and 2026-11-29's 1-GPU fleet runs, replayed, this order ended 2-GPU runs 0.7-2.9 s sooner and
+    job times of the 1-GPU fleet runs on H200s of 2026-11-28 and 2026-11-29 (torch 2.11.0+cu130, triton 3.6.0),
+    replayed by ``scripts/fleet_bench.py --phase report``, this order ended 2-GPU runs 0.7-2.9 s sooner and
     4-GPU runs 3.4-3.9 s sooner than priority alone (docs/FLEET.md, "The claim order, replayed")."""
     def key(candidate: tuple[int, str, float]) -> tuple[float, float, float, int]:
         job_id, kernel, priority = candidate

@@ -344,7 +344,7 @@ class SearchSpace:
             axes = [(chosen[p.name],) if p.name in chosen else (fixed[p.name],) if p.name in fixed else p.values
                     for p in kept]
             # Config.from_dict, unrolled: a matmul problem enumerates about 150,000 configs here, and building
-            # them through from_dict took 40% of it (cProfile, CPU build machine, 2026-11-29).
+            # them through from_dict took 40% of it (cProfile, CPU build machine, torch 2.13.0+cpu, 2026-11-29; docs/FLEET.md).
             meta = [i for i, p in enumerate(kept) if p.name not in LAUNCH_OPTIONS]
             names = [kept[i].name for i in meta]
             warps = next((i for i, p in enumerate(kept) if p.name == "num_warps"), None)
