@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import torch
 
-from . import _device, _modes, grouped, moe, moe_gated
+from . import _device, _modes, _native, grouped, moe, moe_gated
 from ._device import current_device
-from ._launch import BoundedDict
+from ._launch import SLOT_A, SLOT_B, SLOT_C, SLOT_D, BoundedDict
 from ._plans import OUT_WITH_GRAD
 from ._record_mode import RECORDER as _REC
 from ._spec import BASELINE, is_baseline
@@ -27,6 +27,7 @@ __all__ = ["grouped_matmul", "moe_gated_matmul", "moe_matmul", "traced_grouped_m
 
 _COMPILING = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
 _GRAD_ENABLED = torch.is_grad_enabled
+_NATIVE = _native.NATIVE
 
 
 def grouped_matmul(As: Sequence[torch.Tensor], Bs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -83,10 +84,17 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
     Under torch.compile the call is that operator (``moe_matmul_out`` with ``out=``).
 
     A repeated signature (shapes, strides, dtypes, devices, mode) makes one dict lookup, then launches
-    (``moe.Ready``); its first call checks the operands and resolves the config.
+    (``moe.Ready``); its first call checks the operands and resolves the config. On a GPU an eager signature's
+    plan is then served from C++ (``_hand_over``).
     """
     if _COMPILING():  # traced: the operator, not this body
         return traced_moe_matmul(x, w, offsets, out)
+    if out is None:
+        native = _NATIVE.try_moe
+        if native is not None:  # a handed-over signature, served from C++; anything else comes back None
+            c = native(x, w, offsets)
+            if c is not None:
+                return c
     signature = _signature(False, x, w, offsets) if out is None else None
     plan = _served(signature, x, w)
     if plan is not None:
@@ -110,9 +118,11 @@ def moe_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
             _REC.seen(key, MOE_MATMUL.name, problem, current_device(x.device))
     if _REC.on:
         _REC.counts[key] += 1
-    if signature is not None:
-        _keep(signature, moe.ready(config, key, changes, x, w, offsets, False, moe.launch))
-    return moe.launch(config, x, w, offsets, out)
+    plan = moe.ready(config, key, changes, x, w, offsets, False, moe.launch) if signature is not None else None
+    _keep(signature, plan)
+    c = moe.launch(config, x, w, offsets, out)
+    _hand_over(plan, False, x, w, offsets)
+    return c
 
 
 def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -127,6 +137,11 @@ def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
     """
     if _COMPILING():  # traced: an operator, not this body
         return traced_moe_gated_matmul(x, w, offsets)
+    native = _NATIVE.try_moe_gated
+    if native is not None:
+        c = native(x, w, offsets)
+        if c is not None:
+            return c
     signature = _signature(True, x, w, offsets)
     plan = _served(signature, x, w)
     if plan is not None:
@@ -142,9 +157,11 @@ def moe_gated_matmul(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
     config = moe_gated.resolve(key)
     if _REC.on:
         _REC.counts[key] += 1
-    if signature is not None:
-        _keep(signature, moe.ready(config, key, changes, x, w, offsets, True, moe_gated.launch))
-    return moe_gated.launch(config, x, w, offsets)
+    plan = moe.ready(config, key, changes, x, w, offsets, True, moe_gated.launch) if signature is not None else None
+    _keep(signature, plan)
+    c = moe_gated.launch(config, x, w, offsets)
+    _hand_over(plan, True, x, w, offsets)
+    return c
 
 
 # Each eager signature's ``moe.Ready``: (gated, x's and w's shapes and strides, the three dtypes, offsets'
@@ -178,9 +195,29 @@ def kept_plan(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tens
     return _served(_signature(gated, x, w, offsets), x, w)
 
 
-def _keep(signature: tuple, plan: moe.Ready | None) -> None:
+def _keep(signature: tuple | None, plan: moe.Ready | None) -> None:
     if plan is not None:
         _READY[signature] = plan
+
+
+def _hand_over(plan: moe.Ready | None, gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> None:
+    """Hand an eager GPU signature's plan to the C++ path (kernels/_native.py ``remember_moe``), which then serves
+    its calls while the dispatcher's answers stand: its Triton launch, once a call has compiled it, or, for
+    ``moe_matmul``, torch._grouped_mm where that is the whole plan. From Python the kept plan still cost the
+    signature's key and lookup: 2.8-6.1 us above torch._grouped_mm's own call at 8 routed rows (H200,
+    2026-11-29, torch 2.11.0+cu130, triton 3.6.0; docs/BENCHMARKS.md "MoE eager calls after one lookup")."""
+    if plan is None or not x.is_cuda or plan.key[-1] != _modes.EAGER or not _native.wanted():
+        return
+    fields = (*x.shape, *w.shape, *x.stride(), *w.stride(), offsets.shape[0], offsets.stride(0))
+    if plan.kernel is None:  # the baseline: served from C++ where it is torch._grouped_mm and nothing else
+        if not gated and plan.checked is moe.grouped_mm_call:
+            _native.remember_moe(fields, x.dtype, offsets.dtype, x.device, False, plan.changes, None)
+        return
+    if not plan.kernel.ready():
+        return  # not adopted by this call's launch (launch hooks listening): the kept plan serves it in Python
+    made = plan.kernel.native_launch((x, w, x, offsets, *plan.ints), {0: SLOT_A, 1: SLOT_B, 2: SLOT_C, 3: SLOT_D})
+    if made is not None:
+        _native.remember_moe(fields, x.dtype, offsets.dtype, x.device, gated, plan.changes, [made])
 
 
 def clear_ready() -> None:

@@ -63,8 +63,8 @@ def _hooks_installed() -> bool:
 
 
 # What a parameter slot of a launch from C++ holds (kernels/_native.cpp ``Slot``): the call's A, B or C,
-# a fixed value, or the call's bias (kernels.matmul_bias).
-SLOT_A, SLOT_B, SLOT_C, SLOT_FIXED_64, SLOT_FIXED_32, SLOT_BIAS = 0, 1, 2, 3, 4, 5
+# a fixed value, the call's bias (kernels.matmul_bias), or its offsets (SLOT_D: kernels.moe_matmul's).
+SLOT_A, SLOT_B, SLOT_C, SLOT_FIXED_64, SLOT_FIXED_32, SLOT_BIAS, SLOT_D = 0, 1, 2, 3, 4, 5, 6
 # The direct kernels' own operands: A, B and C are their first three arguments.
 OPERANDS = {0: SLOT_A, 1: SLOT_B, 2: SLOT_C}
 

@@ -21,6 +21,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
@@ -36,8 +37,11 @@
 namespace {
 
 struct Signature {
-  std::array<int64_t, 8> dims;  // a's sizes, b's sizes, a's strides, b's strides
-  std::array<int16_t, 6> kind;  // a's and b's dtypes, device types and device indices
+  // A GEMM's: a's sizes, b's sizes, a's strides, b's strides, then zeros. A MoE GEMM's (make_moe_signature):
+  // x's and w's sizes, x's and w's strides, offsets' size and stride.
+  std::array<int64_t, 12> dims;
+  // a's and b's dtypes, device types and device indices, then zeros; a MoE GEMM's: offsets' dtype last
+  std::array<int16_t, 8> kind;
   bool operator==(const Signature& other) const { return dims == other.dims && kind == other.kind; }
 };
 
@@ -81,8 +85,9 @@ PyTypeObject* parameter_type = nullptr;  // torch.nn.Parameter: a subclass whose
 // A Triton kernel launched from here: what its compiled launcher (triton 3.6's CudaLauncher) passes the
 // driver, with the operands' addresses filled in per call. Each parameter is one 8-byte slot; an int32
 // parameter is read from its slot's first 4 bytes (little-endian), as cuLaunchKernel copies each
-// parameter's declared size from the address it is given.
-enum Slot : int { kSlotA = 0, kSlotB = 1, kSlotC = 2, kSlotFixed64 = 3, kSlotFixed32 = 4, kSlotBias = 5 };
+// parameter's declared size from the address it is given. kSlotD: a MoE GEMM's offsets (x, w and the output
+// are its A, B and C).
+enum Slot : int { kSlotA = 0, kSlotB = 1, kSlotC = 2, kSlotFixed64 = 3, kSlotFixed32 = 4, kSlotBias = 5, kSlotD = 6 };
 constexpr size_t kMaxParams = 32;
 constexpr size_t kMaxKernels = 2;  // repack: the padding copy, then the GEMM on the padded buffer
 
@@ -117,6 +122,16 @@ LaunchPlans launch_plans;  // every access holds the GIL
 LaunchPlans bias_plans;
 LaunchPlans gated_plans;
 constexpr size_t kEpiloguePlanCapacity = 4096;  // as epilogue.py's ready calls
+// kernels.moe_matmul's and kernels.moe_gated_matmul's eager signatures whose ready plan (kernels/moe.py
+// ``Ready``) launches a Triton kernel, each valid while the dispatcher's ``changes`` count reads its own; and
+// moe_matmul's signatures whose plan is torch._grouped_mm itself (its baseline, where dispatch found it
+// faster), by the count they were put under. In Python such a call cost its signature's key and lookup, 2.8-6.1
+// us of host time above torch._grouped_mm's own call at a decode step's 8 routed rows (H200, 2026-11-29,
+// docs/BENCHMARKS.md "MoE eager calls after one lookup").
+LaunchPlans moe_plans;
+LaunchPlans moe_gated_plans;
+std::unordered_map<Signature, int64_t, SignatureHash> moe_baseline;
+int64_t moe_baseline_served = 0;  // calls served by torch._grouped_mm from here (the tests read it)
 int64_t launched = 0;  // calls served by a launch from here (the GPU tests read it)
 PyObject* launch_allowed = nullptr;  // kernels._launch.native_allowed: no launch hooks, shortcut enabled
 
@@ -143,10 +158,23 @@ bool plain(PyObject* obj) {
 }
 
 Signature make_signature(const at::Tensor& a, const at::Tensor& b) {
-  return Signature{{a.size(0), a.size(1), b.size(0), b.size(1), a.stride(0), a.stride(1), b.stride(0), b.stride(1)},
+  return Signature{{a.size(0), a.size(1), b.size(0), b.size(1), a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                    0, 0, 0, 0},
                    {static_cast<int16_t>(a.scalar_type()), static_cast<int16_t>(b.scalar_type()),
                     static_cast<int16_t>(a.device().type()), static_cast<int16_t>(b.device().type()),
-                    static_cast<int16_t>(a.device().index()), static_cast<int16_t>(b.device().index())}};
+                    static_cast<int16_t>(a.device().index()), static_cast<int16_t>(b.device().index()), 0, 0}};
+}
+
+// The signature of a kernels.moe_matmul (or moe_gated_matmul) call: x [T, K], w [E, K, N], offsets [E], all
+// three on one device (the caller checked), w's dtype x's (else no plan matches: the Python path says what
+// is wrong). offsets' dtype is stored one above its ScalarType, so that no GEMM signature (zero there) is one.
+Signature make_moe_signature(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets) {
+  const auto type = static_cast<int16_t>(x.device().type());
+  const auto index = static_cast<int16_t>(x.device().index());
+  return Signature{{x.size(0), x.size(1), w.size(0), w.size(1), w.size(2), x.stride(0), x.stride(1), w.stride(0),
+                    w.stride(1), w.stride(2), offsets.size(0), offsets.stride(0)},
+                   {static_cast<int16_t>(x.scalar_type()), static_cast<int16_t>(w.scalar_type()), type, type, index,
+                    index, static_cast<int16_t>(static_cast<int16_t>(offsets.scalar_type()) + 1), 0}};
 }
 
 // Whether the current stream of ``device`` is its default (legacy) stream, which CUDA cannot capture.
@@ -285,7 +313,7 @@ uintptr_t bias_address(const LaunchPlan& plan, const at::Tensor& a, const at::Te
 // what is wrong if anything is). The default stream alone: it cannot be capturing, and split-K's kept
 // workspace belongs to it.
 PyObject* run_launch(LaunchPlans& plans, const Signature& signature, const at::Tensor& a, const at::Tensor& b,
-                     const at::Tensor* bias = nullptr) {
+                     const at::Tensor* bias = nullptr, const at::Tensor* offsets = nullptr) {
   // A Triton launch records no autograd graph: a call that wants a gradient is the Python path's, which runs
   // it through the operator with a backward (kernels.ops).
   if (at::GradMode::is_enabled() &&
@@ -320,19 +348,21 @@ PyObject* run_launch(LaunchPlans& plans, const Signature& signature, const at::T
   const LaunchPlan& plan = found->second;
   // Tensors without storage (under torch.func's vmap or grad, functionalization) match a signature by their
   // sizes and strides but have no address: the Python path says what happens to them.
-  if (!a.has_storage() || !b.has_storage()) Py_RETURN_NONE;
+  if (!a.has_storage() || !b.has_storage() || (offsets != nullptr && !offsets->has_storage())) Py_RETURN_NONE;
   uintptr_t bias_at = 0;
   if (plan.bias_dtype >= 0) {
     if (bias == nullptr || (bias_at = bias_address(plan, a, *bias)) == 0) Py_RETURN_NONE;
   }
-  uintptr_t a_address = 0, b_address = 0;
+  uintptr_t a_address = 0, b_address = 0, d_address = 0;
   try {
     a_address = reinterpret_cast<uintptr_t>(a.data_ptr());
     b_address = reinterpret_cast<uintptr_t>(b.data_ptr());
+    if (offsets != nullptr) d_address = reinterpret_cast<uintptr_t>(offsets->data_ptr());
   } catch (...) {
     Py_RETURN_NONE;
   }
-  if ((a_address | b_address) & 15) Py_RETURN_NONE;  // the kernels were specialized for 16-byte alignment
+  // The kernels were specialized for 16-byte alignment.
+  if ((a_address | b_address | d_address) & 15) Py_RETURN_NONE;
   void* context = nullptr;
   if (ctx_get_current(&context) != 0 || context == nullptr) Py_RETURN_NONE;
   // Everything the launches need is copied out of the plan while the GIL is held: another thread may
@@ -354,6 +384,7 @@ PyObject* run_launch(LaunchPlans& plans, const Signature& signature, const at::T
         case kSlotB: slots[k][i] = b_address; break;
         case kSlotC: c_slots[c_count++] = {k, i}; break;
         case kSlotBias: slots[k][i] = bias_at; break;
+        case kSlotD: slots[k][i] = d_address; break;
         case kSlotFixed32: {
           const auto value = static_cast<int32_t>(kernel.values[i]);
           std::memcpy(&slots[k][i], &value, sizeof(value));
@@ -826,6 +857,63 @@ PyObject* try_gated(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return run_launch(gated_plans, make_signature(a, b), a, b);
 }
 
+// A MoE call (x, w, offsets) as the Python path checks it before its kept plan: plain tensors, no torch
+// function or dispatch mode (a FLOP counter, a fake or functional tracer), x 2-D, w 3-D and offsets 1-D on one
+// device; else None. Then its signature's plan: torch._grouped_mm (moe_matmul alone) or the handed-over launch.
+PyObject* try_moe_call(PyObject* const* args, Py_ssize_t nargs, bool gated) {
+  LaunchPlans& plans = gated ? moe_gated_plans : moe_plans;
+  if (nargs != 3 || dispatcher == nullptr || (plans.empty() && (gated || moe_baseline.empty())) ||
+      !plain(args[0]) || !plain(args[1]) || !plain(args[2]) || at::impl::torch_function_mode_enabled() ||
+      c10::impl::TorchDispatchModeTLS::any_modes_set()) {
+    Py_RETURN_NONE;
+  }
+  const at::Tensor x = THPVariable_Unpack(args[0]);
+  const at::Tensor w = THPVariable_Unpack(args[1]);
+  const at::Tensor offsets = THPVariable_Unpack(args[2]);
+  if (x.dim() != 2 || w.dim() != 3 || offsets.dim() != 1 || w.device() != x.device() ||
+      offsets.device() != x.device()) {
+    Py_RETURN_NONE;
+  }
+  const Signature signature = make_moe_signature(x, w, offsets);
+  if (gated || moe_baseline.empty()) return run_launch(plans, signature, x, w, nullptr, &offsets);
+  auto found = moe_baseline.find(signature);
+  if (found == moe_baseline.end()) {
+    if (plans.empty()) Py_RETURN_NONE;
+    return run_launch(plans, signature, x, w, nullptr, &offsets);
+  }
+  // As the Python path's kept plan: no gradient wanted (the operator with its backward serves that call),
+  // the dispatcher's answers unchanged since the plan was made, an eager call, data with addresses.
+  if (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad())) Py_RETURN_NONE;
+  const int64_t made_under = found->second;
+  const int current = serve_if(dispatcher_reads(made_under));
+  if (current != 1) {
+    if (current < 0) return nullptr;
+    found = moe_baseline.find(signature);  // Python ran, which may have changed the set
+    if (found != moe_baseline.end() && found->second == made_under) moe_baseline.erase(found);
+    Py_RETURN_NONE;
+  }
+  const int eager = serve_if(eager_now(x.device()));
+  if (eager != 1) return eager < 0 ? nullptr : Py_NewRef(Py_None);
+  if (!x.has_storage() || !w.has_storage() || !offsets.has_storage()) Py_RETURN_NONE;
+  PyObject* served = run_released([&] { return at::_grouped_mm(x, w, offsets); });
+  if (served != Py_None) ++moe_baseline_served;
+  return served;
+}
+
+PyObject* try_moe(PyObject*, PyObject* const* args, Py_ssize_t nargs) { return try_moe_call(args, nargs, false); }
+
+PyObject* try_moe_gated(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  return try_moe_call(args, nargs, true);
+}
+
+PyMethodDef try_moe_def = {
+    "try_moe", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_moe)), METH_FASTCALL,
+    "kernels.moe_matmul(x, w, offsets) by its handed-over plan (a Triton launch or torch._grouped_mm), else None"};
+
+PyMethodDef try_moe_gated_def = {
+    "try_moe_gated", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_moe_gated)), METH_FASTCALL,
+    "kernels.moe_gated_matmul(x, w, offsets) by its handed-over Triton launch, else None"};
+
 PyMethodDef try_addmm_def = {
     "try_addmm", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(try_addmm)), METH_FASTCALL,
     "torch.addmm(bias, a, b) if (a, b) has a matmul_bias signature dispatch sends to addmm, else None"};
@@ -845,8 +933,8 @@ Signature signature_of(const std::vector<int64_t>& dims, at::ScalarType dtype, a
   TORCH_CHECK(dims.size() == 8, "a signature has 8 sizes and strides, got ", dims.size());
   const auto type = static_cast<int16_t>(device.type());
   const auto index = static_cast<int16_t>(device.index());
-  return Signature{{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7]},
-                   {static_cast<int16_t>(dtype), static_cast<int16_t>(dtype), type, type, index, index}};
+  return Signature{{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], dims[7], 0, 0, 0, 0},
+                   {static_cast<int16_t>(dtype), static_cast<int16_t>(dtype), type, type, index, index, 0, 0}};
 }
 
 void add(std::vector<int64_t> dims, at::ScalarType dtype, at::Device device) {
@@ -935,6 +1023,55 @@ bool add_epilogue_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::De
   return true;
 }
 
+// The dims, dtype and device of a MoE signature as kernels/_native.py passes them (x's and w's sizes, x's
+// and w's strides, offsets' size and stride; x's dtype, offsets' dtype, the device).
+Signature moe_signature_of(const std::vector<int64_t>& dims, at::ScalarType dtype, at::ScalarType offsets_dtype,
+                           at::Device device) {
+  TORCH_CHECK(dims.size() == 12, "a MoE signature has 12 sizes and strides, got ", dims.size());
+  const auto type = static_cast<int16_t>(device.type());
+  const auto index = static_cast<int16_t>(device.index());
+  Signature signature{{}, {static_cast<int16_t>(dtype), static_cast<int16_t>(dtype), type, type, index, index,
+                           static_cast<int16_t>(static_cast<int16_t>(offsets_dtype) + 1), 0}};
+  std::copy(dims.begin(), dims.end(), signature.dims.begin());
+  return signature;
+}
+
+// A kernels.moe_matmul eager signature whose plan is torch._grouped_mm, as the dispatcher's ``changes`` count
+// read ``changes``: served by try_moe while the count stands.
+void add_moe_baseline(std::vector<int64_t> dims, at::ScalarType dtype, at::ScalarType offsets_dtype, at::Device device,
+                      int64_t changes) {
+  const Signature signature = moe_signature_of(dims, dtype, offsets_dtype, device);
+  if (moe_baseline.size() >= kEpiloguePlanCapacity) moe_baseline.clear();
+  moe_plans.erase(signature);
+  moe_baseline[signature] = changes;
+}
+
+// A kernels.moe_matmul (or, ``gated``, moe_gated_matmul) eager signature whose ready plan launches ``kernels``
+// (x, w, the output and offsets in slots A, B, C and D) into a fresh [T, width] output, made while the
+// dispatcher's ``changes`` count read ``changes``. False where this process cannot launch them.
+bool add_moe_launch(std::vector<int64_t> dims, at::ScalarType dtype, at::ScalarType offsets_dtype, at::Device device,
+                    bool gated, int64_t width, std::vector<KernelFields> kernels, int64_t changes) {
+  LaunchPlan plan;
+  const Signature signature = moe_signature_of(dims, dtype, offsets_dtype, device);
+  if (!make_launch_plan(kernels, false, {signature.dims[0], width}, {}, plan)) return false;
+  plan.changes = changes;
+  LaunchPlans& plans = gated ? moe_gated_plans : moe_plans;
+  if (plans.size() >= kEpiloguePlanCapacity) plans.clear();
+  if (!gated) moe_baseline.erase(signature);
+  plans[signature] = std::move(plan);
+  return true;
+}
+
+void clear_moe() {
+  moe_plans.clear();
+  moe_gated_plans.clear();
+  moe_baseline.clear();
+}
+
+size_t moe_size() { return moe_plans.size() + moe_gated_plans.size() + moe_baseline.size(); }
+
+int64_t moe_baseline_calls() { return moe_baseline_served; }
+
 void clear_epilogue_launches() {
   bias_plans.clear();
   gated_plans.clear();
@@ -988,6 +1125,7 @@ void clear() {
   eager_signatures.clear();
   launch_plans.clear();
   clear_epilogue_launches();
+  clear_moe();
 }
 
 size_t size() { return cublas_signatures.size() + eager_signatures.size() + launch_plans.size(); }
@@ -1033,6 +1171,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lt_served", &lt_served);
   m.def("use_cuda_major", &use_cuda_major);
   m.def("lt_plans", &lt_plans);
+  m.def("add_moe_baseline", &add_moe_baseline);
+  m.def("add_moe_launch", &add_moe_launch);
+  m.def("clear_moe", &clear_moe);
+  m.def("moe_size", &moe_size);
+  m.def("moe_baseline_calls", &moe_baseline_calls);
+  m.attr("try_moe") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_moe_def, nullptr));
+  m.attr("try_moe_gated") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_moe_gated_def, nullptr));
   m.attr("try_mm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_mm_def, nullptr));
   m.attr("try_addmm") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_addmm_def, nullptr));
   m.attr("try_gated") = py::reinterpret_steal<py::object>(PyCFunction_New(&try_gated_def, nullptr));

@@ -61,17 +61,22 @@ BOTH, EAGER_ONLY = "both", "eager"  # what the C++ path serves of a signature (k
 class _Native:
     """``try_mm``: the C function while it may serve calls, else None (what kernels.matmul reads)."""
 
-    __slots__ = ("try_mm", "try_addmm", "try_gated", "module", "state", "suspended", "pending", "pending_addmm",
-                 "pending_epilogue", "decided")
+    __slots__ = ("try_mm", "try_addmm", "try_gated", "try_moe", "try_moe_gated", "module", "state", "suspended",
+                 "pending", "pending_addmm", "pending_epilogue", "pending_moe", "decided")
 
     def __init__(self) -> None:
         self.try_mm: Callable[[Any, Any], Any] | None = None
         self.try_addmm: Callable[[Any, Any, Any], Any] | None = None  # kernels.matmul_bias's, as try_mm
         self.try_gated: Callable[[Any, Any], Any] | None = None  # kernels.gated_matmul's handed-over launches
+        # kernels.moe_matmul's and moe_gated_matmul's handed-over plans (x, w, offsets)
+        self.try_moe: Callable[[Any, Any, Any], Any] | None = None
+        self.try_moe_gated: Callable[[Any, Any, Any], Any] | None = None
         # matmul_bias key -> (DISPATCHER.changes, eager calls alone), put before the module was ready
         self.pending_addmm: dict[Hashable, tuple[int, bool]] = {}
         # (gated, signature key) -> remember_epilogue_launch's arguments, handed over before the module was ready
         self.pending_epilogue: dict[Hashable, tuple] = {}
+        # (gated, MoE signature fields) -> remember_moe's other arguments, handed over before the module was ready
+        self.pending_moe: dict[Hashable, tuple] = {}
         self.module: Any = None
         self.state = "idle"  # idle, building, ready, failed, off
         self.suspended = 0
@@ -151,6 +156,7 @@ def _build() -> None:
             NATIVE.pending.clear()
             NATIVE.pending_addmm.clear()
             NATIVE.pending_epilogue.clear()
+            NATIVE.pending_moe.clear()
             NATIVE.decided.set()
         return
     with _LOCK:
@@ -163,6 +169,9 @@ def _build() -> None:
         for kind_key, value in NATIVE.pending_epilogue.items():
             _apply_epilogue(module, kind_key, value)
         NATIVE.pending_epilogue.clear()
+        for kind_key, value in NATIVE.pending_moe.items():
+            _apply_moe(module, kind_key, value)
+        NATIVE.pending_moe.clear()
         NATIVE.module, NATIVE.state = module, "ready"
         _publish()
         NATIVE.decided.set()
@@ -368,6 +377,8 @@ def _publish() -> None:
     NATIVE.try_mm = NATIVE.module.try_mm if serving else None
     NATIVE.try_addmm = NATIVE.module.try_addmm if serving else None
     NATIVE.try_gated = NATIVE.module.try_gated if serving else None
+    NATIVE.try_moe = NATIVE.module.try_moe if serving else None
+    NATIVE.try_moe_gated = NATIVE.module.try_moe_gated if serving else None
 
 
 def remember(key: Hashable, served: str | None, on_cuda: bool) -> None:
@@ -418,6 +429,30 @@ def remember_epilogue_launch(key: Hashable, gated: bool, both: bool, changes: in
     _put(NATIVE.pending_epilogue, (gated, key), (both, changes, made, bias_dtype), _apply_epilogue, build=True)
 
 
+def remember_moe(fields: tuple[int, ...], dtype: Any, offsets_dtype: Any, device: Any, gated: bool, changes: int,
+                 made: list[Any] | None) -> None:
+    """Serve the ``kernels.moe_matmul`` (or, ``gated``, ``kernels.moe_gated_matmul``) eager signature ``fields``
+    (x's and w's sizes, x's and w's strides, offsets' size and stride) of ``dtype`` operands and ``offsets_dtype``
+    offsets on ``device`` from C++, while ``DISPATCHER.changes`` reads ``changes``: by ``made`` (one
+    kernels._launch.NativeLaunch, x, w, the output and offsets in slots A, B, C and D), or where ``made`` is
+    None by torch._grouped_mm itself (moe_matmul's baseline). Kept until the module is ready."""
+    if made is not None and not all(launch.device == getattr(device, "index", None) for launch in made):
+        return  # loaded in another device's context: the Python path keeps it
+    _put(NATIVE.pending_moe, (gated, tuple(fields)), (dtype, offsets_dtype, device, changes, made), _apply_moe,
+         build=True)
+
+
+def _apply_moe(module: Any, kind_key: tuple[bool, tuple[int, ...]], value: tuple) -> None:
+    gated, fields = kind_key
+    dtype, offsets_dtype, device, changes, made = value
+    if made is None:
+        if not gated:
+            module.add_moe_baseline(list(fields), dtype, offsets_dtype, device, changes)
+        return
+    width = fields[4] // 2 if gated else fields[4]  # w [E, K, N]: the output is [T, N], or [T, N/2] gated
+    module.add_moe_launch(list(fields), dtype, offsets_dtype, device, gated, width, _kernel_fields(made), changes)
+
+
 def _put(pending: dict, key: Hashable, value: Any, apply: Callable[[Any, Hashable, Any], None], build: bool) -> None:
     """``apply(module, key, value)`` now where the module is ready, else kept in ``pending`` until it is
     (nothing where it failed or is off); ``build``: a GPU call that may start the build."""
@@ -448,6 +483,7 @@ def forget_all() -> None:
     with _LOCK:
         NATIVE.pending.clear()
         NATIVE.pending_epilogue.clear()
+        NATIVE.pending_moe.clear()
         if NATIVE.module is not None:
             NATIVE.module.clear()
 
@@ -457,7 +493,7 @@ def suspend() -> None:
     Python path)."""
     with _LOCK:
         NATIVE.suspended += 1
-        NATIVE.try_mm = NATIVE.try_addmm = NATIVE.try_gated = None
+        NATIVE.try_mm = NATIVE.try_addmm = NATIVE.try_gated = NATIVE.try_moe = NATIVE.try_moe_gated = None
 
 
 def resume() -> None:
@@ -485,5 +521,12 @@ def lt_served() -> int:
         return NATIVE.module.lt_served() if NATIVE.module is not None else 0
 
 
-__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "launches", "lt_served", "remember", "remember_addmm",
-           "remember_epilogue_launch", "remember_launch", "resume", "served", "start", "suspend", "wanted"]
+def moe_baseline_calls() -> int:
+    """How many ``kernels.moe_matmul`` calls the C++ path has served by torch._grouped_mm (for tests and probes)."""
+    with _LOCK:
+        return NATIVE.module.moe_baseline_calls() if NATIVE.module is not None else 0
+
+
+__all__ = ["BOTH", "EAGER_ONLY", "NATIVE", "forget_addmm", "forget_all", "launches", "lt_served", "moe_baseline_calls",
+           "remember", "remember_addmm", "remember_epilogue_launch", "remember_launch", "remember_moe", "resume",
+           "served", "start", "suspend", "wanted"]

@@ -276,7 +276,7 @@ def ready(config: Config, key: tuple, changes: int, x: torch.Tensor, w: torch.Te
         # step's 8 routed rows the checked launch's few checks cost 6-8 us of host time above torch._grouped_mm's
         # 27-29 (H200, 2026-11-29, torch 2.11.0+cu130, triton 3.6.0; docs/runs/2026-11-29-h200-moe-ready-plans).
         if not gated and offsets.dtype == torch.int32 and _grouped_mm_takes(x, w):  # int32: no cast either
-            checked_call = _grouped_mm
+            checked_call = grouped_mm_call
         return Ready(changes, key, None, (), width, checked_call)
     out = torch.empty((x.shape[0], width), dtype=x.dtype, device=x.device)  # a fresh output's strides and alignment
     kernel, ints = _launch_of(config, x, w, out, offsets, gated)
@@ -494,7 +494,9 @@ def _grouped_mm_takes(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and w.stride(1) == 1 and hasattr(torch, "_grouped_mm")
 
 
-def _grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def grouped_mm_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """torch._grouped_mm on operands it takes (``_grouped_mm_takes``) with int32 offsets: a baseline plan that is
+    this call alone (``ready``), which kernels/_grouped_dispatch.py hands to the C++ path."""
     return torch._grouped_mm(x, w, offs=offsets)
 
 

@@ -30,13 +30,15 @@ from typing import Any
 import torch
 
 from . import _eager  # the public functions' eager bodies, looked up per call (a test may spy on one)
-from . import _modes
+from . import _modes, _native
 from . import moe as _moe
 from ._record_mode import RECORDER as _REC
 from .dispatch import DISPATCHER as _DISPATCHER
 from ._grouped_dispatch import kept_plan as _kept_plan, traced_grouped_matmul, traced_moe_matmul
 
 NAMESPACE = "triton_tuner"
+_NATIVE = _native.NATIVE
+_COMPILING = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
 
 __all__ = ["NAMESPACE", "gated_matmul", "gated_matmul_call", "grouped_matmul", "linear", "linear_call", "matmul",
            "matmul_out", "moe_gated_matmul", "moe_gated_matmul_call", "moe_matmul", "moe_matmul_call", "moe_matmul_out",
@@ -468,7 +470,10 @@ def _autocast(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
 def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool = False) -> torch.Tensor:
     """``moe_matmul``, direct where ``_direct`` allows; the operator (its fake: shapes only) on the meta
     device or another the kernels do not run on. A direct call of a repeated signature with every row routed
-    runs its kept plan at once (``_kept_moe_plan``)."""
+    runs its kept plan at once (``_kept_moe_plan``), or its handed-over plan from C++ (``_native_moe``)."""
+    c = _native_moe(_NATIVE.try_moe, x, w, offsets, all_rows)
+    if c is not None:
+        return c
     if _direct(x, w, offsets) and (x.is_cuda or x.is_cpu):
         plan = _kept_moe_plan(False, x, w, offsets, all_rows)
         return _moe.run_ready(plan, x, w, offsets) if plan is not None else _moe_matmul(x, w, offsets, all_rows)
@@ -478,10 +483,23 @@ def moe_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all
 def moe_gated_matmul_call(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
                           all_rows: bool = False) -> torch.Tensor:
     """``moe_gated_matmul``, direct where ``_direct`` allows, as ``moe_matmul_call``."""
+    c = _native_moe(_NATIVE.try_moe_gated, x, w, offsets, all_rows)
+    if c is not None:
+        return c
     if _direct(x, w, offsets) and (x.is_cuda or x.is_cpu):
         plan = _kept_moe_plan(True, x, w, offsets, all_rows)
         return _moe.run_ready(plan, x, w, offsets) if plan is not None else _moe_gated_matmul(x, w, offsets, all_rows)
     return moe_gated_matmul(x, w, offsets, all_rows)
+
+
+def _native_moe(native: Callable[..., torch.Tensor | None] | None, x: torch.Tensor, w: torch.Tensor,
+                offsets: torch.Tensor, all_rows: bool) -> torch.Tensor | None:
+    """The C++ path's answer (kernels/_native.py ``remember_moe``) for a call that ``_kept_moe_plan`` would serve,
+    or None. The C++ path itself declines what ``_direct`` declines (a tensor subclass, a torch function or
+    dispatch mode, a wanted gradient), a call in graph mode, and a signature it was not handed."""
+    if native is None or not all_rows or _UNWARMED or _COMPILING():
+        return None
+    return native(x, w, offsets)
 
 
 def _kept_moe_plan(gated: bool, x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, all_rows: bool) -> Any:

@@ -336,12 +336,12 @@ def test_a_kept_plan_whose_baseline_is_torch_grouped_mm_calls_it_alone(db_dispat
         pin()
         kernels.moe_matmul(x, w, offsets)
         plan = _grouped_dispatch._READY[_grouped_dispatch._signature(False, x, w, offsets)]
-        assert plan.kernel is None and plan.checked is moe._grouped_mm
+        assert plan.kernel is None and plan.checked is moe.grouped_mm_call
         assert torch.equal(kernels.moe_matmul(x, w, offsets), torch._grouped_mm(x, w, offs=offsets))
         wide = offsets.to(torch.int64)
         assert torch.equal(kernels.moe_matmul(x, w, wide), torch._grouped_mm(x, w, offs=offsets))
         wide_plan = _grouped_dispatch._READY[_grouped_dispatch._signature(False, x, w, wide)]
-        assert wide_plan.checked is not moe._grouped_mm
+        assert wide_plan.checked is not moe.grouped_mm_call
 
 
 def test_the_direct_call_runs_a_kept_plan_only_where_nothing_watches_it(db_dispatch, monkeypatch) -> None:

@@ -50,8 +50,10 @@ def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_native._Native
     with _native._LOCK:
         _native.NATIVE.module, _native.NATIVE.state, _native.NATIVE.try_mm = None, "idle", None
         _native.NATIVE.try_addmm = _native.NATIVE.try_gated = None
+        _native.NATIVE.try_moe = _native.NATIVE.try_moe_gated = None
         _native.NATIVE.pending_addmm.clear()
         _native.NATIVE.pending_epilogue.clear()
+        _native.NATIVE.pending_moe.clear()
         _native.NATIVE.suspended = 0
         _native.NATIVE.decided.clear()
 
@@ -928,3 +930,140 @@ def test_an_eager_only_triton_bias_plan_leaves_graph_calls_and_captures_to_pytho
         torch.cuda.synchronize()
         torch.testing.assert_close(out[0].float(), expected, atol=5e-2, rtol=5e-2)
         assert _native.launches() == count + 1, "capturing: the graph plan, in Python"
+
+
+def _moe_operands(device: str = "cpu", tokens: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16 tokens sorted by expert, K-major experts [E, K, N] (as transformers' ``down_proj.transpose(1, 2)``),
+    int32 running end rows: what torch._grouped_mm takes."""
+    x = torch.randn(tokens, 32, dtype=torch.bfloat16, device=device)
+    w = torch.randn(4, 48, 32, dtype=torch.bfloat16, device=device).transpose(1, 2)
+    offsets = torch.tensor([2, 2, 5, tokens], dtype=torch.int32, device=device)
+    return x, w, offsets
+
+
+def _moe_fields(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> tuple[int, ...]:
+    return (*x.shape, *w.shape, *x.stride(), *w.stride(), offsets.shape[0], offsets.stride(0))
+
+
+def test_a_moe_signature_whose_plan_is_torch_grouped_mm_is_served_from_cpp_while_the_dispatcher_stands(native) -> None:
+    """On a GPU, kernels.moe_matmul hands an eager signature whose whole plan is torch._grouped_mm to the C++
+    path (the GPU test below checks that hand-over). On the CPU its baseline is a loop, so this test hands the
+    signature over as kernels/_grouped_dispatch.py does, and checks what the C++ path then serves: torch's own
+    result, for that signature alone, in eager calls with no gradient wanted and nothing watching, while the
+    dispatcher's answers stand."""
+    from kernels import BASELINE, moe
+    from kernels.dispatch import DISPATCHER
+
+    x, w, offsets = _moe_operands()
+    assert native.try_moe(x, w, offsets) is None, "nothing is served before a signature is handed over"
+    with moe.pinning([BASELINE], x, w) as (install,):
+        install()
+        _native.remember_moe(_moe_fields(x, w, offsets), x.dtype, offsets.dtype, x.device, False,
+                             DISPATCHER.changes, None)
+        assert native.module.moe_size() == 1
+        before = _native.moe_baseline_calls()
+        served = kernels.moe_matmul(x, w, offsets)
+        assert _native.moe_baseline_calls() == before + 1, "the public call took the C++ path"
+        assert torch.equal(served, torch._grouped_mm(x, w, offs=offsets))
+        assert torch.equal(kernels.ops.moe_matmul_call(x, w, offsets, True), served), "the experts' direct call too"
+        assert _native.moe_baseline_calls() == before + 2
+        assert native.try_moe_gated(x, w, offsets) is None, "moe_gated_matmul's plans are another set"
+        assert native.try_moe(x, w, offsets.long()) is None, "int64 offsets: another signature (cast first)"
+        assert native.try_moe(x, w.contiguous(), offsets) is None, "N-major experts: other strides"
+        assert native.try_moe(x[:4], w, offsets) is None, "other rows"
+        with _modes.dispatch_mode(kernels.GRAPH):
+            assert native.try_moe(x, w, offsets) is None, "a graph call: the Python path's graph plan"
+        with torch.overrides.TorchFunctionMode():
+            assert native.try_moe(x, w, offsets) is None, "a torch function mode sees the call on the Python path"
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        with Watch():
+            assert native.try_moe(x, w, offsets) is None, "a dispatch mode (a FLOP counter) sees the Python path"
+        leaf = x.clone().requires_grad_()
+        assert native.try_moe(leaf, w, offsets) is None, "a wanted gradient: the operator with its backward"
+        with torch.no_grad():
+            assert native.try_moe(leaf, w, offsets) is not None
+        install()  # a new answer (the same config again) bumps the dispatcher's count
+        assert native.try_moe(x, w, offsets) is None, "stale until a first call hands the plan over again"
+        assert native.module.moe_size() == 0, "and dropped"
+    _native.remember_moe(_moe_fields(x, w, offsets), x.dtype, offsets.dtype, x.device, False, DISPATCHER.changes, None)
+    kernels.clear_cache()
+    assert native.try_moe(x, w, offsets) is None and native.module.moe_size() == 0, "clear_cache forgets them"
+
+
+def test_moe_plans_handed_over_before_the_build_are_served_once_it_is_ready(native) -> None:
+    """A hand-over that comes while the extension builds is kept and applied when it is ready (as ``_build``
+    applies it); record mode, which counts every call in Python, suspends the C++ path."""
+    from kernels.dispatch import DISPATCHER
+
+    x, w, offsets = _moe_operands()
+    module = native.module
+    with _native._LOCK:
+        native.module, native.state = None, "building"
+    _native.remember_moe(_moe_fields(x, w, offsets), x.dtype, offsets.dtype, x.device, False, DISPATCHER.changes, None)
+    assert len(native.pending_moe) == 1 and module.moe_size() == 0
+    with _native._LOCK:
+        for kind_key, value in native.pending_moe.items():
+            _native._apply_moe(module, kind_key, value)
+        native.pending_moe.clear()
+        native.module, native.state = module, "ready"
+        _native._publish()
+    assert native.try_moe(x, w, offsets) is not None
+    _native.suspend()  # what record mode does: it counts every call in Python
+    assert native.try_moe is None and native.try_moe_gated is None
+    _native.resume()
+    assert native.try_moe is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+def test_a_moe_baseline_plan_on_the_gpu_is_handed_over_by_its_first_call(native) -> None:
+    from kernels import BASELINE, moe
+
+    x, w, offsets = _moe_operands("cuda")
+    with moe.pinning([BASELINE], x, w) as (install,):
+        install()
+        first = kernels.moe_matmul(x, w, offsets)  # resolves, keeps its plan, hands it over
+        before = _native.moe_baseline_calls()
+        assert torch.equal(kernels.moe_matmul(x, w, offsets), first)
+        assert _native.moe_baseline_calls() == before + 1, "served by torch._grouped_mm from C++"
+        assert torch.equal(first, torch._grouped_mm(x, w, offs=offsets))
+    torch.cuda.synchronize()
+
+
+_MOE_TILES = kernels.Config.make(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32, NUM_SM=132, num_warps=4, num_stages=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+@pytest.mark.parametrize("gated", [False, True], ids=["moe_matmul", "moe_gated_matmul"])
+def test_a_moe_triton_plan_is_launched_from_cpp_after_its_first_call(native, gated: bool) -> None:
+    """A tuned MoE signature's Triton launch is handed over by its first call: later calls, public and the
+    experts' direct ones, launch from C++ with each call's offsets; a misaligned operand takes the Python path."""
+    from kernels import moe, moe_gated
+
+    x, w, offsets = _moe_operands("cuda", tokens=64)
+    offsets = torch.tensor([10, 10, 40, 64], dtype=torch.int32, device="cuda")
+    call = kernels.moe_gated_matmul if gated else kernels.moe_matmul
+    direct = kernels.ops.moe_gated_matmul_call if gated else kernels.ops.moe_matmul_call
+    pinning = moe_gated.pinning if gated else moe.pinning
+    with pinning([_MOE_TILES], x, w) as (install,):
+        install()
+        call(x, w, offsets)  # compiles; the plan hands its launch to C++ afterwards
+        count = _native.launches()
+        for routed in ([16, 16, 30, 64], [0, 64, 64, 64]):
+            ends = torch.tensor(routed, dtype=torch.int32, device="cuda")
+            x.normal_()
+            expect = moe_gated.launch(kernels.BASELINE, x, w, ends) if gated else torch._grouped_mm(x, w, offs=ends)
+            torch.testing.assert_close(call(x, w, ends).float(), expect.float(), atol=5e-2, rtol=5e-2)
+            torch.testing.assert_close(direct(x, w, ends, True).float(), expect.float(), atol=5e-2, rtol=5e-2)
+        assert _native.launches() == count + 4, "every call after the first was launched from C++"
+        storage = torch.empty(64 * 32 + 8, device="cuda", dtype=torch.bfloat16)
+        shifted = storage[4:4 + 64 * 32].view(64, 32).copy_(x)  # 8 bytes off a 16-byte boundary
+        torch.testing.assert_close(call(shifted, w, offsets).float(), call(x, w, offsets).float())
+        assert _native.launches() == count + 5, "the misaligned call ran in Python; the aligned one from C++"
+    torch.cuda.synchronize()
