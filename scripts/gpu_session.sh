@@ -39,7 +39,7 @@
 #              (default 1,2,4, in that order; run 4,2,1 in another call), TRIALS per problem (default 8), then its
 #              report; NO_WARM_UP=1 skips the untimed warm-up run (a later call on a machine already warmed);
 #              TOKENS=1,512: fewer row counts (fewer problems), for a look at the start-up alone
-#   fleet-kill  scripts/fleet_bench.py's kill phase on GPUs 0,1 (PostgreSQL)
+#   fleet-kill  scripts/fleet_bench.py's kill phase on GPUs 0,1 (PostgreSQL); TRIALS per problem (default 8)
 #   fleet-tests  the fleet's GPU tests (2 GPUs or more): a faulting job, the pool's device-fault tests
 #   one-row-layer  the epilogues' one-row loop on the GPU (its tests), then the decoder layer at one decode token
 #              with the layer's untuned problems quick-tuned (the gated gate/up product among them), against
@@ -91,7 +91,7 @@ fleet-scale)
     $py scripts/fleet_bench.py --phase report --out "$out/fleet" 2>&1 | tee -a "$log" ;;
 fleet-kill)
     pg_setup
-    $py scripts/fleet_bench.py --phase kill --gpus 0,1 --pg --out "$out/fleet" 2>&1 | tail -3 | cut -c1-3000 | tee -a "$log" ;;
+    $py scripts/fleet_bench.py --phase kill --gpus 0,1 --pg --trials "${TRIALS:-8}" --out "$out/fleet" 2>&1 | tail -3 | cut -c1-3000 | tee -a "$log" ;;
 fleet-tests)
     pg_setup
     $py -m pytest -q tests/tuner_tests/test_fleet_faults.py tests/tuner_tests/test_workers.py \
