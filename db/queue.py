@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -43,20 +43,24 @@ DEFAULT_LEASE_S = 60.0
 MAX_ATTEMPTS = 3
 
 
-def claim_order(candidates: Sequence[tuple[int, str, float]], seconds_by_kernel: Mapping[str, float]) -> list[int]:
+def claim_order(candidates: Sequence[tuple[int, str, float]], seconds_by_kernel: Mapping[str, float],
+                lost: Collection[int] = ()) -> list[int]:
     """The ids of ``candidates`` (id, kernel, priority) in the order claims take them.
 
     A priority's integer part is the user's order (a ``--problems`` weight, a recorded problem's share of the work,
-    or the order given), kept as it is. Within it, the longest jobs go first, so that the last ones, running while
+    or the order given), kept as it is. Within it, the jobs whose worker was lost (``lost``: running, their lease
+    run out) go first: each has waited out a lease already, and left behind later it made the run's tail (on 2 H200s,
+    2026-11-29, a job whose worker was killed at 30 s waited until 118 s while shorter jobs were claimed:
+    docs/FLEET.md, "On 2 GPUs after the cuts"). Then the longest jobs go first, so that the last ones, running while
     other workers have nothing left, are short: first the jobs of kernels that have no finished job on this device
     kind yet (their first one tells), then of the kernel whose finished jobs took longest on average
     (``seconds_by_kernel``), then by priority (largest problem first: tuner/fleet.py ``claim_priorities``). On the
     job times of the 1-GPU fleet runs on H200s of 2026-11-28 and 2026-11-29 (torch 2.11.0+cu130, triton 3.6.0),
     replayed by ``scripts/fleet_bench.py --phase report``, this order ended 2-GPU runs 0.7-2.9 s sooner and
     4-GPU runs 3.4-3.9 s sooner than priority alone (docs/FLEET.md, "The claim order, replayed")."""
-    def key(candidate: tuple[int, str, float]) -> tuple[float, float, float, int]:
+    def key(candidate: tuple[int, str, float]) -> tuple[float, bool, float, float, int]:
         job_id, kernel, priority = candidate
-        return -math.floor(priority), -seconds_by_kernel.get(kernel, math.inf), -priority, job_id
+        return -math.floor(priority), job_id not in lost, -seconds_by_kernel.get(kernel, math.inf), -priority, job_id
 
     return [candidate[0] for candidate in sorted(candidates, key=key)]
 
@@ -222,9 +226,11 @@ class JobQueue:
             now = utc_now()
             claimable = (JobModel.device_name == device_name,
                          or_(JobModel.state == QUEUED, (JobModel.state == RUNNING) & (JobModel.lease_until < now)))
-            candidates = session.execute(select(JobModel.id, JobModel.kernel, JobModel.priority)
-                                         .where(*claimable)).all()
-            for job_id in claim_order(candidates, _kernel_seconds(session, device_name)):
+            rows = session.execute(select(JobModel.id, JobModel.kernel, JobModel.priority, JobModel.state)
+                                   .where(*claimable)).all()
+            lost = {row.id for row in rows if row.state == RUNNING}  # claimable while running: its lease ran out
+            candidates = [(row.id, row.kernel, row.priority) for row in rows]
+            for job_id in claim_order(candidates, _kernel_seconds(session, device_name), lost):
                 query = select(JobModel).where(JobModel.id == job_id, *claimable)
                 if self._postgres:  # another claimer may hold it since the read above: then take the next
                     query = query.with_for_update(skip_locked=True)

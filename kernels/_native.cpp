@@ -2,7 +2,8 @@
 // torch.addmm for kernels.matmul_bias signatures that dispatch sends there in every mode; and the launch of
 // the tiled, split-K or repack Triton kernels that a signature's eager plan runs, on a device's default stream;
 // and the Triton epilogue kernels (kernels/epilogue.py) that kernels.matmul_bias and kernels.gated_matmul
-// signatures run, while the dispatcher's answers stand.
+// signatures run, while the dispatcher's answers stand; and kernels.moe_matmul's and moe_gated_matmul's eager
+// plans (their Triton launch, or torch._grouped_mm alone), handed over by kernels/_grouped_dispatch.py.
 //
 // Python builds a plan key per call (shapes, strides, dtype, device of two tensors), about 1.1 us of host
 // time on the H100 box, 8% of a host-bound 13 us call (scripts/host_cost.py). Here the same key is read

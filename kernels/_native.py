@@ -34,7 +34,9 @@ cannot be built, the Python path serves every call: nothing but host time depend
 cuBLAS-won layer with a bias: most of a patched model's layers), or in eager calls alone, are served the
 same way, by ``try_addmm``, while ``DISPATCHER.changes`` stands; and so are the Triton plans of
 ``kernels.matmul_bias`` and ``kernels.gated_matmul`` (``try_addmm``, ``try_gated``), handed over by
-kernels/epilogue.py after their first call (docs/MODES.md, step 9). ``KERNELS_NATIVE=0`` turns it off. Record mode suspends it (it counts every call in Python). A plan the
+kernels/epilogue.py after their first call (docs/MODES.md, step 9), and the eager plans of ``kernels.moe_matmul``
+and ``kernels.moe_gated_matmul`` (``try_moe``, ``try_moe_gated``: a Triton launch, or torch._grouped_mm alone),
+handed over by kernels/_grouped_dispatch.py (step 10). ``KERNELS_NATIVE=0`` turns it off. Record mode suspends it (it counts every call in Python). A plan the
 tuner pins (kernels/_plans.py ``pinning``) is mirrored like any other, so that the tuner times cuBLAS as
 the user's call will run it.
 """

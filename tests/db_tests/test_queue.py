@@ -77,6 +77,29 @@ def test_claim_order_keeps_integer_priorities_in_order() -> None:
     assert claim_order([(5, "matmul", 1.5), (4, "matmul", 1.5)], {}) == [4, 5]
 
 
+def test_a_job_whose_worker_was_lost_is_claimed_before_the_queued_ones_of_its_weight(queue: JobQueue) -> None:
+    """A killed worker's job has waited out a lease already: the next claim of its weight takes it, before a
+    larger problem of that weight enqueued since, but not before a job of a higher weight."""
+    queue.enqueue([_job("matmul", 8, 1.9), _job("gated_matmul", 4, 1.5)])
+    lost = queue.claim("dead", H100, lease_s=1.0)
+    assert lost.spec.problem_key == "bf16:nt:8x64x64"
+    queue.enqueue([_job("gated_matmul", 16, 1.95), _job("matmul_bias", 4, 3.0)])  # since: larger; a higher weight
+    time.sleep(1.1)  # its worker is gone: no renewal, and the lease runs out
+    assert queue.claim("alive", H100).spec.kernel == "matmul_bias"
+    again = queue.claim("alive", H100)
+    assert again.id == lost.id and again.attempts == 2, "the lost job before the larger queued problem"
+    assert [queue.claim("alive", H100).spec.problem_key for _ in range(2)] == ["bf16:nt:16x64x64", "bf16:nt:4x64x64"]
+
+
+def test_claim_order_puts_lost_jobs_first_within_their_weight() -> None:
+    from db.queue import claim_order
+
+    candidates = [(1, "matmul", 2.5), (2, "gated_matmul", 1.9), (3, "matmul", 1.5)]
+    assert claim_order(candidates, {"matmul": 1.0}) == [1, 2, 3]
+    assert claim_order(candidates, {"matmul": 1.0}, lost={3}) == [1, 3, 2], "within weight 1, the lost job first"
+    assert claim_order(candidates, {"matmul": 1.0}, lost={2, 3}) == [1, 2, 3]
+
+
 def test_worker_takes_only_jobs_of_its_device_kind(queue: JobQueue) -> None:
     queue.enqueue([spec(1, device=A100), spec(2)])
     job = queue.claim("w", H100)
