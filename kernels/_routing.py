@@ -18,6 +18,10 @@ from ._launch import BoundedDict, DirectLaunch
 
 __all__ = ["Sorted", "combine", "sort_by_expert", "top_k_softmax", "top_k_softmax_reference"]
 
+# torch's functions as this module's own names: not ``torch.`` in traced code (docs/PYTORCH.md, "Guards")
+_IS_COMPILING = torch.compiler.is_compiling
+_GRAD_ON = torch.is_grad_enabled
+
 # Rows are sorted by expert by counting (a running count per expert, one scan) rather than by torch.sort
 # where that pays: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's radix sort, eager
 # and compiled alike (scripts/probes/layer_profile.py, retired at 1996844, 2026-11-26, docs/BENCHMARKS.md).
@@ -31,7 +35,7 @@ _COUNTING_ROWS = 1024
 
 
 def _counting(rows: int, experts: int) -> bool:
-    return 0 < rows * experts <= _COUNTING_CELLS and (rows >= _COUNTING_ROWS or torch.compiler.is_compiling())
+    return 0 < rows * experts <= _COUNTING_CELLS and (rows >= _COUNTING_ROWS or _IS_COMPILING())
 
 
 class Sorted(NamedTuple):
@@ -175,7 +179,7 @@ def _on_triton(t: torch.Tensor) -> bool:
 
 def _in_triton(flat: torch.Tensor, experts: int) -> bool:
     # Asked first while tracing: a traced tensor has no address to check.
-    return (not torch.compiler.is_compiling() and 0 < flat.shape[0] <= _TRITON_ROWS
+    return (not _IS_COMPILING() and 0 < flat.shape[0] <= _TRITON_ROWS
             and 0 < experts <= _TRITON_EXPERTS and flat.dtype == torch.int64 and flat.is_contiguous()
             and _on_triton(flat) and _aligned(flat))
 
@@ -247,8 +251,8 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor, d
     transformers' own implementations sum (float32 where the router gives float32)."""
     tokens, top_k = weights.shape
     hidden = rows.shape[1]
-    wants_grad = torch.is_grad_enabled() and (rows.requires_grad or weights.requires_grad)
-    if torch.compiler.is_compiling() or wants_grad or not (
+    wants_grad = _GRAD_ON() and (rows.requires_grad or weights.requires_grad)
+    if _IS_COMPILING() or wants_grad or not (
             _on_triton(rows) and rows.stride(1) == 1 and weights.is_contiguous() and position.is_contiguous()
             and tokens > 0 and _aligned(rows, position, weights)):
         slots = rows[position].view(tokens, top_k, hidden)
@@ -317,7 +321,7 @@ def top_k_softmax(logits: torch.Tensor, k: int, renormalize: bool,
     ``renormalize``) in ``dtype``. None where the kernel does not take the operands (the caller runs torch's
     ops): a gradient wanted (no backward), another device or dtype, more than 1024 experts, logits not laid out
     along E, misaligned data."""
-    if logits.dim() != 2 or torch.is_grad_enabled() and logits.requires_grad:
+    if logits.dim() != 2 or _GRAD_ON() and logits.requires_grad:
         return None
     rows, experts = logits.shape
     if (not 0 < k <= experts <= _ROUTER_EXPERTS or logits.dtype not in (torch.float16, torch.bfloat16, torch.float32)

@@ -14,13 +14,14 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+import types
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.nn.modules import module as _torch_module
 
-from . import _device, ops
+from . import _device
 from ._evidence import Evidence, Route, takes_ours
 from ._launch import data_layout
 from ._mixin import _mixed_class, _MixedIn, _new_module  # _new_module: pickles of patched modules name it here
@@ -28,6 +29,10 @@ from ._routing import _on_triton, combine, sort_by_expert
 from .epilogue import GATED_MATMUL, MATMUL_BIAS
 from .gemm import MATMUL
 from .norm import FORMULAS, MAX_WIDTH, Formula, rms_norm, rms_norm_reference
+# The functions themselves, not ``ops.`` reads: under torch.compile every object that traced code reaches by two
+# paths (this module's ``ops`` and the functions' own globals; this module's ``torch`` and transformers') costs a
+# guard that Dynamo checks in Python on every call of the compiled code (docs/PYTORCH.md, "Guards").
+from .ops import gated_matmul_call, linear_call, moe_matmul_call
 
 __all__ = ["FusedMLP", "FusedRMSNorm", "Linear", "MoE", "SharedInput", "SharedInputLinear", "patch", "route",
            "sort_by_expert", "unpatch"]
@@ -35,8 +40,14 @@ __all__ = ["FusedMLP", "FusedRMSNorm", "Linear", "MoE", "SharedInput", "SharedIn
 log = logging.getLogger(__name__)
 
 _COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces (kernels/_plans.py)
+_IS_COMPILING = torch.compiler.is_compiling  # the same, also under other tracers (make_fx)
+_AUTOCAST_ON = torch._C._is_any_autocast_enabled
+_GRAD_ON = torch.is_grad_enabled
+_INFERENCE_MODE_ON = torch.is_inference_mode_enabled
 _LINEAR = nn.functional.linear
 _SILU = nn.functional.silu
+_NN_LINEAR = nn.Linear
+_PARAMETER = nn.Parameter
 
 
 class Linear(nn.Linear):
@@ -55,12 +66,12 @@ class Linear(nn.Linear):
         if route is not None and not _COMPILING() and not takes_ours(route, x):
             return _LINEAR(x, weight, bias)  # dispatch runs cuBLAS for these rows: torch's own call costs less
         if x.dim() == 2:  # the common 2-D call: no reshapes (each is host time)
-            return ops.linear_call(x, weight, bias, self._transposed)
+            return linear_call(x, weight, bias, self._transposed)
         if x.dim() == 0:
             raise RuntimeError(f"{type(self).__name__}: the input must have at least one dimension (features "
                                f"last, {self.in_features} of them); got a 0-D tensor")
         rows = x.reshape(-1, x.shape[-1])
-        return ops.linear_call(rows, weight, bias, self._transposed).reshape(*x.shape[:-1], self.out_features)
+        return linear_call(rows, weight, bias, self._transposed).reshape(*x.shape[:-1], self.out_features)
 
     def _transposed(self, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight.t()``, kept while it views this weight's current data: a new Parameter, or new data under
@@ -208,7 +219,8 @@ _CONVENTIONS = (
 
 class _Joint(NamedTuple):
     """Weights (and biases) whose data share one storage, and the views a fused call runs on."""
-    params: tuple[torch.Tensor, ...]  # the Parameter objects it was made from: another object means stale
+    params: tuple[torch.Tensor, ...]  # the Parameter objects it was made from (kept alive: their ids stay theirs)
+    param_ids: tuple[int, ...]  # their ids: another object means stale (an id, not the object: see ``_holds``)
     # their data's layouts then (``data_layout``): another (new .data, even at the same address) means stale too
     layouts: tuple[tuple, ...]
     weight: torch.Tensor  # [N_1 + N_2 + ..., K], each weight a view of its rows
@@ -218,17 +230,19 @@ class _Joint(NamedTuple):
 
 def _holds(joint: _Joint | None, params: tuple[torch.Tensor, ...]) -> bool:
     """Whether ``joint`` is still made of ``params``: the same Parameters (a guard under torch.compile), with
-    the same data (asked in eager calls only: data_ptr() would break the graph)."""
-    return joint is not None and len(joint.params) == len(params) and \
-        all(a is b for a, b in zip(joint.params, params)) and \
-        (torch.compiler.is_compiling() or all(data_layout(p) == seen for p, seen in zip(params, joint.layouts)))
+    the same data (asked in eager calls only: data_ptr() would break the graph). By id: ``a is b`` of two
+    objects that traced code reaches by two paths costs Dynamo a guard it checks in Python on every call of
+    the compiled code; an id is one it checks in C++."""
+    return joint is not None and len(joint.param_ids) == len(params) and \
+        all(id(p) == kept for p, kept in zip(params, joint.param_ids)) and \
+        (_IS_COMPILING() or all(data_layout(p) == seen for p, seen in zip(params, joint.layouts)))
 
 
 def _may_stack(first: torch.Tensor) -> bool:
     """Whether new weights may be stacked now: not under tracing, not under inference_mode (which would make
     the Parameters' new data inference tensors, unusable in training later), not in a CUDA graph capture (the
     stacked weights would live in the graph's memory pool). Elsewhere the module's own GEMMs run this time."""
-    return not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled() or
+    return not (_IS_COMPILING() or _INFERENCE_MODE_ON() or
                 (first.is_cuda and torch.cuda.is_current_stream_capturing()))
 
 
@@ -237,7 +251,8 @@ def _joint_of(weights: tuple[torch.Tensor, ...], biases: tuple[torch.Tensor, ...
     weight = _join(weights)
     bias = _join(biases) if biases else None  # moves the biases' data: their addresses are read after it
     params = weights + biases
-    return _Joint(params, tuple(data_layout(p) for p in params), weight, weight.t(), bias)
+    return _Joint(params, tuple(id(p) for p in params), tuple(data_layout(p) for p in params), weight, weight.t(),
+                  bias)
 
 
 class FusedMLP(_MixedIn):
@@ -264,7 +279,7 @@ class FusedMLP(_MixedIn):
     activation), a child added, or hooks on them or global module hooks (the fused call would skip them).
     """
 
-    _STATE = ("_stacked", "_gated_names", "_gated_kept", "_fused_modes", "_route")
+    _STATE = ("_stacked", "_gated_names", "_gated_kept", "_gated_children", "_fused_modes", "_route")
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if args or kwargs:
@@ -276,7 +291,7 @@ class FusedMLP(_MixedIn):
         if weight_t is None:
             return self._unfused.forward(self, x)
         rows = x.reshape(-1, x.shape[-1])
-        h = ops.gated_matmul_call(rows, weight_t)
+        h = gated_matmul_call(rows, weight_t)
         return self._modules[self.__dict__["_gated_names"].down](h.reshape(*x.shape[:-1], h.shape[-1]))
 
     def _torch_forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -313,11 +328,11 @@ class FusedMLP(_MixedIn):
         if self.training not in state["_fused_modes"] or not _children_as_checked(self, state["_gated_kept"]):
             return None
         gate, up = _gate_and_up(self)
-        if gate is None or (gate.requires_grad and torch.is_grad_enabled()):
+        if gate is None or (gate.requires_grad and _GRAD_ON()):
             return None  # a parametrization added since, or a gradient wanted for the weights
         if up is None:  # one [2N, K] weight already
             return gate.t() if self.__dict__["_gated_names"].up is None else None
-        if up.requires_grad and torch.is_grad_enabled():
+        if up.requires_grad and _GRAD_ON():
             return None
         stacked = self.__dict__.get("_stacked")
         if _holds(stacked, (gate, up)):
@@ -337,27 +352,46 @@ class FusedMLP(_MixedIn):
         return module
 
 # torch's global module hooks (nn.modules.module.register_module_forward_hook ...): dicts changed in place.
-_GLOBAL_HOOKS = (_torch_module._global_forward_pre_hooks, _torch_module._global_forward_hooks,
-                 _torch_module._global_backward_pre_hooks, _torch_module._global_backward_hooks)
+def _global_hooks_in_module_py() -> bool:
+    return bool(_global_forward_pre_hooks or _global_forward_hooks or  # noqa: F821 (module.py's globals)
+                _global_backward_pre_hooks or _global_backward_hooks)  # noqa: F821
 
 
-def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, nn.Module, bool], ...]) -> bool:
+# Whether any global module hook is registered: the four dicts read as torch's own ``Module._call_impl`` reads
+# them, as globals of torch/nn/modules/module.py. Read from here (a tuple of them, or ``_torch_module.``), each
+# dict would be one object that traced code reaches by two paths: four guards that Dynamo checks in Python on
+# every call of a compiled model (docs/PYTORCH.md, "Guards").
+_any_global_hook = types.FunctionType(_global_hooks_in_module_py.__code__, vars(_torch_module), "_any_global_hook")
+
+
+def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, int, bool], ...]) -> bool:
     """Whether the gate and up Linears, and the module's other children but the down Linear (its activation),
     are the objects the check ran on (the Linears still plain ones), with no hook of their own and no global
     module hook: a fused call skips their forward, which hooks must see (an activation hook that records the
-    MLP's activations, say), and an activation replaced since would compute another formula."""
-    first, second, third, fourth = _GLOBAL_HOOKS
-    if first or second or third or fourth:
+    MLP's activations, say), and an activation replaced since would compute another formula. ``kept`` names
+    each child by its id (the objects stay alive in ``_gated_children``): see ``_holds``."""
+    if _any_global_hook():
         return False
     modules = module._modules
     if len(modules) != len(kept) + 1:  # a child added since: not what the check ran
         return False
-    for name, child, linear in kept:
-        if modules.get(name) is not child or (linear and type(child) not in _PLAIN_LINEARS) or \
+    for name, child_id, linear in kept:
+        child = modules.get(name)
+        if id(child) != child_id or (linear and not _plain_linear(child)) or \
                 child._forward_hooks or child._forward_pre_hooks or child._backward_hooks or \
                 child._backward_pre_hooks:
             return False
     return True
+
+
+def _plain_linear(child: nn.Module) -> bool:
+    """Whether ``child`` is an ``nn.Linear`` or a ``kernels.nn.Linear``, no subclass. Traced, ``isinstance``:
+    Dynamo then guards the child's exact type in C++, where ``type(child)`` of the gate and the up, one class
+    reached by two paths, costs a guard checked in Python (see ``_holds``); a subclass swapped in since the
+    trace fails that guard, and only the trace that follows takes it for a Linear."""
+    if _COMPILING():
+        return isinstance(child, _NN_LINEAR)
+    return type(child) in _PLAIN_LINEARS
 
 
 def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -499,13 +533,15 @@ def _fuse(module: nn.Module, evidence: Evidence) -> bool:
     if not modes:
         return False
     module.__class__ = _mixed_class(FusedMLP, type(module))
-    module.__dict__["_gated_names"] = names
+    # Its own copy: one tuple shared by every MLP would be one object that traced code reaches by many paths.
+    module.__dict__["_gated_names"] = _Names(*names)
     module.__dict__["_fused_modes"] = modes
     module.__dict__["_route"] = evidence.route(GATED_MATMUL, width, gate.in_features)  # per call: its own forward
-    # (name, child, whether it is the gate or up Linear) for every child but the down Linear (so the activation
-    # too), as the check saw them
-    module.__dict__["_gated_kept"] = tuple((name, child, name in (names.gate, names.up))
-                                           for name, child in module._modules.items() if name != names.down)
+    # (name, the child's id, whether it is the gate or up Linear) for every child but the down Linear (so the
+    # activation too), as the check saw them; the children themselves kept alive, so that the ids stay theirs
+    kept = [(name, child) for name, child in module._modules.items() if name != names.down]
+    module.__dict__["_gated_kept"] = tuple((name, id(child), name in (names.gate, names.up)) for name, child in kept)
+    module.__dict__["_gated_children"] = tuple(child for _, child in kept)
     if names.up is not None:
         module.__dict__["_stacked"] = _stack(children[0].weight, children[1].weight)
     return True
@@ -662,8 +698,8 @@ class SharedInput:
 
     def columns(self, slot: int, x: torch.Tensor) -> torch.Tensor | None:
         """Member ``slot``'s product with ``x``, or None where it must run its own GEMM."""
-        compiling = torch.compiler.is_compiling()
-        grad = torch.is_grad_enabled()
+        compiling = _IS_COMPILING()
+        grad = _GRAD_ON()
         # One read of one attribute: a thread that calls the same module meanwhile replaces the whole tuple,
         # so what is read here is one input's product, never another's (at worst the group stops fusing).
         pending = self.pending
@@ -681,13 +717,13 @@ class SharedInput:
                 log.info("kernels.nn: projections of widths %s are not called on one input; each runs its own "
                          "GEMM from now on", "/".join(str(width) for _, width in self.bounds))
             return None
-        if x.dim() == 0 or torch._C._is_any_autocast_enabled():
+        if x.dim() == 0 or _AUTOCAST_ON():
             return None  # the member's own forward raises, or casts as torch's linear does
         joint = self._current()
         if joint is None:
             return None
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        output = ops.linear_call(rows, joint.weight, joint.bias, self._weight_t)
+        output = linear_call(rows, joint.weight, joint.bias, self._weight_t)
         if x.dim() != 2:
             output = output.reshape(*x.shape[:-1], output.shape[-1])
         self.pending = _Pending(x, None if compiling or x.is_inference() else x._version, output,
@@ -709,7 +745,7 @@ class SharedInput:
         whole module) and may be stacked now (not on the meta device, not under inference_mode)."""
         params = _member_params(self.members)
         if params is not None and params[0].is_floating_point() and params[0].device.type != "meta" and \
-                not torch.is_inference_mode_enabled():
+                not _INFERENCE_MODE_ON():
             self.joint = _joint(self.members)
 
     def _current(self) -> _Joint | None:
@@ -718,7 +754,7 @@ class SharedInput:
         params = _member_params(self.members)
         if params is None:
             return None
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        if _GRAD_ON() and any(p.requires_grad for p in params):
             return None  # the stacked weight is no Parameter: autograd would not reach the members'
         if _holds(self.joint, params):
             return self.joint
@@ -733,14 +769,14 @@ def _member_params(members: tuple[nn.Module, ...]) -> tuple[torch.Tensor, ...] |
     parametrization added since) or where they no longer match (one bias removed, a dtype changed)."""
     weights = tuple(m._parameters.get("weight") for m in members)
     biases = tuple(m._parameters.get("bias") for m in members)
-    if any(type(w) is not nn.Parameter for w in weights):
+    if any(type(w) is not _PARAMETER for w in weights):
         return None
     first = weights[0]
     if any(w.dtype is not first.dtype or w.device != first.device or w.shape[1] != first.shape[1] for w in weights):
         return None
     if all(b is None for b in biases):
         return weights
-    if any(type(b) is not nn.Parameter or b.dtype is not first.dtype for b in biases):
+    if any(type(b) is not _PARAMETER or b.dtype is not first.dtype for b in biases):
         return None
     return weights + biases
 
@@ -853,7 +889,7 @@ _FUSED_TOP_K = 4
 
 def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.topk(logits, k, dim=-1): the k largest, largest first, with their indices."""
-    if not (torch.compiler.is_compiling() and k <= _FUSED_TOP_K and logits.shape[-1] <= _FUSED_TOP_K_EXPERTS):
+    if not (_IS_COMPILING() and k <= _FUSED_TOP_K and logits.shape[-1] <= _FUSED_TOP_K_EXPERTS):
         return torch.topk(logits, k, dim=-1)
     values, indices, rest = [], [], logits
     for _ in range(k):
@@ -903,9 +939,9 @@ class MoE(nn.Module):
         offsets = routed.offsets
         rows = tokens.index_select(0, routed.token)
         # route's offsets end at T * top_k, every row: no output fill needed (all_rows=True)
-        gate = ops.moe_matmul_call(rows, self.w1.transpose(1, 2), offsets, True)
-        up = ops.moe_matmul_call(rows, self.w3.transpose(1, 2), offsets, True)
-        down = ops.moe_matmul_call(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets, True)
+        gate = moe_matmul_call(rows, self.w1.transpose(1, 2), offsets, True)
+        up = moe_matmul_call(rows, self.w3.transpose(1, 2), offsets, True)
+        down = moe_matmul_call(nn.functional.silu(gate) * up, self.w2.transpose(1, 2), offsets, True)
         # Back to (token, slot) order and summed over each token's k rows: a gather, no atomics (index_add_
         # of the weighted rows into zeros took 0.15 ms of a 2048-token Mixtral block on the H100, of 2.9;
         # docs/BENCHMARKS.md, 2026-11-26), as transformers' experts are combined (kernels/hf.py).

@@ -39,6 +39,16 @@ from ._grouped_dispatch import kept_plan as _kept_plan, traced_grouped_matmul, t
 NAMESPACE = "triton_tuner"
 _NATIVE = _native.NATIVE
 _COMPILING = torch.compiler.is_dynamo_compiling  # Dynamo folds it to True while it traces (kernels/_plans.py)
+# torch's functions as this module's own names: traced code that reads ``torch.`` here reaches the torch module by
+# a second path beside the model's own code, a guard Dynamo checks in Python on every compiled call
+# (docs/PYTORCH.md, "Guards"). A function read by two paths costs no such guard.
+_IS_COMPILING = torch.compiler.is_compiling
+_AUTOCAST_ON = torch._C._is_any_autocast_enabled
+_DISPATCH_MODES = torch._C._len_torch_dispatch_stack
+_FUNCTION_MODE_ON = torch._C._is_torch_function_mode_enabled
+_GRAD_ON = torch.is_grad_enabled
+_TRANSFORMS = torch._C._functorch.peek_interpreter_stack
+_F_LINEAR = torch.nn.functional.linear
 
 __all__ = ["NAMESPACE", "gated_matmul", "gated_matmul_call", "grouped_matmul", "linear", "linear_call", "matmul",
            "matmul_out", "moe_gated_matmul", "moe_gated_matmul_call", "moe_matmul", "moe_matmul_call", "moe_matmul_out",
@@ -397,10 +407,9 @@ def _direct(*tensors: torch.Tensor | None) -> bool:
     Why: the operator's dispatch (schema parsing, autograd wrapper, re-entry) costs about 6 us of host
     time per call (docs/PYTORCH.md, "Eager calls"), 3-4x the tuned matmul's own call; an eager model
     pays it on every layer."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
-            torch._C._is_torch_function_mode_enabled():
+    if _IS_COMPILING() or _DISPATCH_MODES() or _FUNCTION_MODE_ON():
         return False
-    grad = torch.is_grad_enabled()
+    grad = _GRAD_ON()
     for t in tensors:
         if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
             return False
@@ -418,10 +427,10 @@ def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     take (float64), torch's own linear runs (``_torch_only``). ``transposed(weight)``: ``weight.t()`` as the
     caller keeps it (a view costs host time on every call), or None; asked on the direct path alone, which
     these checks have already found untraced and untransformed."""
-    if torch._C._is_any_autocast_enabled():
+    if _AUTOCAST_ON():
         x, weight, bias = _autocast(x, weight, bias)
     if _torch_only(x):
-        return torch.nn.functional.linear(x, weight, bias)
+        return _F_LINEAR(x, weight, bias)
     if _direct(x, weight, bias):
         weight_t = transposed(weight) if transposed is not None else None
         return _linear_t(x, weight.t() if weight_t is None else weight_t, bias)
@@ -431,7 +440,7 @@ def linear_call(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def gated_matmul_call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``gated_matmul``, direct where ``_direct`` allows; cast under autocast and in torch where
     ``_torch_only`` says, as ``linear_call``."""
-    if torch._C._is_any_autocast_enabled():
+    if _AUTOCAST_ON():
         a, b = _autocast(a, b)
     if _torch_only(a):
         gate, up = (a @ b).chunk(2, dim=-1)
@@ -451,9 +460,9 @@ def _torch_only(x: torch.Tensor) -> bool:
     without a word, and grad or vmap would fail inside the operator."""
     if x.dtype not in _KERNEL_DTYPES or not (x.is_cuda or x.is_cpu):
         return True
-    if torch._C._functorch.peek_interpreter_stack() is None and _forward_ad._current_level < 0:
+    if _TRANSFORMS() is None and _forward_ad._current_level < 0:
         return False  # the common case, asked first: two reads
-    return not torch.compiler.is_compiling()
+    return not _IS_COMPILING()
 
 
 def _autocast(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:

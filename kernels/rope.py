@@ -29,6 +29,7 @@ from ._routing import _aligned, _on_triton
 __all__ = ["ACTIVE", "apply_rotary", "fused_rotary", "rotary_reference"]
 
 _DTYPES = (torch.float16, torch.bfloat16)
+_IS_COMPILING = torch.compiler.is_compiling  # not ``torch.`` in traced code: docs/PYTORCH.md, "Guards"
 # One program holds a position's heads of q (and of k) in registers, [heads, head_dim] at a time.
 MAX_HEAD_DIM = 1024
 
@@ -152,7 +153,7 @@ def fused_rotary(original: Callable) -> Callable:
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         # The trace check first: Dynamo folds it, so a compiled graph never reads ACTIVE (a thread-local) and has
         # nothing of it to guard.
-        if not torch.compiler.is_compiling() and ACTIVE.on and len(args) + len(kwargs) <= 1 \
+        if not _IS_COMPILING() and ACTIVE.on and len(args) + len(kwargs) <= 1 \
                 and (not kwargs or "unsqueeze_dim" in kwargs):
             out = apply_rotary(q, k, cos, sin, args[0] if args else kwargs.get("unsqueeze_dim", 1))
             if out is not None:
