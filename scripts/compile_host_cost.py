@@ -6,7 +6,8 @@ effects. A patched module's traced path reads more state than torch's (its route
 bookkeeping, the query/key/value group), and each read can become a guard. This script measures that work
 alone: the model is compiled with a backend that returns the first call's outputs without running anything,
 so a call's time is Dynamo's. ``unguarded`` times the same call with the guards' check skipped
-(``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``), so the difference is the check's.
+(``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``), so the difference is the check's. "in Python"
+counts the guards Dynamo checks in Python (the rest it checks in C++).
 
 Each variant runs in a fresh process (compiled code and caches of one never touch another's), rounds
 alternate the variants, and a cell is the median over rounds. On a machine without a GPU the model runs
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -54,6 +56,7 @@ def measure(variant: str, layers: int, calls: int) -> dict:
     ids = torch.randint(0, 128, (1, 8), device=device)
     guards = len(torch._dynamo.explain(model)(input_ids=ids, use_cache=False).out_guards)
     torch._dynamo.reset()
+    python_guards = python_checked_guards(model, ids)
 
     def outputs_of_the_first_call(graph: torch.fx.GraphModule, inputs: list) -> object:
         out = graph(*inputs)
@@ -65,8 +68,38 @@ def measure(variant: str, layers: int, calls: int) -> dict:
         guarded = min(timeit.repeat(lambda: compiled(input_ids=ids, use_cache=False), number=calls, repeat=5))
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
             unguarded = min(timeit.repeat(lambda: compiled(input_ids=ids, use_cache=False), number=calls, repeat=5))
-    return {"variant": variant, "guards": guards, "guarded_us": guarded / calls * 1e6,
+    return {"variant": variant, "guards": guards, "python_guards": python_guards, "guarded_us": guarded / calls * 1e6,
             "unguarded_us": unguarded / calls * 1e6}
+
+
+class _GuardLines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += record.getMessage().count("LAMBDA_GUARD: ")
+
+
+def python_checked_guards(model: object, ids: object) -> int:
+    """How many of the compiled call's guards Dynamo checks in Python (LAMBDA_GUARD: object aliasing, and the
+    like), as TORCH_LOGS=guards prints them; it checks the rest in C++. Each costs the host a Python call on
+    every call of the compiled model (docs/PYTORCH.md, "Guards")."""
+    import torch
+
+    handler = _GuardLines()
+    logger = logging.getLogger("torch._dynamo.guards.__guards")  # the "guards" artifact's logger
+    logger.addHandler(handler)
+    torch._logging.set_logs(guards=True)
+    try:
+        compiled = torch.compile(model, backend=lambda graph, inputs: graph, fullgraph=True)
+        with torch.no_grad():
+            compiled(input_ids=ids, use_cache=False)
+    finally:
+        torch._logging.set_logs()
+        logger.removeHandler(handler)
+        torch._dynamo.reset()
+    return handler.count
 
 
 def run_in_a_fresh_process(variant: str, layers: int, calls: int) -> dict:
@@ -113,16 +146,17 @@ def main() -> None:
           f"{args.layers} layers, {args.rounds} rounds of {args.calls} calls, medians")
     rows = []
     base = statistics.median(r["guarded_us"] for r in readings[variants[0]])
-    print(f"{'variant':10s} {'guards':>7s} {'call us':>8s} {'unguarded us':>13s} {'check us':>9s} "
+    print(f"{'variant':10s} {'guards':>7s} {'in Python':>10s} {'call us':>8s} {'unguarded us':>13s} {'check us':>9s} "
           f"{'vs ' + variants[0]:>12s}")
     for variant in variants:
         guarded = statistics.median(r["guarded_us"] for r in readings[variant])
         unguarded = statistics.median(r["unguarded_us"] for r in readings[variant])
-        row = {"variant": variant, "guards": readings[variant][0]["guards"], "guarded_us": guarded,
+        row = {"variant": variant, "guards": readings[variant][0]["guards"],
+               "python_guards": readings[variant][0]["python_guards"], "guarded_us": guarded,
                "unguarded_us": unguarded, "readings": readings[variant]}
         rows.append(row)
-        print(f"{variant:10s} {row['guards']:7d} {guarded:8.1f} {unguarded:13.1f} {guarded - unguarded:9.1f} "
-              f"{guarded - base:+12.1f}")
+        print(f"{variant:10s} {row['guards']:7d} {row['python_guards']:10d} {guarded:8.1f} {unguarded:13.1f} "
+              f"{guarded - unguarded:9.1f} {guarded - base:+12.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
