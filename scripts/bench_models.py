@@ -16,7 +16,8 @@ round's vanilla / patched ratio (the two timed in one round, so a drift of the h
 cancels). ``--control`` adds an A/A column: a second, unpatched copy of the model timed as patched is; its
 ratio to vanilla is what the host's noise alone makes of a cell (1.00 ideally). A static-cache cell also gives
 the GPU's own time of one call per column ("GPU x": vanilla's over patched's, and its A/A): the host paces a
-small model's compiled step, so that its wall cell reads the host's noise. ``--profile`` writes
+small model's compiled step, so that its wall cell reads the host's noise; and the host's time in Dynamo's guard
+check per compiled step, vanilla's and patched's ("guards", ``guard_check_us``). ``--profile`` writes
 torch.profiler's tables of one call of each column per setting (where the time goes). Correctness: the
 relative L2 error of vanilla's and patched's prefill logits to an fp32 copy of the same model; patched must
 be no further than vanilla.
@@ -123,6 +124,7 @@ class Row:
     rounds: dict = field(default_factory=dict)  # column -> every round's ms
     ratios: dict = field(default_factory=dict)  # column -> median over rounds of that round's column / patched
     gpu_ms: dict = field(default_factory=dict)  # column -> the GPU's own ms per unit, one profiled call (static)
+    guard_us: dict = field(default_factory=dict)  # column -> the compiled decode call's guard check, us (static)
     note: str = ""
 
 
@@ -249,10 +251,45 @@ def bench_setting(spec: ModelSpec, setting: Setting, models: dict, args: argpars
     if setting.kind == "static" and device.type == "cuda":
         row.gpu_ms = {col: gpu_ms(call_for(setting, model_for(col, models), device, args.new_tokens, vocab))
                       for col in cols}
+        row.guard_us = {col: guard_check_us(model_for(col, models),
+                                            call_for(setting, model_for(col, models), device, args.new_tokens,
+                                                     vocab)[0])
+                        for col in cols}
     if args.profile:
         profile(setting, cols, models, args, device, Path(args.out) / "profiles" / f"{spec.name}_{setting.name}.txt")
     model_for("vanilla", models)
     return row
+
+
+def guard_check_us(model: torch.nn.Module, call: Callable[[], object]) -> float | None:
+    """The host's time in Dynamo's guard check per compiled decode step of ``call`` (a static-cache
+    ``generate``): transformers' compiled call (``_compiled_call``) timed to its return over one ``generate``
+    with the guards checked, then with them skipped (``skip_guard_eval_unsafe``), the difference of the medians.
+    On the H200 host a patched 2-layer model's check cost 24-63 us a step more than vanilla's, about what our
+    kernels saved the GPU (docs/BENCHMARKS.md, "The static-cache cells' host time: Dynamo's guards"). None where
+    the model has no compiled call (nothing was compiled)."""
+    inner = model.__dict__.get("_compiled_call")
+    if inner is None:
+        return None
+    times: list[float] = []
+
+    def timed(*args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        out = inner(*args, **kwargs)
+        times.append(time.perf_counter() - start)
+        return out
+
+    model.__dict__["_compiled_call"] = timed
+    try:
+        call()
+        guarded = statistics.median(times)
+        times.clear()
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            call()
+        skipped = statistics.median(times)
+    finally:
+        model.__dict__["_compiled_call"] = inner
+    return round((guarded - skipped) * 1e6, 1)
 
 
 def gpu_ms(timed_call: tuple[Callable[[], object], float]) -> float:
@@ -358,9 +395,13 @@ def table(rows: list[Row], checks: dict) -> str:
             if aa is not None:
                 controls.append(aa)
             gv, ga = gpu_ratio(r, "patched"), gpu_ratio(r, "control")
+            guards = ""
+            if r.guard_us.get("vanilla") is not None and r.guard_us.get("patched") is not None:
+                guards = f"  guards {r.guard_us['vanilla']:.0f} / {r.guard_us['patched']:.0f} us"
             lines.append(f"{r.model:<18} {r.setting:<13} {r.ms['vanilla']:>11.3f} {r.ms['patched']:>11.3f} "
                          f"{vs:>10.3f} {'' if ve is None else f'{ve:.3f}':>11} {'' if aa is None else f'{aa:.3f}':>6}"
-                         f"  {'' if gv is None else f'{gv:.3f}':>6} {'' if ga is None else f'{ga:.3f}':>6}  {r.unit}")
+                         f"  {'' if gv is None else f'{gv:.3f}':>6} {'' if ga is None else f'{ga:.3f}':>6}  {r.unit}"
+                         f"{guards}")
         if speedups:
             geomean = statistics.geometric_mean(speedups)
             lines.append(f"{part}: geomean {geomean:.3f}x vanilla, min {min(speedups):.3f}x over {len(speedups)} cells")

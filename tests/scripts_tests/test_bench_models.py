@@ -106,3 +106,43 @@ def test_a_profiled_static_cell_gives_the_gpus_ratio_beside_the_walls() -> None:
     assert row[-3:] == [f"{0.637 / 0.601:.3f}", f"{0.637 / 0.635:.3f}", "ms/token"]
     assert next(line for line in lines if "generate_b1" in line).split()[-1] == "ms/token"
     assert bench_models.gpu_ratio(eager, "patched") is None
+
+
+def test_a_static_cell_gives_the_compiled_calls_guard_check_beside_the_walls() -> None:
+    # guard_check_us fills these on a GPU, where transformers compiles forward for a static cache
+    static = bench_models.Row("DeepSeek-V2-Lite", "tuned", "static_b1", "ms/token",
+                              ms={"vanilla": 1.255, "patched": 1.287}, ratios={"vanilla": 0.955},
+                              guard_us={"vanilla": 113.8, "patched": 176.9})
+    row = next(line for line in bench_models.table([static], {}).splitlines() if "static_b1" in line)
+    assert row.endswith("ms/token  guards 114 / 177 us")
+
+
+def test_guard_check_us_times_a_compiled_call_with_its_guards_and_without() -> None:
+    """What ``guard_check_us`` wraps and puts back: a model's ``_compiled_call``, as transformers keeps it (here a
+    torch.compile of a small module with a backend that runs its graph, on the CPU)."""
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.proj(x))
+
+    model = Tiny()
+    assert bench_models.guard_check_us(model, lambda: None) is None, "nothing compiled: nothing to time"
+    compiled = torch.compile(model, backend=lambda graph, inputs: graph, fullgraph=True)
+    model.__dict__["_compiled_call"] = compiled
+    x = torch.randn(2, 8)
+    calls = []
+
+    def generate() -> None:  # a few decode steps, as generate calls the compiled forward
+        for _ in range(5):
+            calls.append(model._compiled_call(x))
+
+    generate()
+    check = bench_models.guard_check_us(model, generate)
+    assert isinstance(check, float) and len(calls) == 15
+    assert model.__dict__["_compiled_call"] is compiled, "the compiled call is put back"
+
