@@ -696,8 +696,11 @@ class SharedInput:
         self.joint: _Joint | None = _joint(members)
         self.pending: _Pending | None = None  # the product of the input the members are being called on
 
-    def columns(self, slot: int, x: torch.Tensor) -> torch.Tensor | None:
-        """Member ``slot``'s product with ``x``, or None where it must run its own GEMM."""
+    def columns(self, slot: int, x: torch.Tensor, own: bool = True) -> torch.Tensor | None:
+        """Member ``slot``'s product with ``x``, or None where it must run its own GEMM. ``own``: whether the
+        member's own Parameters are those the stacked weight was made of, as the member asks it under tracing
+        (``_own_params_hold``); there this reads no member, each of which the traced code also reaches as its
+        module's child: an alias that Dynamo would check in Python on every call (docs/PYTORCH.md, "Guards")."""
         compiling = _IS_COMPILING()
         grad = _GRAD_ON()
         # One read of one attribute: a thread that calls the same module meanwhile replaces the whole tuple,
@@ -707,7 +710,7 @@ class SharedInput:
             if pending.input is x and (compiling or pending.version is None or pending.version == x._version):
                 waiting = pending.waiting & ~(1 << slot)
                 self.pending = pending._replace(waiting=waiting) if waiting else None
-                if pending.grad is not grad:  # made without a graph, wanted with one (or the reverse)
+                if pending.grad is not grad or not own:  # made without a graph, wanted with one (or the reverse)
                     return None
                 return self._handed_out(pending.output, slot)
             # Another input while a member still waits: this model does not call them all on one input.
@@ -717,9 +720,11 @@ class SharedInput:
                 log.info("kernels.nn: projections of widths %s are not called on one input; each runs its own "
                          "GEMM from now on", "/".join(str(width) for _, width in self.bounds))
             return None
-        if x.dim() == 0 or _AUTOCAST_ON():
+        if x.dim() == 0 or _AUTOCAST_ON() or not own:
             return None  # the member's own forward raises, or casts as torch's linear does
-        joint = self._current()
+        # Traced, each member has asked about its own Parameters (``own``): a stale one runs its own GEMM, and the
+        # stacked weight's rows of the others stay theirs.
+        joint = self.joint if compiling else self._current()
         if joint is None:
             return None
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
@@ -727,7 +732,7 @@ class SharedInput:
         if x.dim() != 2:
             output = output.reshape(*x.shape[:-1], output.shape[-1])
         self.pending = _Pending(x, None if compiling or x.is_inference() else x._version, output,
-                                ((1 << len(self.members)) - 1) & ~(1 << slot), grad)
+                                ((1 << len(self.bounds)) - 1) & ~(1 << slot), grad)
         return self._handed_out(output, slot)
 
     def _handed_out(self, output: torch.Tensor, slot: int) -> torch.Tensor:
@@ -797,7 +802,8 @@ class SharedInputLinear(Linear):
         group = self.__dict__.get("_shared")
         if group is not None and group.fusing and (group.route is None or _COMPILING() or
                                                    takes_ours(group.route, x)):
-            y = group.columns(self.__dict__["_slot"], x)
+            slot = self.__dict__["_slot"]
+            y = group.columns(slot, x, _own_params_hold(self, group.joint, slot) if _COMPILING() else True)
             if y is not None:
                 return y
         return Linear.forward(self, x)
@@ -818,6 +824,23 @@ class SharedInputLinear(Linear):
 
 
 _SHARED_STATE = ("_shared", "_slot")  # what a SharedInputLinear keeps in its __dict__
+
+
+def _own_params_hold(member: nn.Module, joint: _Joint | None, slot: int) -> bool:
+    """Under tracing: whether ``member``'s weight (and bias) are the Parameters whose data the stacked weight
+    holds at ``slot`` (by id, as ``_holds``), with no gradient wanted for them (the stacked weight is no
+    Parameter: autograd would not reach theirs)."""
+    if joint is None:
+        return False
+    params = member._parameters
+    weight = params.get("weight")
+    if id(weight) != joint.param_ids[slot] or (weight.requires_grad and _GRAD_ON()):
+        return False
+    members = len(joint.param_ids) if joint.bias is None else len(joint.param_ids) // 2
+    bias = params.get("bias")
+    if joint.bias is None:
+        return bias is None
+    return id(bias) == joint.param_ids[members + slot] and not (bias.requires_grad and _GRAD_ON())
 
 
 def _shared_input_members(module: nn.Module) -> tuple[nn.Module, ...] | None:

@@ -293,6 +293,34 @@ def test_compiled_attention_traces_one_gemm_for_query_key_and_value() -> None:
     torch._dynamo.reset()
 
 
+def test_compiled_attention_after_a_member_gets_a_new_weight_runs_that_member_alone() -> None:
+    """Traced, each member asks about its own Parameters (the group reads none of them there: docs/PYTORCH.md,
+    "Guards"). A new Parameter for one member makes the compiled call trace again, where that member runs its
+    own GEMM and the others keep the stacked one; every answer is torch's."""
+    attention, plain = _patched(bias=True)
+    x = torch.randn(2, 3, 16, device=DEVICE)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attention, fullgraph=True, backend=backend)
+    with torch.no_grad():
+        assert _error(compiled(x), plain(x)) < FP32_TOLERANCE
+        fresh = torch.randn(8, 16, device=DEVICE)
+        attention.k_proj.weight = nn.Parameter(fresh.clone())
+        plain.k_proj.weight = nn.Parameter(fresh.clone())
+        for _ in range(2):
+            assert _error(compiled(x), plain(x)) < FP32_TOLERANCE
+    assert len(graphs) == 2, "the new Parameter failed a guard: traced again"
+    linears = [n for n in graphs[1].graph.nodes if n.op == "call_function" and "linear" in str(n.target)]
+    assert len(linears) == 3  # the stacked q, k, v (q's and v's columns), k's own, and o_proj
+    assert attention.q_proj.__dict__["_shared"].pending is None, "k's waiting bit was taken: nothing left pending"
+    torch._dynamo.reset()
+
+
 @pytest.mark.gpu
 def test_a_patched_attention_captured_in_a_cuda_graph_replays_new_inputs() -> None:
     torch.manual_seed(5)
