@@ -440,6 +440,8 @@ def remember_moe(fields: tuple[int, ...], dtype: Any, offsets_dtype: Any, device
     None by torch._grouped_mm itself (moe_matmul's baseline). Kept until the module is ready."""
     if made is not None and not all(launch.device == getattr(device, "index", None) for launch in made):
         return  # loaded in another device's context: the Python path keeps it
+    if made is not None and any(launch.keep for launch in made):
+        return  # a fixed buffer's address among its arguments: a MoE plan keeps none alive, so Python keeps it
     _put(NATIVE.pending_moe, (gated, tuple(fields)), (dtype, offsets_dtype, device, changes, made), _apply_moe,
          build=True)
 
