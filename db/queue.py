@@ -49,8 +49,8 @@ def claim_order(candidates: Sequence[tuple[int, str, float]], seconds_by_kernel:
 
     A priority's integer part is the user's order (a ``--problems`` weight, a recorded problem's share of the work,
     or the order given), kept as it is. Within it, the jobs whose worker was lost (``lost``: running, their lease
-    run out) go first: each has waited out a lease already, and left behind later it made the run's tail (on 2 H200s,
-    2026-11-29, a job whose worker was killed at 30 s waited until 118 s while shorter jobs were claimed:
+    run out) go first: each has waited out a lease already, and left behind it can make the run's tail (on 2 H200s,
+    2026-11-29, a job whose worker was killed at 30 s waited until 118 s while seven queued jobs were claimed:
     docs/FLEET.md, "On 2 GPUs after the cuts"). Then the longest jobs go first, so that the last ones, running while
     other workers have nothing left, are short: first the jobs of kernels that have no finished job on this device
     kind yet (their first one tells), then of the kernel whose finished jobs took longest on average
