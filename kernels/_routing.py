@@ -20,7 +20,7 @@ __all__ = ["Sorted", "combine", "sort_by_expert", "top_k_softmax", "top_k_softma
 
 # torch's functions as this module's own names: not ``torch.`` in traced code (docs/PYTORCH.md, "Guards")
 _IS_COMPILING = torch.compiler.is_compiling
-_GRAD_ON = torch.is_grad_enabled
+_GRAD_ENABLED = torch.is_grad_enabled
 
 # Rows are sorted by expert by counting (a running count per expert, one scan) rather than by torch.sort
 # where that pays: on the H100 a Mixtral block's 4096 routed rows took 37-39 us in torch's radix sort, eager
@@ -251,7 +251,7 @@ def combine(rows: torch.Tensor, position: torch.Tensor, weights: torch.Tensor, d
     transformers' own implementations sum (float32 where the router gives float32)."""
     tokens, top_k = weights.shape
     hidden = rows.shape[1]
-    wants_grad = _GRAD_ON() and (rows.requires_grad or weights.requires_grad)
+    wants_grad = _GRAD_ENABLED() and (rows.requires_grad or weights.requires_grad)
     if _IS_COMPILING() or wants_grad or not (
             _on_triton(rows) and rows.stride(1) == 1 and weights.is_contiguous() and position.is_contiguous()
             and tokens > 0 and _aligned(rows, position, weights)):
@@ -321,7 +321,7 @@ def top_k_softmax(logits: torch.Tensor, k: int, renormalize: bool,
     ``renormalize``) in ``dtype``. None where the kernel does not take the operands (the caller runs torch's
     ops): a gradient wanted (no backward), another device or dtype, more than 1024 experts, logits not laid out
     along E, misaligned data."""
-    if logits.dim() != 2 or _GRAD_ON() and logits.requires_grad:
+    if logits.dim() != 2 or _GRAD_ENABLED() and logits.requires_grad:
         return None
     rows, experts = logits.shape
     if (not 0 < k <= experts <= _ROUTER_EXPERTS or logits.dtype not in (torch.float16, torch.bfloat16, torch.float32)

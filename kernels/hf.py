@@ -52,7 +52,7 @@ __all__ = ["IMPLEMENTATION", "FusedTopKRouter", "RotaryAttention", "experts_forw
 log = logging.getLogger(__name__)
 _COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces (kernels/_plans.py)
 _IS_COMPILING = torch.compiler.is_compiling  # not ``torch.`` in traced code: docs/PYTORCH.md, "Guards"
-_GRAD_ON = torch.is_grad_enabled
+_GRAD_ENABLED = torch.is_grad_enabled
 
 IMPLEMENTATION = "triton_tuner"  # the name users pass to set_experts_implementation / experts_implementation=
 
@@ -206,7 +206,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
     # our path, deciding nothing), and where its baseline won, the fused operator would run torch's silu and
     # multiply eagerly, outside the graph Inductor fuses them into.
     compiling = _IS_COMPILING()
-    inference = not compiling and not _GRAD_ON()
+    inference = not compiling and not _GRAD_ENABLED()
     if inference:  # the views kept with the module, and the path decided once per routed row count
         kept = _kept(self)
         gate_up_w, down_w, wants_grad = kept.gate_up_w, kept.down_w, False
@@ -214,7 +214,7 @@ def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: t
         # moe_matmul takes w as [E, K, N] of any strides: transformers stores [E, N, K] unless is_transposed.
         gate_up_w = self.gate_up_proj if self.is_transposed else self.gate_up_proj.transpose(1, 2)
         down_w = self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2)
-        wants_grad = _GRAD_ON() and (
+        wants_grad = _GRAD_ENABLED() and (
             hidden_states.requires_grad or gate_up_w.requires_grad or down_w.requires_grad)
     traced = compiling or wants_grad
     if compiling:

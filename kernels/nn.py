@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 _COMPILING = torch.compiler.is_dynamo_compiling  # folded to True while Dynamo traces (kernels/_plans.py)
 _IS_COMPILING = torch.compiler.is_compiling  # the same, also under other tracers (make_fx)
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
-_GRAD_ON = torch.is_grad_enabled
+_GRAD_ENABLED = torch.is_grad_enabled
 _INFERENCE_MODE_ON = torch.is_inference_mode_enabled
 _LINEAR = nn.functional.linear
 _SILU = nn.functional.silu
@@ -328,11 +328,11 @@ class FusedMLP(_MixedIn):
         if self.training not in state["_fused_modes"] or not _children_as_checked(self, state["_gated_kept"]):
             return None
         gate, up = _gate_and_up(self)
-        if gate is None or (gate.requires_grad and _GRAD_ON()):
+        if gate is None or (gate.requires_grad and _GRAD_ENABLED()):
             return None  # a parametrization added since, or a gradient wanted for the weights
         if up is None:  # one [2N, K] weight already
             return gate.t() if self.__dict__["_gated_names"].up is None else None
-        if up.requires_grad and _GRAD_ON():
+        if up.requires_grad and _GRAD_ENABLED():
             return None
         stacked = self.__dict__.get("_stacked")
         if _holds(stacked, (gate, up)):
@@ -369,29 +369,26 @@ def _children_as_checked(module: nn.Module, kept: tuple[tuple[str, int, bool], .
     are the objects the check ran on (the Linears still plain ones), with no hook of their own and no global
     module hook: a fused call skips their forward, which hooks must see (an activation hook that records the
     MLP's activations, say), and an activation replaced since would compute another formula. ``kept`` names
-    each child by its id (the objects stay alive in ``_gated_children``): see ``_holds``."""
+    each child by its id (the objects stay alive in ``_gated_children``): see ``_holds``.
+
+    A plain Linear is an ``nn.Linear`` or a ``kernels.nn.Linear``, no subclass. Traced, that is asked with
+    ``isinstance``: Dynamo then guards the child's exact type in C++, where ``type(child)`` of the gate and the
+    up, one class reached by two paths, costs a guard checked in Python; a subclass swapped in since the trace
+    fails that guard, and only the trace that follows takes it for a Linear."""
     if _any_global_hook():
         return False
     modules = module._modules
     if len(modules) != len(kept) + 1:  # a child added since: not what the check ran
         return False
+    compiling = _COMPILING()
     for name, child_id, linear in kept:
         child = modules.get(name)
-        if id(child) != child_id or (linear and not _plain_linear(child)) or \
+        if id(child) != child_id or \
+                (linear and not (isinstance(child, _NN_LINEAR) if compiling else type(child) in _PLAIN_LINEARS)) or \
                 child._forward_hooks or child._forward_pre_hooks or child._backward_hooks or \
                 child._backward_pre_hooks:
             return False
     return True
-
-
-def _plain_linear(child: nn.Module) -> bool:
-    """Whether ``child`` is an ``nn.Linear`` or a ``kernels.nn.Linear``, no subclass. Traced, ``isinstance``:
-    Dynamo then guards the child's exact type in C++, where ``type(child)`` of the gate and the up, one class
-    reached by two paths, costs a guard checked in Python (see ``_holds``); a subclass swapped in since the
-    trace fails that guard, and only the trace that follows takes it for a Linear."""
-    if _COMPILING():
-        return isinstance(child, _NN_LINEAR)
-    return type(child) in _PLAIN_LINEARS
 
 
 def _gate_and_up(module: nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -702,7 +699,7 @@ class SharedInput:
         (``_own_params_hold``); there this reads no member, each of which the traced code also reaches as its
         module's child: an alias that Dynamo would check in Python on every call (docs/PYTORCH.md, "Guards")."""
         compiling = _IS_COMPILING()
-        grad = _GRAD_ON()
+        grad = _GRAD_ENABLED()
         # One read of one attribute: a thread that calls the same module meanwhile replaces the whole tuple,
         # so what is read here is one input's product, never another's (at worst the group stops fusing).
         pending = self.pending
@@ -759,7 +756,7 @@ class SharedInput:
         params = _member_params(self.members)
         if params is None:
             return None
-        if _GRAD_ON() and any(p.requires_grad for p in params):
+        if _GRAD_ENABLED() and any(p.requires_grad for p in params):
             return None  # the stacked weight is no Parameter: autograd would not reach the members'
         if _holds(self.joint, params):
             return self.joint
@@ -834,13 +831,13 @@ def _own_params_hold(member: nn.Module, joint: _Joint | None, slot: int) -> bool
         return False
     params = member._parameters
     weight = params.get("weight")
-    if id(weight) != joint.param_ids[slot] or (weight.requires_grad and _GRAD_ON()):
+    if id(weight) != joint.param_ids[slot] or (weight.requires_grad and _GRAD_ENABLED()):
         return False
     members = len(joint.param_ids) if joint.bias is None else len(joint.param_ids) // 2
     bias = params.get("bias")
     if joint.bias is None:
         return bias is None
-    return id(bias) == joint.param_ids[members + slot] and not (bias.requires_grad and _GRAD_ON())
+    return id(bias) == joint.param_ids[members + slot] and not (bias.requires_grad and _GRAD_ENABLED())
 
 
 def _shared_input_members(module: nn.Module) -> tuple[nn.Module, ...] | None:

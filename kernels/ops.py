@@ -46,7 +46,7 @@ _IS_COMPILING = torch.compiler.is_compiling
 _AUTOCAST_ON = torch._C._is_any_autocast_enabled
 _DISPATCH_MODES = torch._C._len_torch_dispatch_stack
 _FUNCTION_MODE_ON = torch._C._is_torch_function_mode_enabled
-_GRAD_ON = torch.is_grad_enabled
+_GRAD_ENABLED = torch.is_grad_enabled
 _TRANSFORMS = torch._C._functorch.peek_interpreter_stack
 _F_LINEAR = torch.nn.functional.linear
 
@@ -409,7 +409,7 @@ def _direct(*tensors: torch.Tensor | None) -> bool:
     pays it on every layer."""
     if _IS_COMPILING() or _DISPATCH_MODES() or _FUNCTION_MODE_ON():
         return False
-    grad = _GRAD_ON()
+    grad = _GRAD_ENABLED()
     for t in tensors:
         if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
             return False

@@ -56,7 +56,7 @@ def measure(variant: str, layers: int, calls: int) -> dict:
     ids = torch.randint(0, 128, (1, 8), device=device)
     guards = len(torch._dynamo.explain(model)(input_ids=ids, use_cache=False).out_guards)
     torch._dynamo.reset()
-    python_guards = python_checked_guards(model, ids)
+    python_guards = len(python_checked_guards(model, ids))
 
     def outputs_of_the_first_call(graph: torch.fx.GraphModule, inputs: list) -> object:
         out = graph(*inputs)
@@ -75,16 +75,16 @@ def measure(variant: str, layers: int, calls: int) -> dict:
 class _GuardLines(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
-        self.count = 0
+        self.lines: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.count += record.getMessage().count("LAMBDA_GUARD: ")
+        self.lines.extend(line for line in record.getMessage().splitlines() if "LAMBDA_GUARD: " in line)
 
 
-def python_checked_guards(model: object, ids: object) -> int:
-    """How many of the compiled call's guards Dynamo checks in Python (LAMBDA_GUARD: object aliasing, and the
-    like), as TORCH_LOGS=guards prints them; it checks the rest in C++. Each costs the host a Python call on
-    every call of the compiled model (docs/PYTORCH.md, "Guards")."""
+def python_checked_guards(model: object, ids: object) -> list[str]:
+    """The compiled call's guards that Dynamo checks in Python (LAMBDA_GUARD: object aliasing, and the like), as
+    TORCH_LOGS=guards prints them; it checks the rest in C++. Each costs the host a Python call on every call of
+    the compiled model (docs/PYTORCH.md, "Guards"). Dynamo's caches are reset before and after."""
     import torch
 
     handler = _GuardLines()
@@ -92,6 +92,7 @@ def python_checked_guards(model: object, ids: object) -> int:
     logger.addHandler(handler)
     torch._logging.set_logs(guards=True)
     try:
+        torch._dynamo.reset()
         compiled = torch.compile(model, backend=lambda graph, inputs: graph, fullgraph=True)
         with torch.no_grad():
             compiled(input_ids=ids, use_cache=False)
@@ -99,7 +100,9 @@ def python_checked_guards(model: object, ids: object) -> int:
         torch._logging.set_logs()
         logger.removeHandler(handler)
         torch._dynamo.reset()
-    return handler.count
+    if not handler.lines:
+        raise RuntimeError("no guard was logged: torch's guard logging changed, and nothing was counted")
+    return [line.split("LAMBDA_GUARD: ")[1].split("  #")[0] for line in handler.lines]
 
 
 def run_in_a_fresh_process(variant: str, layers: int, calls: int) -> dict:

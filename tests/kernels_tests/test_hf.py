@@ -10,7 +10,6 @@ wrong under the interpreter).
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import sqlite3
 import subprocess
@@ -34,6 +33,8 @@ else:
 from kernels import hf  # noqa: E402  (needs transformers)
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import compile_host_cost  # noqa: E402  (scripts/ is not a package: its list of Python-checked guards)
 
 # One layer, widths that keep each model's own constraints (heads x head_dim, rope dims); ids within vocab.
 _COMMON = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -730,35 +731,6 @@ def test_a_patched_model_with_every_fusion_traces_whole_under_torch_compile(name
     assert relative_error(got, want) < TOLERANCE[torch.float16]
 
 
-class _GuardLines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.extend(line for line in record.getMessage().splitlines() if "LAMBDA_GUARD: " in line)
-
-
-def _python_checked_guards(model: torch.nn.Module) -> list[str]:
-    """The guards that Dynamo checks in Python (LAMBDA_GUARD: object aliasing and the like) on every call of
-    ``model`` compiled, as TORCH_LOGS=guards prints them; the rest it checks in C++."""
-    handler = _GuardLines()
-    logger = logging.getLogger("torch._dynamo.guards.__guards")  # the "guards" artifact's logger
-    logger.addHandler(handler)
-    torch._logging.set_logs(guards=True)
-    try:
-        torch._dynamo.reset()
-        compiled = torch.compile(model, backend=lambda graph, inputs: graph, fullgraph=True)
-        with torch.no_grad():
-            compiled(tokens(), use_cache=False)
-    finally:
-        torch._logging.set_logs()
-        logger.removeHandler(handler)
-        torch._dynamo.reset()
-    assert handler.lines, "no guard was logged: torch's guard logging changed, so this check checks nothing"
-    return [line.split("LAMBDA_GUARD: ")[1].split("  #")[0] for line in handler.lines]
-
-
 def test_a_patched_model_s_compiled_call_checks_no_more_python_guards_per_layer_than_vanilla() -> None:
     """Every guard that Dynamo checks in Python costs the host on every call of the compiled model (H200,
     2026-11-29: a patched 2-layer model's guard check 24-63 us a decode step above vanilla's, docs/BENCHMARKS.md,
@@ -769,8 +741,9 @@ def test_a_patched_model_s_compiled_call_checks_no_more_python_guards_per_layer_
     extra = {}
     for layers in (2, 4):
         spec = ("LlamaConfig", "LlamaForCausalLM", {"num_hidden_layers": layers})
-        vanilla = _python_checked_guards(build(spec, torch.float32))
-        patched = _python_checked_guards(kernels.patch(build(spec, torch.float32), everywhere=True, fuse_qkv=False))
+        vanilla = compile_host_cost.python_checked_guards(build(spec, torch.float32), tokens())
+        patched = compile_host_cost.python_checked_guards(
+            kernels.patch(build(spec, torch.float32), everywhere=True, fuse_qkv=False), tokens())
         assert not [g for g in patched if "_gated" in g or "_stacked" in g or "mlp" in g], patched
         extra[layers] = len(patched) - len(vanilla)
     assert extra[4] - extra[2] <= 2, f"Python-checked guards above vanilla's grow with depth: {extra}"

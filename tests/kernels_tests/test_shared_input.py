@@ -270,9 +270,8 @@ def test_patch_says_how_many_groups_it_fused(caplog) -> None:
     assert "8 nn.Linear patched, 0 SiLU-gated MLPs fused, 2 query/key/value groups fused" in caplog.text
 
 
-def test_compiled_attention_traces_one_gemm_for_query_key_and_value() -> None:
-    attention, plain = _patched(bias=True)
-    x = torch.randn(2, 3, 16, device=DEVICE)
+def _compiled(module: nn.Module) -> tuple[nn.Module, list[torch.fx.GraphModule]]:
+    """``module`` compiled whole (after a reset of Dynamo's caches), and the graphs Dynamo hands its backend."""
     graphs: list[torch.fx.GraphModule] = []
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
@@ -280,8 +279,14 @@ def test_compiled_attention_traces_one_gemm_for_query_key_and_value() -> None:
         return gm
 
     torch._dynamo.reset()
+    return torch.compile(module, fullgraph=True, backend=backend), graphs
+
+
+def test_compiled_attention_traces_one_gemm_for_query_key_and_value() -> None:
+    attention, plain = _patched(bias=True)
+    x = torch.randn(2, 3, 16, device=DEVICE)
     torch._dynamo.utils.counters.clear()
-    compiled = torch.compile(attention, fullgraph=True, backend=backend)
+    compiled, graphs = _compiled(attention)
     with torch.no_grad():
         for _ in range(2):
             assert _error(compiled(x), plain(x)) < FP32_TOLERANCE
@@ -299,14 +304,7 @@ def test_compiled_attention_after_a_member_gets_a_new_weight_runs_that_member_al
     own GEMM and the others keep the stacked one; every answer is torch's."""
     attention, plain = _patched(bias=True)
     x = torch.randn(2, 3, 16, device=DEVICE)
-    graphs: list[torch.fx.GraphModule] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
-        graphs.append(gm)
-        return gm
-
-    torch._dynamo.reset()
-    compiled = torch.compile(attention, fullgraph=True, backend=backend)
+    compiled, graphs = _compiled(attention)
     with torch.no_grad():
         assert _error(compiled(x), plain(x)) < FP32_TOLERANCE
         fresh = torch.randn(8, 16, device=DEVICE)
